@@ -1,0 +1,16 @@
+# The two commands of the README. Both set up what is missing first (idempotent).
+#   make book   build the book; notebooks run the smoke config on CPU, the full config on a GPU
+#   make test   run the test suite (CPU; GPU-only tests skip unless a GPU is present)
+.PHONY: book test setup clean
+
+book:
+	@PY=$$(scripts/setup.sh | tail -n 1) && scripts/build_book.sh "$$PY"
+
+test:
+	@PY=$$(scripts/setup.sh | tail -n 1) && "$$PY" -m pytest $(PYTEST_ARGS)
+
+setup:
+	@scripts/setup.sh >/dev/null
+
+clean:
+	rm -rf _build

@@ -1,0 +1,140 @@
+"""Command line: ``perfladder run | plot | table | compare``.
+
+    perfladder run torch --config full --rungs R0,R1,R2 --out results/torch.json
+    perfladder run jax                      # config picked from the device, printed
+    perfladder plot results/torch.json -o waterfall.png
+    perfladder table results/torch.json results/jax.json
+    perfladder compare results/torch.json results/jax.json -o both.png
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+import time
+
+from .config import CONFIG_NAMES, pick_config
+from .results import FRAMEWORKS, LadderResult, ResultsError
+
+
+class CLIError(ValueError):
+    pass
+
+
+def parse_rungs(text: str | None, valid: list[str]) -> list[str] | None:
+    """``'R0,R1'`` -> ``['R0', 'R1']``; unknown names are an error listing the valid ones."""
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise CLIError(f"--rungs {text!r} names no rung; valid choices: {', '.join(valid)}")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise CLIError(f"unknown rung(s) {', '.join(map(repr, unknown))}; valid choices: {', '.join(valid)}")
+    return names
+
+
+class Progress:
+    """One line per rung on stderr: which rung, how long it took, what it measured."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.done, self.stream, self.t0 = total, 0, stream, time.perf_counter()
+        self._start = None
+
+    def __call__(self, event: str, name: str, payload=None):
+        if event == "start":
+            self._start = time.perf_counter()
+            print(f"[{self.done + 1}/{self.total}] {name} ...", file=self.stream, flush=True)
+        elif event == "end":
+            self.done += 1
+            dt = time.perf_counter() - (self._start or self.t0)
+            print(f"[{self.done}/{self.total}] {name} done in {dt:.1f}s: {payload}", file=self.stream, flush=True)
+
+
+def cmd_run(args) -> int:
+    if args.framework not in FRAMEWORKS:
+        raise CLIError(f"framework {args.framework!r} is not valid; valid choices: {FRAMEWORKS}")
+    if args.config is not None and args.config not in CONFIG_NAMES:
+        raise CLIError(f"--config {args.config!r} is not valid; valid choices: {', '.join(CONFIG_NAMES)}")
+    fw = importlib.import_module(f"perfladder.{args.framework}")
+    rungs = parse_rungs(args.rungs, list(fw.RUNGS))
+    cfg = pick_config(args.config, has_gpu=fw.has_gpu())
+    names = rungs or list(fw.RUNGS)
+    progress = None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1))
+    command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=progress, command=command)
+    print(result.table())
+    if args.out:
+        path = result.write(args.out)
+        print(f"wrote {path}")
+    if args.png:
+        from .plot import waterfall
+        waterfall(result, args.png)
+        print(f"wrote {args.png}")
+    return 0
+
+
+def _read_all(paths) -> list[LadderResult]:
+    return [LadderResult.read(p) for p in paths]
+
+
+def cmd_plot(args) -> int:
+    import matplotlib
+    matplotlib.use("Agg")
+    from .plot import compare, waterfall
+    results = _read_all(args.results)
+    if len(results) == 1:
+        waterfall(results[0], args.output)
+    else:
+        compare(results, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_table(args) -> int:
+    from .plot import comparison_table
+    results = _read_all(args.results)
+    for r in results:
+        print(r.table(), end="\n\n")
+    if len(results) > 1:
+        print(comparison_table(results))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="perfladder", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a ladder and write results JSON")
+    r.add_argument("framework", help=f"one of {', '.join(FRAMEWORKS)}")
+    r.add_argument("--config", default=None,
+                   help=f"one of {', '.join(CONFIG_NAMES)} (default: full on a GPU, smoke on CPU)")
+    r.add_argument("--rungs", default=None, help="comma-separated rung names (default: all)")
+    r.add_argument("--out", default=None, help="results JSON path")
+    r.add_argument("--png", default=None, help="also save the waterfall PNG here")
+    r.add_argument("--no-learn", action="store_true", help="skip the learning check")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.set_defaults(func=cmd_run)
+    pl = sub.add_parser("plot", help="waterfall PNG from results JSON (two files: side by side)")
+    pl.add_argument("results", nargs="+")
+    pl.add_argument("-o", "--output", required=True)
+    pl.set_defaults(func=cmd_plot)
+    t = sub.add_parser("table", help="print results JSON as tables")
+    t.add_argument("results", nargs="+")
+    t.set_defaults(func=cmd_table)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (CLIError, ResultsError) as e:
+        print(f"perfladder: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

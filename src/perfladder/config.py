@@ -1,0 +1,175 @@
+"""Model and ladder configuration, shared by both frameworks (no framework imports).
+
+Two ladder presets:
+
+* ``full``  -- the chapter's sizes: width 512, 6 blocks, 8 heads, context 128,
+  batch 64 then 512. Meant for a GPU.
+* ``smoke`` -- a tiny model and a handful of steps, so that every rung (every code
+  path) runs on two CPU cores in seconds. Its numbers are *not* performance results.
+
+``pick_config()`` chooses ``full`` when a GPU is present and ``smoke`` otherwise,
+unless the caller or ``$PERFLADDER_CONFIG`` names one; it always says which.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+POSITIONS = ("rope", "learned")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Architecture of the GPT (identical in both frameworks)."""
+    vocab_size: int = 28
+    num_hiddens: int = 512
+    num_blks: int = 6
+    num_heads: int = 8
+    max_len: int = 1024          # only used by pos='learned'
+    pos: str = "rope"
+    ffn_mult: int = 4
+    ln_eps: float = 1e-5         # torch's default; set explicitly on the flax side too
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        if self.pos not in POSITIONS:
+            raise ValueError(f"pos={self.pos!r} is not valid; valid choices: {POSITIONS}")
+        for name in ("vocab_size", "num_hiddens", "num_blks", "num_heads", "max_len", "ffn_mult"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive integer")
+        if self.num_hiddens % self.num_heads:
+            raise ValueError(f"num_hiddens={self.num_hiddens} is not divisible by "
+                             f"num_heads={self.num_heads}")
+        if self.pos == "rope" and (self.num_hiddens // self.num_heads) % 2:
+            raise ValueError(f"RoPE needs an even head width; got {self.num_hiddens // self.num_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.num_hiddens // self.num_heads
+
+
+def expected_num_params(cfg: GPTConfig) -> int:
+    """Parameter count from the architecture alone (used to check the models).
+
+    Per block: fused QKV (D x 3D + 3D), output projection (D x D + D),
+    FFN (D x mD + mD + mD x D + D), two LayerNorms (4D). Plus the token
+    embedding (V x D, tied with the output layer), the final LayerNorm (2D),
+    and a learned position table (max_len x D) when ``pos='learned'``.
+    """
+    D, m = cfg.num_hiddens, cfg.ffn_mult
+    block = (3 * D * D + 3 * D) + (D * D + D) + (D * m * D + m * D) + (m * D * D + D) + 4 * D
+    total = cfg.num_blks * block + cfg.vocab_size * D + 2 * D
+    if cfg.pos == "learned":
+        total += cfg.max_len * D
+    return total
+
+
+def flops_per_token(num_params: int, num_blks: int, seq_len: int, num_hiddens: int) -> int:
+    """Training FLOPs per token: ``6 N + 12 L T D``.
+
+    ``6N``: every parameter takes part in one multiply-add (2 FLOPs) in the forward
+    pass and two in the backward pass (gradient w.r.t. input and w.r.t. weight).
+    ``12 L T D``: attention's two T x T products per layer (scores QK^T and the
+    weighted sum AV), 2 T D FLOPs each per token forward, times 3 for forward+backward.
+    Causal masking is not subtracted (the usual PaLM / nanoGPT convention).
+    """
+    return 6 * num_params + 12 * num_blks * seq_len * num_hiddens
+
+
+@dataclass(frozen=True)
+class LadderConfig:
+    """Sizes and step counts of one ladder run."""
+    name: str
+    num_hiddens: int
+    num_blks: int
+    num_heads: int
+    num_steps: int        # context length T
+    batch_size: int       # the seed's batch (R0-R2)
+    big_batch: int        # the batch-up rung (R3 onwards)
+    warmup: int           # steps before the first timed window
+    timed: int            # steps per timed window
+    windows: int          # timed windows; the median is reported
+    eager_timed: int      # JAX's un-jitted R0 is measured briefly
+    learn_steps: int      # the learning check
+    num_train: int = 10000
+    num_val: int = 5000
+    lr: float = 1e-3
+    seed: int = 0
+
+    def gpt(self, vocab_size: int = 28, **overrides) -> GPTConfig:
+        kw = dict(vocab_size=vocab_size, num_hiddens=self.num_hiddens,
+                  num_blks=self.num_blks, num_heads=self.num_heads,
+                  max_len=max(self.num_steps, 128))
+        kw.update(overrides)
+        return GPTConfig(**kw)
+
+    def replace(self, **changes) -> "LadderConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def is_smoke(self) -> bool:
+        return self.name == "smoke"
+
+
+PRESETS = {
+    "full": LadderConfig(name="full", num_hiddens=512, num_blks=6, num_heads=8,
+                         num_steps=128, batch_size=64, big_batch=512,
+                         warmup=30, timed=40, windows=3, eager_timed=5,
+                         learn_steps=300),
+    "smoke": LadderConfig(name="smoke", num_hiddens=32, num_blks=2, num_heads=2,
+                          num_steps=16, batch_size=8, big_batch=32,
+                          warmup=2, timed=3, windows=3, eager_timed=2,
+                          learn_steps=60, num_train=2000, num_val=200, lr=3e-3),
+}
+CONFIG_NAMES = tuple(PRESETS)
+
+
+def get_config(name: str) -> LadderConfig:
+    """The preset called ``name``; a clear error for anything else."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown config {name!r}; valid choices: {CONFIG_NAMES}")
+    return PRESETS[name]
+
+
+def pick_config(name: str | None = None, has_gpu: bool | None = None,
+                verbose: bool = True) -> LadderConfig:
+    """``name`` if given, else ``$PERFLADDER_CONFIG``, else ``full`` on a GPU, ``smoke`` on CPU."""
+    source = "argument"
+    if name is None:
+        name, source = os.environ.get("PERFLADDER_CONFIG"), "$PERFLADDER_CONFIG"
+    if not name:
+        if has_gpu is None:
+            has_gpu = gpu_present()
+        name, source = ("full" if has_gpu else "smoke"), ("GPU found" if has_gpu else "no GPU found")
+    cfg = get_config(name)
+    if verbose:
+        print(f"perfladder config: {cfg.name} ({source})"
+              + ("  -- smoke numbers are NOT performance results" if cfg.is_smoke else ""))
+    return cfg
+
+
+def gpu_present() -> bool:
+    """Is there a CUDA GPU? Asks whichever framework is already imported, else nvidia-smi."""
+    import shutil
+    import subprocess
+    import sys
+    if "torch" in sys.modules:
+        return bool(sys.modules["torch"].cuda.is_available())
+    if "jax" in sys.modules:
+        try:
+            return any(d.platform == "gpu" for d in sys.modules["jax"].devices())
+        except RuntimeError:
+            return False
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return False
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout

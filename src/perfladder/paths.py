@@ -1,0 +1,30 @@
+"""Where a book build keeps the results that one page writes and another reads."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def repo_root(start: str | Path | None = None) -> Path | None:
+    """The nearest folder at or above ``start`` (default: cwd) holding ``_config.yml``."""
+    here = Path(start or Path.cwd()).resolve()
+    for p in (here, *here.parents):
+        if (p / "_config.yml").is_file() and (p / "_toc.yml").is_file():
+            return p
+    return None
+
+
+def build_results_dir() -> Path:
+    """``$PERFLADDER_RESULTS_DIR``, else ``<book root>/_build/results``, else ``./perfladder_results``.
+
+    The ladder notebooks write ``torch.json`` / ``jax.json`` (and PNGs) here during a book
+    build; the comparison page reads them back. Inside ``_build`` they go when the build goes.
+    """
+    env = os.environ.get("PERFLADDER_RESULTS_DIR")
+    if env:
+        path = Path(env)
+    else:
+        root = repo_root()
+        path = root / "_build" / "results" if root else Path("perfladder_results")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,113 @@
+"""The waterfall and the two-framework comparison (matplotlib only, no framework imports)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .results import LadderResult
+
+BASE_COLOR = "#7f7f7f"     # the baseline bar (and anything left of it)
+GAIN_COLOR = "#1f77b4"     # a rung that paid
+LOSS_COLOR = "#d62728"     # a negative rung: slower than the rung it builds on
+BEYOND_COLOR = "#2ca02c"   # rungs past the seed's ladder (names starting with 'B')
+
+
+def _figure(ax, size):
+    if ax is None:
+        import matplotlib.pyplot as plt
+        return plt.subplots(figsize=size)
+    return ax.figure, ax
+
+
+def bar_colors(result: LadderResult) -> list[str]:
+    """One color per waterfall bar: grey up to the baseline, red for a loss, blue/green for a gain."""
+    colors, seen_base = [], False
+    for r in result.waterfall():
+        if r.name == result.baseline:
+            seen_base = True
+            colors.append(BASE_COLOR)
+        elif not seen_base:
+            colors.append(BASE_COLOR)
+        elif r.ratio_prev is not None and r.ratio_prev < 1.0:
+            colors.append(LOSS_COLOR)
+        else:
+            colors.append(BEYOND_COLOR if r.name.startswith("B") else GAIN_COLOR)
+    return colors
+
+
+def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, title: str | None = None):
+    """Cumulative bars of the ladder, each labelled with its ratio to the baseline.
+
+    Returns the figure; saves a PNG when ``path`` is given.
+    """
+    bars = result.waterfall()
+    if not bars:
+        raise ValueError(f"{result.framework} ladder has no measured rungs to plot")
+    fig, ax = _figure(ax, (max(6.0, 1.05 * len(bars) + 1.5), 3.8))
+    scale, unit = (1e6, "M") if max(r.tokens_per_s for r in bars) >= 1e6 else (1e3, "k")
+    labels = [f"{r.name}\n{r.label}" for r in bars]
+    heights = [r.tokens_per_s / scale for r in bars]
+    drawn = ax.bar(range(len(bars)), heights, color=bar_colors(result))
+    for b, r in zip(drawn, bars):
+        ratio = "" if r.ratio_base is None else f"{r.ratio_base:.2f}x"
+        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), ratio,
+                ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel(f"throughput ({unit} tokens/s)")
+    ax.set_ylim(0, max(heights) * 1.15)
+    cfg = result.config.get("name", "?")
+    smoke = " [SMOKE: not performance numbers]" if cfg == "smoke" else ""
+    ax.set_title(title or f"{result.framework}: cumulative rungs on {result.device}{smoke}\n"
+                 f"labels: ratio to {result.baseline}", fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def compare(results: list[LadderResult], path: str | Path | None = None):
+    """Side-by-side waterfalls of several ladders (e.g. torch and jax from one machine)."""
+    import matplotlib.pyplot as plt
+    if not results:
+        raise ValueError("compare() needs at least one ladder result")
+    widths = [max(4.0, 0.9 * len(r.waterfall()) + 1.0) for r in results]
+    fig, axes = plt.subplots(1, len(results), figsize=(sum(widths), 4.0),
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    top = max(r.tokens_per_s for res in results for r in res.waterfall())
+    for ax, res in zip(axes[0], results):
+        waterfall(res, ax=ax)
+        scale = 1e6 if top >= 1e6 else 1e3
+        ax.set_ylim(0, top / scale * 1.15)   # one y scale for both panels
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def comparison_table(results: list[LadderResult]) -> str:
+    """A markdown table: every rung of every ladder, side by side by rung name."""
+    names: list[str] = []
+    for res in results:
+        for r in res.rungs:
+            if r.name not in names:
+                names.append(r.name)
+    head = "| rung | " + " | ".join(
+        f"{res.framework} tokens/s | {res.framework} x{res.baseline} | {res.framework} MFU" for res in results) + " |"
+    sep = "|---|" + "---|---|---|" * len(results)
+    rows = [head, sep]
+    for n in names:
+        cells = [n]
+        for res in results:
+            try:
+                r = res.rung(n)
+            except KeyError:
+                cells += ["", "", ""]
+                continue
+            cells.append(f"{r.label}: " + ("skipped" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"))
+            cells.append("" if r.ratio_base is None else f"{r.ratio_base:.2f}")
+            cells.append("n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
