@@ -1,0 +1,187 @@
+"""The GPT in Flax NNX, in build order: RoPE, attention, feed-forward, block, model.
+
+Parameter names follow CONTRIBUTING.md (``token_emb``, ``blks[i].attn.W_qkv``, ...), so
+``perfladder.parity`` can copy weights between this model and the PyTorch one.
+
+Precision is explicit and layered. ``param_dtype`` is what the parameters are stored in
+(fp32 masters, always, in this ladder); ``dtype`` is the compute dtype every submodule
+*remembers from construction* and casts to on each call. Both are passed to every
+submodule, never left to flax's defaults: a module that remembers ``dtype=float32`` casts
+a bf16 array it is handed straight back to fp32 -- which is exactly why casting the arrays
+of an fp32 model does not make it compute in bf16 (rung R2a).
+
+Shapes: B batch, T sequence, D width, H heads, Dh = D / H head width, V vocabulary.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ..config import GPTConfig, flops_per_token as _flops_per_token
+
+ATTN_IMPLS = (None, "xla", "cudnn")
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+_init = nnx.initializers.normal(stddev=0.02)   # kernels and embeddings
+_zeros = nnx.initializers.zeros                 # biases
+
+
+def _linear(d_in: int, d_out: int, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(d_in, d_out, use_bias=True, dtype=dtype, param_dtype=param_dtype,
+                      kernel_init=_init, bias_init=_zeros, rngs=rngs)
+
+
+def _layer_norm(d: int, eps: float, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(d, epsilon=eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+
+# -- 1. rotary position embedding ------------------------------------------------------------
+def rope(x: jax.Array, base: float = 10000.0) -> jax.Array:
+    """Rotary embedding, rotate-half form, on ``x`` of shape (B, T, H, Dh).
+
+    The angles and the rotation are computed in fp32 whatever ``x`` is; the result is
+    cast back to ``x.dtype`` (otherwise fp32 trigonometry would promote bf16 q and k back
+    to fp32 on their way into attention).
+    """
+    T, Dh = x.shape[1], x.shape[-1]
+    half = Dh // 2
+    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)      # (Dh/2,)
+    angles = jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq[None]   # (T, Dh/2)
+    angles = jnp.concatenate([angles, angles], axis=-1)                   # (T, Dh)
+    cos = jnp.cos(angles)[None, :, None, :]                               # (1, T, 1, Dh)
+    sin = jnp.sin(angles)[None, :, None, :]                               # (1, T, 1, Dh)
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)  # (B, T, H, Dh)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+# -- 2. causal self-attention ----------------------------------------------------------------
+class CausalAttention(nnx.Module):
+    """Fused QKV projection, RoPE on q and k, causal scaled-dot-product attention."""
+
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, attn_impl=None):
+        D = cfg.num_hiddens
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.use_rope, self.rope_base = cfg.pos == "rope", cfg.rope_base
+        self.attn_impl = attn_impl
+        self.W_qkv = _linear(D, 3 * D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.W_o = _linear(D, D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        B, T, D = x.shape
+        q, k, v = jnp.split(self.W_qkv(x), 3, axis=-1)               # 3 x (B, T, D)
+        q, k, v = (u.reshape(B, T, self.num_heads, self.head_dim)     # 3 x (B, T, H, Dh)
+                   for u in (q, k, v))
+        if self.use_rope:
+            q, k = rope(q, self.rope_base), rope(k, self.rope_base)   # (B, T, H, Dh), dtype kept
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True,     # scale 1/sqrt(Dh)
+                                         implementation=self.attn_impl)  # (B, T, H, Dh)
+        return self.W_o(y.reshape(B, T, D))                           # (B, T, D)
+
+
+# -- 3. feed-forward -------------------------------------------------------------------------
+class FFN(nnx.Module):
+    """dense2(gelu_tanh(dense1(x))), hidden width ffn_mult * D."""
+
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        D, F = cfg.num_hiddens, cfg.ffn_mult * cfg.num_hiddens
+        self.dense1 = _linear(D, F, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.dense2 = _linear(F, D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.dense2(jax.nn.gelu(self.dense1(x), approximate=True))  # (B, T, D)
+
+
+# -- 4. pre-norm transformer block -----------------------------------------------------------
+class Block(nnx.Module):
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, attn_impl=None):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.norm1 = _layer_norm(cfg.num_hiddens, cfg.ln_eps, **kw)
+        self.attn = CausalAttention(cfg, attn_impl=attn_impl, **kw)
+        self.norm2 = _layer_norm(cfg.num_hiddens, cfg.ln_eps, **kw)
+        self.ffn = FFN(cfg, **kw)
+
+    def __call__(self, H: jax.Array) -> jax.Array:
+        H = H + self.attn(self.norm1(H))    # (B, T, D)
+        return H + self.ffn(self.norm2(H))  # (B, T, D)
+
+
+def _run_block(blk: Block, H: jax.Array) -> jax.Array:
+    return blk(H)
+
+
+_run_block_remat = nnx.remat(_run_block)   # recompute the block's activations in backward
+
+
+# -- 5. the model ----------------------------------------------------------------------------
+class GPT(nnx.Module):
+    """Decoder-only transformer with tied input/output embeddings.
+
+    ``dtype``: compute dtype of every submodule. ``param_dtype``: storage dtype of the
+    parameters (keep fp32: these are the masters the optimizer updates).
+    ``attn_impl``: passed to ``jax.nn.dot_product_attention`` (None lets JAX choose;
+    ``'cudnn'`` needs a GPU and a half-precision ``dtype``).
+    ``checkpoint``: run every block under ``nnx.remat`` (activation checkpointing).
+    ``embed_fp32``: gather from the fp32 table and cast the gathered rows to ``dtype``
+    afterwards, so that in the backward pass the scatter-add of the embedding gradient
+    into the V-row table happens in fp32 rather than in ``dtype``.
+    """
+
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs, dtype=jnp.float32,
+                 param_dtype=jnp.float32, attn_impl=None, checkpoint: bool = False,
+                 embed_fp32: bool = False):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a perfladder.config.GPTConfig, got {type(config).__name__}")
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl={attn_impl!r} is not valid; valid choices: {ATTN_IMPLS}")
+        dtype, param_dtype = jnp.dtype(dtype), jnp.dtype(param_dtype)
+        for name, dt in (("dtype", dtype), ("param_dtype", param_dtype)):
+            if not jnp.issubdtype(dt, jnp.floating):
+                raise ValueError(f"{name}={dt} must be a floating dtype (e.g. float32, bfloat16)")
+        if attn_impl == "cudnn" and dtype not in _HALF:
+            raise ValueError(f"attn_impl='cudnn' needs a half-precision compute dtype "
+                             f"(bfloat16 or float16); got dtype={dtype}")
+        self.config = config
+        self.dtype, self.param_dtype = dtype, param_dtype
+        self.attn_impl, self.checkpoint, self.embed_fp32 = attn_impl, bool(checkpoint), bool(embed_fp32)
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        D = config.num_hiddens
+        self.token_emb = nnx.Embed(config.vocab_size, D, embedding_init=_init, **kw)
+        if config.pos == "learned":
+            self.pos_emb = nnx.Embed(config.max_len, D, embedding_init=_init, **kw)
+        self.blks = nnx.List([Block(config, attn_impl=attn_impl, **kw)
+                              for _ in range(config.num_blks)])
+        self.norm = _layer_norm(D, config.ln_eps, **kw)
+
+    def embed(self, X: jax.Array) -> jax.Array:
+        """The first activation: token (+ learned position) embedding, (B, T) -> (B, T, D).
+
+        Its dtype is the precision receipt: it is what every later layer computes in.
+        """
+        T = X.shape[1]
+        if T > self.config.max_len and self.config.pos == "learned":
+            raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
+        if self.embed_fp32:
+            table = self.token_emb.embedding[...].astype(jnp.float32)     # (V, D) fp32
+            H = jnp.take(table, X, axis=0).astype(self.dtype)              # (B, T, D)
+        else:
+            H = self.token_emb(X)                                          # (B, T, D)
+        if self.config.pos == "learned":
+            H = H + self.pos_emb(jnp.arange(T))[None]                      # (1, T, D) broadcast
+        return H
+
+    def __call__(self, X: jax.Array) -> jax.Array:
+        """Token ids (B, T) -> logits (B, T, V) in the compute dtype."""
+        H = self.embed(X)                                                  # (B, T, D)
+        for blk in self.blks:
+            H = _run_block_remat(blk, H) if self.checkpoint else blk(H)    # (B, T, D)
+        return self.token_emb.attend(self.norm(H))                         # (B, T, V) tied
+
+    def num_params(self) -> int:
+        return int(sum(p.size for p in jax.tree.leaves(nnx.state(self, nnx.Param))))
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token, ``6 N + 12 L T D`` (see ``perfladder.config``)."""
+        return _flops_per_token(self.num_params(), self.config.num_blks, seq_len,
+                                self.config.num_hiddens)
