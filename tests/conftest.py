@@ -1,0 +1,60 @@
+"""Shared test fixtures (framework-free: importing this file must not import torch or jax)."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")   # no display on the test machine
+
+import pytest  # noqa: E402
+
+from perfladder.results import LadderResult, RungResult  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Backstop for the ``gpu`` marker: skip GPU-only tests when no CUDA GPU is present.
+
+    Each GPU test also carries its own ``skipif``; this only makes sure that a forgotten
+    one skips cleanly on the CPU machine instead of failing there.
+    """
+    gpu_items = [it for it in items if it.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    from perfladder.config import gpu_present
+    if gpu_present():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
+    for it in gpu_items:
+        it.add_marker(skip)
+
+
+def make_result(framework: str = "torch", device: str = "NVIDIA H200",
+                rates=(100_000.0, 250_000.0, 200_000.0, 600_000.0),
+                names=None, config_name: str = "full") -> LadderResult:
+    """A synthetic ladder: one waterfall rung per rate, plus a control and a skipped R5.
+
+    With the default rates, R2 (200k after R1's 250k) is the negative rung.
+    """
+    names = names or [f"R{i}" for i in range(len(rates))]
+    res = LadderResult(framework=framework, device=device,
+                       config={"name": config_name, "num_hiddens": 512}, baseline=names[0],
+                       versions={"python": "3.11"}, command="pytest")
+    for i, (n, t) in enumerate(zip(names, rates)):
+        res.add(RungResult(name=n, label=f"step {i}", tokens_per_s=t,
+                           windows=[0.99 * t, t, 1.01 * t], spread=0.02,
+                           batch_size=64, seq_len=128, precision="bf16" if i else "tf32",
+                           tflops=t * 1e8 / 1e12, mfu=None, notes=[f"note {i}"]))
+    res.add(RungResult(name="R3c", label="fp32 control", tokens_per_s=rates[0] * 1.5,
+                       windows=[rates[0] * 1.5], kind="control", precision="fp32"))
+    res.add(RungResult(name="R5", label="data parallel", tokens_per_s=None, kind="skipped",
+                       notes=["one device: not applicable"]))
+    return res
+
+
+@pytest.fixture
+def synthetic_result():
+    return make_result()
+
+
+@pytest.fixture
+def result_factory():
+    return make_result
