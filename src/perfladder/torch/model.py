@@ -1,0 +1,186 @@
+"""The GPT of the ladder, in PyTorch, built part by part (nanoGPT-style).
+
+Parameter names follow CONTRIBUTING.md exactly, because ``perfladder.parity`` copies
+weights across frameworks by name:
+
+    token_emb, pos_emb (pos='learned' only), blks[i].norm1/.norm2,
+    blks[i].attn.W_qkv/.W_o, blks[i].ffn.dense1/.dense2, norm
+
+Shapes: B batch, T time (context), D width (num_hiddens), H heads, Dh = D // H, V vocab.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint as _checkpoint
+
+from ..config import GPTConfig
+from ..config import flops_per_token as _flops_per_token
+
+# Which scaled-dot-product-attention kernel to pin (None: let PyTorch choose).
+ATTN_BACKENDS = {
+    None: None,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+def check_attn_backend(name):
+    """Return the ``SDPBackend`` for ``name``; a clear error for anything unknown."""
+    if name not in ATTN_BACKENDS:
+        raise ValueError(f"attn_backend={name!r} is not valid; valid choices: "
+                         f"{list(ATTN_BACKENDS)}")
+    return ATTN_BACKENDS[name]
+
+
+# -- 1. rotary position embedding ----------------------------------------------------------
+def rope_angles(T: int, head_dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables for positions 0..T-1, shape (T, Dh), always fp32.
+
+    Frequency i (0 <= i < Dh/2) is base^(-2i/Dh); the table repeats the Dh/2 angles
+    twice along the last axis, matching the rotate-half pairing (x_i with x_{i+Dh/2}).
+    """
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    pos = torch.arange(T, device=device, dtype=torch.float32)
+    angles = pos[:, None] * inv_freq[None, :]                     # (T, Dh/2)
+    angles = torch.cat([angles, angles], dim=-1)                  # (T, Dh)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last axis."""
+    x1, x2 = x.chunk(2, dim=-1)                                   # (..., Dh/2) each
+    return torch.cat([-x2, x1], dim=-1)                           # (..., Dh)
+
+
+def apply_rope(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate q or k of shape (B, T, H, Dh); computed in fp32, returned in x's dtype."""
+    T, Dh = x.shape[1], x.shape[3]
+    cos, sin = rope_angles(T, Dh, base, x.device)                 # (T, Dh) each
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]       # (1, T, 1, Dh)
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)        # (B, T, H, Dh)
+
+
+# -- 2. causal self-attention --------------------------------------------------------------
+class CausalAttention(nn.Module):
+    def __init__(self, config: GPTConfig, attn_backend=None):
+        super().__init__()
+        D = config.num_hiddens
+        self.num_heads = config.num_heads
+        self.rope = config.pos == "rope"
+        self.rope_base = config.rope_base
+        self.backend = check_attn_backend(attn_backend)
+        self.W_qkv = nn.Linear(D, 3 * D, bias=True)
+        self.W_o = nn.Linear(D, D, bias=True)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        B, T, D = X.shape
+        H = self.num_heads
+        q, k, v = self.W_qkv(X).split(D, dim=-1)                  # (B, T, D) each
+        q, k, v = (u.reshape(B, T, H, D // H) for u in (q, k, v))  # (B, T, H, Dh)
+        if self.rope:
+            q, k = apply_rope(q, self.rope_base), apply_rope(k, self.rope_base)
+        q, k, v = (u.transpose(1, 2) for u in (q, k, v))          # (B, H, T, Dh)
+        scale = 1.0 / math.sqrt(D // H)
+        if self.backend is None:
+            Y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        else:
+            with sdpa_kernel(self.backend):
+                Y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        Y = Y.transpose(1, 2).reshape(B, T, D)                    # (B, H, T, Dh) -> (B, T, D)
+        return self.W_o(Y)
+
+
+# -- 3. feed-forward -----------------------------------------------------------------------
+class FFN(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        D, m = config.num_hiddens, config.ffn_mult
+        self.dense1 = nn.Linear(D, m * D, bias=True)
+        self.dense2 = nn.Linear(m * D, D, bias=True)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return self.dense2(F.gelu(self.dense1(X), approximate="tanh"))  # (B, T, D)
+
+
+# -- 4. one pre-norm block -----------------------------------------------------------------
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, attn_backend=None):
+        super().__init__()
+        D = config.num_hiddens
+        self.norm1 = nn.LayerNorm(D, eps=config.ln_eps)
+        self.attn = CausalAttention(config, attn_backend)
+        self.norm2 = nn.LayerNorm(D, eps=config.ln_eps)
+        self.ffn = FFN(config)
+
+    def forward(self, H: torch.Tensor) -> torch.Tensor:
+        H = H + self.attn(self.norm1(H))                          # (B, T, D)
+        return H + self.ffn(self.norm2(H))                        # (B, T, D)
+
+
+# -- 5. the model --------------------------------------------------------------------------
+class GPT(nn.Module):
+    """Decoder-only Transformer with tied input/output embeddings.
+
+    ``attn_backend``: ``None`` (PyTorch picks) or one of ``'flash'``, ``'efficient'``,
+    ``'math'``, ``'cudnn'`` to pin the attention kernel via ``sdpa_kernel``.
+    ``checkpoint=True`` runs every block under activation checkpointing (recompute the
+    block's activations in the backward pass instead of storing them).
+    """
+
+    def __init__(self, config: GPTConfig, attn_backend=None, checkpoint: bool = False):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        check_attn_backend(attn_backend)
+        self.config = config
+        self.attn_backend = attn_backend
+        self.checkpoint = bool(checkpoint)
+        self.pos = config.pos
+        D = config.num_hiddens
+        self.token_emb = nn.Embedding(config.vocab_size, D)
+        if config.pos == "learned":
+            self.pos_emb = nn.Embedding(config.max_len, D)
+        self.blks = nn.ModuleList(Block(config, attn_backend) for _ in range(config.num_blks))
+        self.norm = nn.LayerNorm(D, eps=config.ln_eps)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # normal(0, 0.02) weights, zero biases; LayerNorms keep ones / zeros.
+        # Deterministic given torch.manual_seed before construction.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> logits (B, T, V)."""
+        T = X.shape[1]
+        H = self.token_emb(X)                                     # (B, T, D)
+        if self.pos == "learned":
+            if T > self.config.max_len:
+                raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
+            H = H + self.pos_emb(torch.arange(T, device=X.device))  # (B, T, D) + (T, D)
+        for blk in self.blks:
+            if self.checkpoint:
+                H = _checkpoint(blk, H, use_reentrant=False)      # (B, T, D)
+            else:
+                H = blk(H)                                        # (B, T, D)
+        return F.linear(self.norm(H), self.token_emb.weight)      # (B, T, D) @ (D, V) -> (B, T, V)
+
+    def num_params(self) -> int:
+        """Distinct parameters (the tied embedding counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token, 6N + 12·L·T·D (see ``perfladder.config.flops_per_token``)."""
+        c = self.config
+        return _flops_per_token(self.num_params(), c.num_blks, seq_len, c.num_hiddens)

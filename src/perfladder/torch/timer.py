@@ -1,0 +1,72 @@
+"""PyTorch's side of the timer: the sync, the compile counter, and what we run on."""
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import torch
+
+from ..results import python_versions
+from ..timing import Throughput, measure
+
+# Full-config defaults; the rungs pass their LadderConfig's numbers explicitly.
+WARMUP, TIMED, WINDOWS = 30, 40, 3
+
+
+def has_gpu() -> bool:
+    """Is a CUDA device usable from this process?"""
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    """The GPU's name (e.g. 'NVIDIA H200'), or 'cpu'."""
+    return torch.cuda.get_device_name(0) if has_gpu() else "cpu"
+
+
+def versions() -> dict[str, str]:
+    """Python, platform, torch, CUDA/cuDNN (when present) and numpy versions."""
+    out = python_versions(torch=torch, numpy=np)
+    out["cuda"] = torch.version.cuda or "none"
+    if has_gpu():
+        out["cudnn"] = str(torch.backends.cudnn.version())
+        out["gpu"] = device_name()
+    out["machine"] = platform.machine()
+    return out
+
+
+def sync(_out=None) -> None:
+    """Wait for all queued device work. A no-op unless CUDA has been used in this process
+    (no CUDA work can be pending before CUDA is initialised)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def compile_count() -> int:
+    """How many compilations dynamo/inductor have done in this process so far.
+
+    ``frames.total`` grows by one for every frame dynamo (re)compiles -- including the
+    recompile a new batch shape forces; the inductor ``fxgraph_cache_*`` counters grow
+    for every graph inductor compiles or loads from its cache, which also catches the
+    backward graph that AOTAutograd compiles lazily on the first ``backward()``.
+    Verified on torch 2.13 (CPU): steady-state calls leave both unchanged.
+    """
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:      # pragma: no cover - torch built without dynamo
+        return 0
+    inductor = counters.get("inductor", {})
+    return int(counters.get("frames", {}).get("total", 0)
+               + sum(inductor.get(k, 0) for k in
+                     ("fxgraph_cache_miss", "fxgraph_cache_hit", "fxgraph_cache_bypass")))
+
+
+def throughput(step, stream, warmup: int = WARMUP, timed: int = TIMED,
+               windows: int = WINDOWS) -> Throughput:
+    """End-to-end tokens/s of ``step(X, Y)`` over batches from ``stream``.
+
+    ``perfladder.timing.measure`` with CUDA sync closing every window and dynamo's
+    counters as the recompile guard (a compile inside a window raises ``RecompileError``).
+    """
+    return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
+                   sync=sync, compile_count=compile_count,
+                   num_tokens=lambda X: X.numel(), shape_of=lambda X: tuple(X.shape))
