@@ -1,6 +1,10 @@
 """What notebooks show around the numbers (framework-free): the smoke banner, result tables."""
 from __future__ import annotations
 
+import dataclasses
+import html
+import re
+
 from .config import LadderConfig
 from .results import LadderResult
 
@@ -15,18 +19,56 @@ def banner_text(config: LadderConfig, device: str) -> str:
             f"context {config.num_steps}, batches {config.batch_size} / {config.big_batch}).")
 
 
+def banner_html(config: LadderConfig, device: str) -> str:
+    """The banner as an HTML admonition box.
+
+    HTML rather than a MyST ``:::{warning}`` block: the book renders notebook markdown
+    outputs as GitHub-flavoured markdown (``nb_render_markdown_format: gfm``, for the
+    tables), where a MyST directive would show as raw text. The classes are the theme's
+    own admonition classes; the inline style is the fallback for plain Jupyter.
+    """
+    kind, title, color, bg = (("warning", "Smoke run: not performance numbers", "#e67e22", "#fff6e5")
+                              if config.is_smoke else
+                              ("note", f"Full configuration on {device}", "#1f77b4", "#eef5fb"))
+    body = _md_inline_to_html(banner_text(config, device))
+    return (f'<div class="admonition {kind} perfladder-banner" style="border-left: 0.3em solid {color}; '
+            f'background: {bg}; padding: 0.5em 0.9em; margin: 0.5em 0;">'
+            f'<p class="admonition-title" style="font-weight: bold; margin: 0 0 0.3em 0;">{html.escape(title)}</p>'
+            f'<p style="margin: 0;">{body}</p></div>')
+
+
 def banner(config: LadderConfig, device: str) -> None:
-    """Print (and, in a notebook, display) which configuration produced this page's numbers."""
+    """Say which configuration produced this page's numbers.
+
+    In a notebook: an HTML admonition (warning for smoke, note for full). Elsewhere:
+    printed text (framed for smoke).
+    """
     text = banner_text(config, device)
-    print(("=" * 78 + "\n" + text.replace("**", "") + "\n" + "=" * 78) if config.is_smoke else text.replace("**", ""))
+    plain = text.replace("**", "").replace("`", "")
+    if config.is_smoke:
+        plain = "=" * 78 + "\n" + plain + "\n" + "=" * 78
     try:
         from IPython import get_ipython
-        from IPython.display import Markdown, display
+        from IPython.display import display
     except ImportError:
-        return
-    if get_ipython() is not None:
-        kind = "warning" if config.is_smoke else "note"
-        display(Markdown(f":::{{{kind}}}\n{text}\n:::"))
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display({"text/html": banner_html(config, device), "text/plain": plain}, raw=True)
+    else:
+        print(plain)
+
+
+def config_of(result: LadderResult) -> LadderConfig:
+    """The ``LadderConfig`` a results file was produced with (from its ``config`` dict)."""
+    fields = {f.name for f in dataclasses.fields(LadderConfig)}
+    return LadderConfig(**{k: v for k, v in result.config.items() if k in fields})
+
+
+def _md_inline_to_html(text: str) -> str:
+    """``**bold**`` and ```code``` of the banner text as HTML (everything else escaped)."""
+    out = html.escape(text)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", out)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
 
 
 def markdown_table(result: LadderResult) -> str:

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Build the book: scripts/build_book.sh PYTHON
+#
+#   PYTHON     the interpreter of the environment (make book passes what setup.sh printed)
+#
+# Environment it reads:
+#   PERFLADDER_CONFIG     smoke | full; default: full when a GPU is present, smoke otherwise
+#   PERFLADDER_BOOK_OUT   folder that receives _build/ (default: the repository root)
+#
+# * Runs `jupyter-book build . -W -n --keep-going`: any Sphinx warning, any failing
+#   notebook, any broken reference fails the build (non-zero exit).
+# * Every notebook sees the same PERFLADDER_CONFIG (exported here) and the same
+#   PERFLADDER_RESULTS_DIR (<out>/_build/results, absolute), where the ladder notebooks
+#   write torch.json / jax.json and the comparison page reads them.
+# * Executed notebooks are cached (jupyter-cache in <out>/_build/.jupyter_cache). The cache
+#   is emptied when the config or the device changed since the last build, or when a
+#   ladder's JSON is missing, so cached pages never show another machine's numbers.
+# * The Sphinx environment (<out>/_build/.doctrees) is dropped every time: every page is
+#   re-read, so -W sees every warning and the forced pages (status, comparison, H200
+#   reference) re-execute; cached notebooks come back from the cache in a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${1:?usage: scripts/build_book.sh PYTHON}
+OUT=${PERFLADDER_BOOK_OUT:-$ROOT}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUILD="$OUT/_build"
+start=$SECONDS
+
+# The venv's bin first on PATH: the notebook kernel and anything it starts use this python.
+PATH="$(dirname "$PY"):$PATH"
+export PATH
+
+# Which ladder configuration, and why (the status page prints the reason).
+CFG_LINE=$("$PY" -c '
+import os
+from perfladder.config import gpu_present, pick_config
+cfg = pick_config(verbose=False)
+why = "set by $PERFLADDER_CONFIG" if os.environ.get("PERFLADDER_CONFIG") else (
+    "picked by scripts/build_book.sh: " + ("a GPU was found" if gpu_present() else "no GPU was found"))
+print(cfg.name + "|" + why)')
+CFG=${CFG_LINE%%|*}
+export PERFLADDER_CONFIG=$CFG
+export PERFLADDER_CONFIG_SOURCE=${CFG_LINE#*|}
+DEVICE=$( (nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true) | head -n 1)
+DEVICE=${DEVICE:-cpu}
+export PERFLADDER_RESULTS_DIR="$BUILD/results"
+export PYTHONUNBUFFERED=1
+
+echo "[book] python:  $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
+echo "[book] config:  $CFG ($PERFLADDER_CONFIG_SOURCE)$([ "$CFG" = smoke ] && echo '  (smoke: pages exercise the code; their numbers are NOT performance results)')"
+echo "[book] device:  $DEVICE"
+echo "[book] output:  $BUILD/html"
+echo "[book] results: $PERFLADDER_RESULTS_DIR"
+
+stamp="$CFG|$DEVICE"
+stamp_file="$BUILD/.perfladder-build"
+if [ -d "$BUILD/.jupyter_cache" ]; then
+  why=""
+  if [ "$(cat "$stamp_file" 2>/dev/null || true)" != "$stamp" ]; then
+    why="config/device changed ($(cat "$stamp_file" 2>/dev/null || echo none) -> $stamp)"
+  elif [ ! -f "$PERFLADDER_RESULTS_DIR/torch.json" ] || [ ! -f "$PERFLADDER_RESULTS_DIR/jax.json" ]; then
+    why="a ladder's results JSON is missing"
+  fi
+  if [ -n "$why" ]; then
+    echo "[book] emptying the notebook cache: $why"
+    rm -rf "$BUILD/.jupyter_cache" "$PERFLADDER_RESULTS_DIR"
+  fi
+fi
+rm -rf "$BUILD/.doctrees"
+mkdir -p "$BUILD" "$PERFLADDER_RESULTS_DIR"
+echo "$stamp" > "$stamp_file"
+
+args=(build "$ROOT" -W -n --keep-going)
+[ "$OUT" != "$ROOT" ] && args+=(--path-output "$OUT")
+set +e
+# jupyter-book 1.x has no `python -m jupyter_book`; call its click entry point directly.
+"$PY" -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; sys.exit(main())' "${args[@]}"
+rc=$?
+set -e
+elapsed=$((SECONDS - start))
+if [ $rc -ne 0 ]; then
+  echo "[book] FAILED (exit $rc) after ${elapsed}s; config $CFG on $DEVICE" >&2
+  exit $rc
+fi
+echo "[book] built in ${elapsed}s (config $CFG on $DEVICE): $BUILD/html/index.html"
