@@ -1,10 +1,10 @@
-"""Command line: ``perfladder run | plot | table | compare``.
+"""Command line: ``perfladder run | plot | table``.
 
     perfladder run torch --config full --rungs R0,R1,R2 --out results/torch.json
     perfladder run jax                      # config picked from the device, printed
     perfladder plot results/torch.json -o waterfall.png
+    perfladder plot results/torch.json results/jax.json -o both.png   # side by side
     perfladder table results/torch.json results/jax.json
-    perfladder compare results/torch.json results/jax.json -o both.png
 """
 from __future__ import annotations
 
@@ -57,9 +57,16 @@ def cmd_run(args) -> int:
         raise CLIError(f"framework {args.framework!r} is not valid; valid choices: {FRAMEWORKS}")
     if args.config is not None and args.config not in CONFIG_NAMES:
         raise CLIError(f"--config {args.config!r} is not valid; valid choices: {', '.join(CONFIG_NAMES)}")
-    fw = importlib.import_module(f"perfladder.{args.framework}")
+    try:
+        fw = importlib.import_module(f"perfladder.{args.framework}")
+    except ImportError as e:
+        raise CLIError(f"perfladder.{args.framework} cannot be imported ({e}); "
+                       f"is {args.framework} installed in this python ({sys.executable})?") from e
     rungs = parse_rungs(args.rungs, list(fw.RUNGS))
-    cfg = pick_config(args.config, has_gpu=fw.has_gpu())
+    try:
+        cfg = pick_config(args.config, has_gpu=fw.has_gpu())
+    except ValueError as e:          # e.g. a bad $PERFLADDER_CONFIG
+        raise CLIError(str(e)) from e
     names = rungs or list(fw.RUNGS)
     progress = None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1))
     command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -83,11 +90,13 @@ def cmd_plot(args) -> int:
     import matplotlib
     matplotlib.use("Agg")
     from .plot import compare, waterfall
+    import matplotlib.pyplot as plt
     results = _read_all(args.results)
-    if len(results) == 1:
-        waterfall(results[0], args.output)
-    else:
-        compare(results, args.output)
+    try:
+        fig = waterfall(results[0], args.output) if len(results) == 1 else compare(results, args.output)
+    except ValueError as e:          # e.g. a ladder with no measured rung
+        raise CLIError(str(e)) from e
+    plt.close(fig)
     print(f"wrote {args.output}")
     return 0
 

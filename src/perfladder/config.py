@@ -37,8 +37,12 @@ class GPTConfig:
             raise ValueError(f"pos={self.pos!r} is not valid; valid choices: {POSITIONS}")
         for name in ("vocab_size", "num_hiddens", "num_blks", "num_heads", "max_len", "ffn_mult"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}={v!r} must be a positive integer")
+        for name in ("ln_eps", "rope_base"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise ValueError(f"{name}={v!r} must be a positive number")
         if self.num_hiddens % self.num_heads:
             raise ValueError(f"num_hiddens={self.num_hiddens} is not divisible by "
                              f"num_heads={self.num_heads}")
@@ -146,7 +150,10 @@ def pick_config(name: str | None = None, has_gpu: bool | None = None,
         if has_gpu is None:
             has_gpu = gpu_present()
         name, source = ("full" if has_gpu else "smoke"), ("GPU found" if has_gpu else "no GPU found")
-    cfg = get_config(name)
+    try:
+        cfg = get_config(name)
+    except ValueError as e:
+        raise ValueError(f"{e} (from {source})") from None
     if verbose:
         print(f"perfladder config: {cfg.name} ({source})"
               + ("  -- smoke numbers are NOT performance results" if cfg.is_smoke else ""))

@@ -34,16 +34,29 @@ def bar_colors(result: LadderResult) -> list[str]:
     return colors
 
 
-def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, title: str | None = None):
+UNITS = {"k": 1e3, "M": 1e6}
+
+
+def _unit_for(top: float) -> str:
+    return "M" if top >= 1e6 else "k"
+
+
+def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, title: str | None = None,
+              unit: str | None = None):
     """Cumulative bars of the ladder, each labelled with its ratio to the baseline.
 
-    Returns the figure; saves a PNG when ``path`` is given.
+    ``unit`` (``'k'`` or ``'M'`` tokens/s) is picked from the tallest bar unless given
+    (``compare`` gives one unit to every panel). Returns the figure; saves a PNG when
+    ``path`` is given.
     """
     bars = result.waterfall()
     if not bars:
         raise ValueError(f"{result.framework} ladder has no measured rungs to plot")
     fig, ax = _figure(ax, (max(6.0, 1.05 * len(bars) + 1.5), 3.8))
-    scale, unit = (1e6, "M") if max(r.tokens_per_s for r in bars) >= 1e6 else (1e3, "k")
+    unit = unit or _unit_for(max(r.tokens_per_s for r in bars))
+    if unit not in UNITS:
+        raise ValueError(f"unit={unit!r} is not valid; valid choices: {tuple(UNITS)}")
+    scale = UNITS[unit]
     labels = [f"{r.name}\n{r.label}" for r in bars]
     heights = [r.tokens_per_s / scale for r in bars]
     drawn = ax.bar(range(len(bars)), heights, color=bar_colors(result))
@@ -72,14 +85,17 @@ def compare(results: list[LadderResult], path: str | Path | None = None):
     import matplotlib.pyplot as plt
     if not results:
         raise ValueError("compare() needs at least one ladder result")
+    empty = [f"{res.framework} on {res.device}" for res in results if not res.waterfall()]
+    if empty:
+        raise ValueError(f"compare(): no measured rungs to plot in {empty}")
     widths = [max(4.0, 0.9 * len(r.waterfall()) + 1.0) for r in results]
     fig, axes = plt.subplots(1, len(results), figsize=(sum(widths), 4.0),
                              gridspec_kw={"width_ratios": widths}, squeeze=False)
     top = max(r.tokens_per_s for res in results for r in res.waterfall())
+    unit = _unit_for(top)                    # one unit and one y scale for every panel
     for ax, res in zip(axes[0], results):
-        waterfall(res, ax=ax)
-        scale = 1e6 if top >= 1e6 else 1e3
-        ax.set_ylim(0, top / scale * 1.15)   # one y scale for both panels
+        waterfall(res, ax=ax, unit=unit)
+        ax.set_ylim(0, top / UNITS[unit] * 1.15)
     fig.tight_layout()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -120,6 +120,8 @@ class LearningCheck:
 
 def smoothed_check(losses, window: int = 20) -> LearningCheck:
     """First-``window`` mean vs last-``window`` mean of a loss curve; raises if it did not fall."""
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"window={window!r} must be a positive integer")
     losses = [float(x) for x in losses]
     if len(losses) < 2 * window:
         raise ValueError(f"need at least {2 * window} losses for window={window}, got {len(losses)}")
@@ -233,7 +235,9 @@ class LadderResult:
             data = json.loads(path.read_text())
         except FileNotFoundError as e:
             raise ResultsError(f"{path}: no such results file") from e
-        except json.JSONDecodeError as e:
+        except OSError as e:
+            raise ResultsError(f"{path}: cannot read results file ({e.strerror or e})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ResultsError(f"{path}: not valid JSON ({e})") from e
         return cls.from_dict(data, source=str(path))
 
@@ -294,18 +298,46 @@ def validate(data: Any, source: str = "<results>") -> None:
         if r["kind"] == "skipped":
             if t is not None:
                 bad(f"{where} is 'skipped' but has tokens_per_s")
-        elif not isinstance(t, _NUM) or t <= 0:
+        elif not isinstance(t, _NUM) or isinstance(t, bool) or not t > 0:   # NaN fails too
             bad(f"{where}.tokens_per_s must be a positive number, got {t!r}")
         if not all(isinstance(w, _NUM) and w > 0 for w in r["windows"]):
             bad(f"{where}.windows must hold positive numbers")
         for key in ("ratio_prev", "ratio_base", "tflops", "mfu", "spread"):
             v = r.get(key)
-            if v is not None and not isinstance(v, _NUM):
-                bad(f"{where}.{key} must be a number or null")
+            if v is not None and (not isinstance(v, _NUM) or isinstance(v, bool)):
+                bad(f"{where}.{key} must be a number or null, got {v!r}")
+        for key in ("batch_size", "seq_len", "peak_mem_bytes"):
+            v = r.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                bad(f"{where}.{key} must be an integer or null, got {v!r}")
+        if not all(isinstance(n, str) for n in r["notes"]):
+            bad(f"{where}.notes must be a list of strings")
+        if not isinstance(r.get("extra", {}), dict):
+            bad(f"{where}.extra must be an object")
         names.append(r["name"])
     if len(set(names)) != len(names):
         bad(f"rung names repeat: {names}")
-    # The baseline may be absent from a partial run (``--rungs R1``): its ratios are then null.
+    # The baseline may be absent from a partial run (``--rungs R1``), but then nothing can
+    # have been measured against it.
+    if data["baseline"] not in names:
+        with_ratio = [r["name"] for r in data["rungs"] if r.get("ratio_base") is not None]
+        if with_ratio:
+            bad(f"baseline {data['baseline']!r} is not among the rungs {names}, yet "
+                f"{with_ratio} carry ratio_base values against it")
+    for key, typ in (("versions", dict), ("notes", list), ("command", str), ("created", str)):
+        if key in data and not isinstance(data[key], typ):
+            bad(f"{key!r} must be {typ.__name__}, got {type(data[key]).__name__}")
+    if data.get("peak_tflops") is not None and not isinstance(data["peak_tflops"], dict):
+        bad(f"'peak_tflops' must be an object or null, got {type(data['peak_tflops']).__name__}")
+    learning = data.get("learning")
+    if learning is not None:
+        if not isinstance(learning, dict):
+            bad(f"'learning' must be an object or null, got {type(learning).__name__}")
+        for key, typ in (("steps", int), ("window", int), ("first", _NUM), ("last", _NUM)):
+            if key not in learning:
+                bad(f"learning is missing {key!r}")
+            if not isinstance(learning[key], typ) or isinstance(learning[key], bool):
+                bad(f"learning.{key} must be a number, got {learning[key]!r}")
 
 
 def python_versions(**modules) -> dict[str, str]:

@@ -8,7 +8,9 @@
    stream's own cost is inside the window, as in a real training run);
 3. refuse to time the same batch twice in a row (a cached batch flatters the number);
 4. raise ``RecompileError`` if the framework compiled anything inside a timed window;
-5. report the median window and the spread of all of them.
+5. raise ``BatchShapeError`` if the batch shape changes between timed steps (a ragged
+   tail that was not dropped: eager code would not recompile, so the guard of 4 misses it);
+6. report the median window and the spread of all of them.
 
 Each framework supplies ``sync`` (``torch.cuda.synchronize`` / ``jax.block_until_ready``)
 and ``compile_count`` (dynamo's counters / XLA compile events).
@@ -27,6 +29,10 @@ class RecompileError(RuntimeError):
 
 class StaleBatchError(RuntimeError):
     """The stream handed the timer the same batch twice in a row."""
+
+
+class BatchShapeError(RuntimeError):
+    """The timed batches do not all have one shape."""
 
 
 @dataclass
@@ -88,8 +94,13 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
             if X is prev:
                 raise StaleBatchError("the stream yielded the same batch object twice in a row; "
                                       "time fresh batches, not one cached batch")
+            this_shape = tuple(shape_of(X))
             if shape is None:
-                shape = tuple(shape_of(X))
+                shape = this_shape
+            elif this_shape != shape:
+                raise BatchShapeError(f"batch shape changed from {shape} to {this_shape} inside "
+                                      f"timed window {w + 1}/{windows}; keep one shape "
+                                      "(drop ragged tails)")
             out = step(X, Y)
             tokens += num_tokens(X)
             prev = X
