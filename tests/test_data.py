@@ -118,7 +118,9 @@ def test_splits_larger_than_corpus():
 @pytest.mark.parametrize("kw, name", [(dict(batch_size=0), "batch_size"),
                                       (dict(num_steps=-1), "num_steps"),
                                       (dict(num_train=2.5), "num_train"),
-                                      (dict(num_val=-1), "num_val")])
+                                      (dict(num_val=-1), "num_val"),
+                                      (dict(num_val=1.5), "num_val"),
+                                      (dict(batch_size=True), "batch_size")])
 def test_bad_sizes_are_named(kw, name):
     args = dict(batch_size=2, num_steps=16) | kw
     with pytest.raises(ValueError, match=name):

@@ -100,12 +100,10 @@ class TimeMachine:
         if tokenization not in TOKENIZATIONS:
             raise ValueError(f"tokenization={tokenization!r} is not supported; "
                              f"valid choices: {TOKENIZATIONS}")
-        for name, value in (("batch_size", batch_size), ("num_steps", num_steps),
-                            ("num_train", num_train)):
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
-        if num_val < 0:
-            raise ValueError(f"num_val={num_val!r} must be >= 0")
+        for name, value, lo in (("batch_size", batch_size, 1), ("num_steps", num_steps, 1),
+                                ("num_train", num_train, 1), ("num_val", num_val, 0)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
+                raise ValueError(f"{name}={value!r} must be an integer >= {lo}")
         self.batch_size, self.num_steps = int(batch_size), int(num_steps)
         self.num_train, self.num_val = int(num_train), int(num_val)
         tokens = list(preprocess(read_corpus(path)))
