@@ -8,6 +8,8 @@ datasheets / architecture whitepapers:
 * A100 SXM4 / PCIe (40 and 80 GB): NVIDIA A100 datasheet (BF16 312, TF32 156).
 * H100 SXM5: NVIDIA H100 datasheet (BF16 989.5, TF32 494.7 dense; the datasheet's
   headline figures are with sparsity, i.e. doubled). H100 PCIe: 756.5 / 378.
+* H100 NVL / H200 NVL: their datasheets (BF16 1,671 and TF32 835 with sparsity, so
+  835.5 / 417.5 dense).
 * H200 (SXM): NVIDIA H200 datasheet -- the same compute as H100 SXM (989.5 / 494.7),
   with 141 GB HBM3e at 4.8 TB/s. ``measured_bf16`` is an 8192^3 bf16 matmul on random
   data measured on this project's H200 (788-798 TFLOP/s, see benchmarks/results).
@@ -37,6 +39,9 @@ class Peak:
 # Ordered: the first pattern that occurs in the (lowercased) device name wins, so the
 # more specific names come first.
 PEAKS: list[tuple[str, Peak]] = [
+    # NVL (PCIe-card) variants are clocked lower: datasheet 1,671 / 835 TFLOP/s with sparsity.
+    ("h200 nvl", Peak("NVIDIA H200 NVL", bf16=835.5, tf32=417.5)),
+    ("h100 nvl", Peak("NVIDIA H100 NVL", bf16=835.5, tf32=417.5)),
     ("h200", Peak("NVIDIA H200", bf16=989.5, tf32=494.7, measured_bf16=790.0)),
     ("h100 pcie", Peak("NVIDIA H100 PCIe", bf16=756.5, tf32=378.0)),
     ("h100", Peak("NVIDIA H100 SXM", bf16=989.5, tf32=494.7)),
