@@ -22,6 +22,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${1:?usage: scripts/build_book.sh PYTHON}
+case "$PY" in
+  /*) ;;
+  */*) PY="$ROOT/$PY" ;;                      # relative path (setup.sh prints .venv/bin/python)
+  *) PY=$(command -v "$PY") ;;                # a name on PATH
+esac
 OUT=${PERFLADDER_BOOK_OUT:-$ROOT}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)

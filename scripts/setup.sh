@@ -24,6 +24,23 @@ if [ ! -x "$VENV/bin/python" ]; then
   if "$BASE_PY" -c 'import importlib.util as u, sys; sys.exit(0 if (u.find_spec("torch") or u.find_spec("jax")) else 1)' 2>/dev/null; then
     log "the base python already has torch/jax: venv inherits them (--system-site-packages)"
     "$BASE_PY" -m venv --system-site-packages "$VENV"
+    # A venv made from a python that is itself a venv (the GPU image's python3 is
+    # /opt/torch/.venv/bin/python3) sees the *base interpreter's* site-packages, not that
+    # venv's, so --system-site-packages alone would hide torch/jax. Add the base python's
+    # own site-packages after ours, .pth files included (site.addsitedir).
+    base_sites=$("$BASE_PY" -c 'import site, sys; print(" ".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")')
+    if [ -n "$base_sites" ]; then
+      venv_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+      : > "$venv_site/_perfladder_base_env.pth"
+      for s in $base_sites; do
+        echo "import site; site.addsitedir('$s')" >> "$venv_site/_perfladder_base_env.pth"
+      done
+      log "linked the base environment's site-packages: $base_sites"
+    fi
+    if ! "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(0 if (u.find_spec("torch") or u.find_spec("jax")) else 1)'; then
+      log "ERROR: $VENV does not see the base python's torch/jax; refusing to install CPU frameworks over a GPU setup"
+      exit 1
+    fi
   else
     "$BASE_PY" -m venv "$VENV"
   fi
