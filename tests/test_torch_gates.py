@@ -1,0 +1,92 @@
+"""Correctness gates refuse planted wrong models before anything is timed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perfladder.config import get_config
+from perfladder.torch import GPT, CorrectnessError, GateError, MirrorError, PrecisionError
+from perfladder.torch.gates import check_bf16
+from perfladder.torch.rungs import bf16_receipt, compile_gate, mirror_gate
+from perfladder.torch.steps import make_optimizer, make_step
+
+CFG = get_config("smoke").gpt()
+X = torch.randint(0, CFG.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+
+
+def model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(CFG, **kw)
+
+
+def test_gate_errors_are_assertion_errors():
+    for err in (CorrectnessError, MirrorError, PrecisionError):
+        assert issubclass(err, GateError) and issubclass(err, AssertionError)
+
+
+def test_compile_gate_passes_the_same_model():
+    m = model()
+    assert compile_gate(m, m, X) == 0.0
+
+
+def test_compile_gate_refuses_a_planted_wrong_model():
+    right = model()
+    wrong = model()
+    with torch.no_grad():                      # one small, plausible bug: a LayerNorm off by 10%
+        wrong.norm.weight.mul_(1.1)
+    with pytest.raises(CorrectnessError, match="max \\|diff\\|"):
+        compile_gate(right, wrong, X)
+
+
+def test_compile_gate_refuses_other_weights():
+    with pytest.raises(CorrectnessError):
+        compile_gate(model(0), model(1), X)
+
+
+def test_mirror_gate_passes_a_true_mirror():
+    plain, ck = model(), model(checkpoint=True)
+    ck.load_state_dict(plain.state_dict())
+    assert mirror_gate(plain, ck, X) == 0.0
+
+
+def test_mirror_gate_refuses_planted_drift():
+    plain, ck = model(), model(checkpoint=True)
+    ck.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        ck.blks[1].ffn.dense2.weight[0].add_(1e-3)   # drift far below the compile tolerance
+    with pytest.raises(MirrorError, match="not an exact mirror"):
+        mirror_gate(plain, ck, X)
+    assert compile_gate(plain, ck, X) < 1e-2     # the looser compile gate would have let it by
+
+
+def test_mirror_gate_runs_in_fp32_even_inside_autocast():
+    plain = model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert mirror_gate(plain, plain, X) == 0.0
+
+
+def test_bf16_receipt():
+    m = model()
+    step = make_step(m, make_optimizer(m, 1e-3), bf16=True, device_type="cpu")
+    assert bf16_receipt(step, X) == "torch.bfloat16"
+    fp32 = make_step(m, make_optimizer(m, 1e-3), bf16=False, device_type="cpu")
+    with pytest.raises(PrecisionError, match="float32"):
+        bf16_receipt(fp32, X)                    # a 'bf16' rung that silently ran fp32
+    with pytest.raises(PrecisionError):
+        check_bf16(torch.zeros(2, dtype=torch.float16))
+
+
+def test_step_returns_device_loss_and_updates_weights():
+    m = model()
+    step = make_step(m, make_optimizer(m, 1e-2), bf16=True, device_type="cpu")
+    w0 = m.blks[0].attn.W_qkv.weight.detach().clone()
+    loss = step(X, X)
+    assert loss.dtype == torch.float32 and loss.ndim == 0 and not loss.requires_grad
+    assert not torch.equal(w0, m.blks[0].attn.W_qkv.weight)
+    assert all(p.dtype == torch.float32 for p in m.parameters())    # fp32 masters
+
+
+def test_autocast_device_type_checked():
+    m = model()
+    with pytest.raises(ValueError, match="'mps'.*cuda.*cpu"):
+        make_step(m, make_optimizer(m, 1e-3), bf16=True, device_type="mps")
