@@ -52,6 +52,9 @@ DEVICE=$( (nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/d
 DEVICE=${DEVICE:-cpu}
 export PERFLADDER_RESULTS_DIR="$BUILD/results"
 export PYTHONUNBUFFERED=1
+# Figures must come out as inline images: a non-interactive backend inherited from the
+# caller (pytest's conftest sets MPLBACKEND=Agg) would make plt.show() draw nothing.
+export MPLBACKEND=module://matplotlib_inline.backend_inline
 
 echo "[book] python:  $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
 echo "[book] config:  $CFG ($PERFLADDER_CONFIG_SOURCE)$([ "$CFG" = smoke ] && echo '  (smoke: pages exercise the code; their numbers are NOT performance results)')"
