@@ -1,0 +1,204 @@
+"""JAX's kernel-level time breakdown: profile a few steps, sort the device kernels.
+
+``kernel_breakdown(step, stream)`` warms ``step`` up, runs ``steps`` more calls inside
+``jax.profiler.trace(..., create_perfetto_trace=True)`` (the last output waited for inside
+the trace), reads the trace back with ``perfladder.kernels.parse_chrome_trace`` and sums the
+events by category. On a GPU the events are the CUDA kernels/copies of the device's stream
+timelines; on CPU they are XLA:CPU's ops.
+
+XLA names its kernels after the fusion, and a fusion's name rarely says what it holds
+(``loop_multiply_fusion.3`` may be the AdamW update; on CPU ``ynn_fusion.7`` may be a dot).
+Pass ``hlo_text`` -- the compiled module's text, ``compiled_hlo_text(jitted, *args)`` -- and
+every op of that module is categorized from what it contains and from the Python code it
+was traced from (optax / ``Optimizer.update`` -> optimizer); the breakdown's notes say how
+much of the kernel time the text covered.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+
+import jax
+
+from ..kernels import (KernelBreakdown, KernelEvents, breakdown, hlo_module_name, hlo_op_categories,
+                       parse_chrome_trace, refine, select_kernel_events)
+from ..timing import RecompileError
+from .timer import compile_count, has_gpu
+
+TRACE_FILES = ("perfetto_trace.json.gz", "*.trace.json.gz", "*.trace.json")
+
+
+class ProfileError(RuntimeError):
+    """The profiler did not produce a trace with kernel events we can read."""
+
+
+def compiled_hlo_text(jitted, *args, **kwargs) -> str:
+    """The optimized HLO text of ``jitted`` (``jax.jit`` / ``nnx.jit``) for these arguments.
+
+    Compiles again (the executable cache is not consulted by ``lower().compile()``): call it
+    outside any timed or profiled window.
+    """
+    if not hasattr(jitted, "lower"):
+        raise TypeError(f"{jitted!r} has no .lower(...): pass the jitted function itself "
+                        "(jax.jit / nnx.jit), not a wrapper around it")
+    return jitted.lower(*args, **kwargs).compile().as_text()
+
+
+def _trace_file(log_dir: str) -> str | None:
+    for pattern in TRACE_FILES:
+        found = sorted(glob.glob(os.path.join(log_dir, "plugins", "profile", "*", pattern)),
+                       key=os.path.getmtime)
+        if found:
+            return found[-1]
+    return None
+
+
+def _xspace_rows(log_dir: str) -> list[tuple]:
+    """``(process, thread, name, dur_us, args)`` rows from the raw ``*.xplane.pb`` (the same
+    planes and lines as the JSON trace, before any conversion), via ``jax.profiler.ProfileData``."""
+    found = sorted(glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.xplane.pb")))
+    if not found or not hasattr(jax.profiler, "ProfileData"):
+        return []
+    rows = []
+    for path in found:
+        data = jax.profiler.ProfileData.from_file(path)
+        for plane in data.planes:
+            for line in plane.lines:
+                for ev in line.events:
+                    stats = {}
+                    try:
+                        stats = {str(k): v for k, v in ev.stats}
+                    except (TypeError, ValueError):
+                        pass
+                    rows.append((plane.name, line.name, ev.name, ev.duration_ns / 1000.0, stats))
+    return rows
+
+
+def _files_under(log_dir: str) -> list[str]:
+    out = []
+    for root, _, files in os.walk(log_dir):
+        out += [os.path.relpath(os.path.join(root, f), log_dir) for f in files]
+    return sorted(out)
+
+
+def _start(log_dir: str) -> None:
+    try:
+        jax.profiler.start_trace(log_dir, create_perfetto_trace=True)
+    except TypeError:           # a jax without the perfetto switch: the xplane/JSON files remain
+        jax.profiler.start_trace(log_dir)
+
+
+def trace_kernels(step, stream, steps: int, expect: str) -> tuple[KernelEvents, float]:
+    """Run ``steps`` calls of ``step`` under the profiler; their kernel events and wall µs."""
+    with tempfile.TemporaryDirectory(prefix="perfladder-trace-") as log_dir:
+        try:
+            _start(log_dir)
+        except Exception as e:
+            raise ProfileError(f"jax.profiler.start_trace failed: {type(e).__name__}: {e}") from e
+        try:
+            out = None
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = step(*next(stream))
+            jax.block_until_ready(out)          # inside the trace: every kernel has finished
+            wall_us = (time.perf_counter() - t0) * 1e6
+        except BaseException:
+            try:
+                jax.profiler.stop_trace()
+            except Exception:                   # the step's own error is the one to see
+                pass
+            raise
+        try:
+            jax.profiler.stop_trace()
+        except Exception as e:
+            raise ProfileError(f"jax.profiler.stop_trace failed: {type(e).__name__}: {e}") from e
+        path = _trace_file(log_dir)
+        errors = []
+        if path is not None:
+            try:
+                return parse_chrome_trace(path, expect=expect), wall_us
+            except ValueError as e:
+                errors.append(f"{os.path.basename(path)}: {e}")
+        rows = _xspace_rows(log_dir)
+        if rows:
+            try:
+                return select_kernel_events(rows, expect=expect), wall_us
+            except ValueError as e:
+                errors.append(f"xplane.pb: {e}")
+        raise ProfileError(f"the profile of {steps} steps holds no {expect.upper()} kernel events we "
+                           f"can read ({'; '.join(errors) or 'no trace file written'}); files written: "
+                           f"{_files_under(log_dir)}")
+
+
+def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 10,
+                     hlo_text: str | None = None) -> KernelBreakdown:
+    """Where the device time of ``step(X, Y)`` goes: a ``perfladder.kernels.KernelBreakdown``.
+
+    ``warmup`` calls first (compilation, autotuning), then ``steps`` calls under the profiler;
+    a compilation during the profiled calls raises ``RecompileError``. ``hlo_text`` (optional)
+    is the compiled step's module text (``compiled_hlo_text``), used to categorize its ops.
+    On CPU the breakdown has ``device='cpu'`` and describes XLA:CPU ops.
+    """
+    for name, v, lo in (("steps", steps, 1), ("warmup", warmup, 0), ("top", top, 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
+    op_cats, module = None, None
+    if hlo_text is not None:
+        op_cats, module = hlo_op_categories(hlo_text), hlo_module_name(hlo_text)
+    out = None
+    for _ in range(warmup):
+        out = step(*next(stream))
+    if out is not None:
+        jax.block_until_ready(out)
+    expect = "gpu" if has_gpu() else "cpu"
+    before = compile_count()
+    events, wall_us = trace_kernels(step, stream, steps, expect)
+    compiled = compile_count() - before
+    if compiled:
+        raise RecompileError(f"{compiled} compilation(s) happened while profiling {steps} steps; "
+                             "warm up past compilation (raise warmup) and keep one batch shape")
+    triples, matched_us = [], 0.0
+    for (name, dur), (hlo_op, hlo_mod) in zip(events, events.ops):
+        cat = None
+        if op_cats is not None and (hlo_mod is None or _same_module(hlo_mod, module)):
+            cat = _lookup(op_cats, hlo_op, name)
+            if cat is not None:
+                matched_us += dur
+        triples.append((name, dur, refine(name, cat)))
+    total = sum(d for _, d in events) or 1.0
+    notes = [f"jax {jax.__version__}, backend {jax.default_backend()}; events from {len(events.lines)} "
+             "timeline(s): " + ", ".join(events.lines[:4]) + (" ..." if len(events.lines) > 4 else "")]
+    if events.device == "cpu":
+        notes.append("CPU run: the events are XLA:CPU ops, not GPU kernels; ops run on a thread "
+                     "pool, so their summed time can exceed the wall time")
+    if op_cats is None:
+        notes.append("categories from kernel names only (no hlo_text): XLA fuses the AdamW update "
+                     "into loop fusions, counted as elementwise here")
+    else:
+        notes.append(f"{100 * matched_us / total:.0f}% of the kernel time matched ops of HLO module "
+                     f"{module!r}; those are categorized by what the op contains and by the Python "
+                     "code it came from (optax / Optimizer.update -> optimizer)")
+    return breakdown(triples, steps, top, device=events.device, framework="jax",
+                     wall_us=wall_us, notes=notes)
+
+
+def _same_module(event_module: str, module: str | None) -> bool:
+    """``jit_train_step`` vs an event's ``jit_train_step`` / ``jit_train_step(42)``."""
+    if module is None:
+        return True
+    return event_module == module or event_module.split("(")[0] == module
+
+
+def _lookup(op_cats: dict, hlo_op: str | None, name: str) -> str | None:
+    for key in (hlo_op, name, _dotted(name)):
+        if key and key in op_cats:
+            return op_cats[key]
+    return None
+
+
+def _dotted(name: str) -> str:
+    """XLA:GPU names a fusion's kernel after the op with '.' -> '_' (loop_add_fusion_3)."""
+    head, sep, tail = name.rpartition("_")
+    return f"{head}.{tail}" if sep and tail.isdigit() else name

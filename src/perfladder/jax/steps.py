@@ -1,0 +1,243 @@
+"""Training steps, the precision receipts, and the correctness gates the rungs share.
+
+Two ways to compile the same step:
+
+* ``make_train_step()`` -- ``nnx.jit`` over ``step(model, optimizer, X, Y)``; the model and
+  optimizer are updated in place. Each call walks the module graph in Python.
+* ``make_split_step(model, optimizer)`` -- the Flax NNX performance-guide form: ``nnx.split``
+  once, ``jax.jit`` a pure function of ``(graphdef, state)`` with the state donated, and
+  ``nnx.merge`` inside. The caller holds the state; ``.commit()`` writes it back.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+from functools import partial
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+PRECISION_TOL = {  # (atol, rtol) for comparing logits of two compilations of one model
+    "float32": (1e-2, 1e-3),
+    "bfloat16": (5e-2, 2e-2),
+}
+
+
+# -- loss and step -----------------------------------------------------------------------------
+def loss_fn(model, X, Y, view: Callable | None = None):
+    """Mean cross entropy, always in fp32 (logits are cast up before the softmax)."""
+    logits = (model if view is None else view(model))(X)                  # (B, T, V)
+    V = logits.shape[-1]
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits.reshape(-1, V).astype(jnp.float32), Y.reshape(-1)).mean()  # (B*T, V) -> ()
+
+
+def train_step(model, optimizer, X, Y, view: Callable | None = None):
+    """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters."""
+    loss, grads = nnx.value_and_grad(loss_fn)(model, X, Y, view)
+    optimizer.update(model, grads)
+    return loss
+
+
+@functools.lru_cache(maxsize=None)
+def adamw(lr: float) -> optax.GradientTransformation:
+    """One ``optax.adamw`` object per learning rate.
+
+    The transformation is static data of ``nnx.Optimizer``: two optimizers built from two
+    separate ``optax.adamw(lr)`` calls compare unequal, and a jitted step would compile
+    again for a fresh model. Sharing the (stateless) transformation avoids that.
+    """
+    return optax.adamw(lr)
+
+
+def make_optimizer(model, lr: float = 1e-3) -> nnx.Optimizer:
+    return nnx.Optimizer(model, adamw(float(lr)), wrt=nnx.Param)
+
+
+def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callable:
+    """``step(model, optimizer, X, Y) -> loss``; ``nnx.jit``-compiled unless ``jit=False``.
+
+    ``view`` (optional) maps the model to the module the forward pass actually runs (the
+    naive bf16 cast of rung R2a); gradients still flow to the original parameters.
+    """
+    step = partial(train_step, view=view) if view is not None else train_step
+    return nnx.jit(step) if jit else step
+
+
+class SplitStep:
+    """A jitted ``(graphdef, state)`` step with donated state (Flax NNX performance guide).
+
+    ``step = make_split_step(model, optimizer)``; ``loss = step(X, Y)`` advances the held
+    state. The model's and optimizer's own arrays are donated on the first call, so call
+    ``step.commit()`` before using ``model`` / ``optimizer`` again.
+    """
+
+    def __init__(self, model, optimizer, view: Callable | None = None):
+        self.model, self.optimizer = model, optimizer
+        self.graphdef, self.state = nnx.split((model, optimizer))
+
+        def pure_step(graphdef, state, X, Y):
+            model, optimizer = nnx.merge(graphdef, state)
+            loss = train_step(model, optimizer, X, Y, view)
+            return loss, nnx.state((model, optimizer))
+
+        self._jitted = jax.jit(pure_step, static_argnums=0, donate_argnums=1)
+
+    def __call__(self, X, Y):
+        loss, self.state = self._jitted(self.graphdef, self.state, X, Y)
+        return loss
+
+    def lower(self, X, Y):
+        return self._jitted.lower(self.graphdef, self.state, X, Y)
+
+    def commit(self):
+        """Write the held state back into the model and optimizer; returns them."""
+        nnx.update((self.model, self.optimizer), self.state)
+        return self.model, self.optimizer
+
+
+def make_split_step(model, optimizer, view: Callable | None = None) -> SplitStep:
+    return SplitStep(model, optimizer, view)
+
+
+# -- precision ----------------------------------------------------------------------------------
+def cast_floating(tree, dtype):
+    """Every floating array of a pytree cast to ``dtype`` (integers, keys untouched)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def naive_bf16(model):
+    """A copy of ``model`` whose floating arrays are bf16 -- and nothing else changed.
+
+    The modules still remember ``dtype=float32`` from construction and cast every array
+    they are handed back to it, so this copy computes in fp32 (rung R2a's lesson).
+    """
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, cast_floating(state, jnp.bfloat16))
+
+
+def receipt(model, X) -> str:
+    """The dtype of the model's first activation (embedding output): what it computes in."""
+    return str(model.embed(X).dtype)
+
+
+def matmul_dtypes(model, X) -> dict[str, int]:
+    """Operand dtypes of every matmul (``dot_general``) in the traced forward pass.
+
+    A stronger receipt than one activation: ``{'bfloat16': 26}`` means every matmul of the
+    forward runs on bf16 operands. Counts nested jaxprs (jit, custom_jvp, remat) too.
+    """
+    graphdef, state = nnx.split(model)
+    jaxpr = jax.make_jaxpr(lambda s, X: nnx.merge(graphdef, s)(X))(state, X)
+    counts: collections.Counter = collections.Counter()
+
+    def walk(jp):
+        for eqn in jp.eqns:
+            if eqn.primitive.name == "dot_general":
+                dts = sorted({str(v.aval.dtype) for v in eqn.invars})
+                counts["+".join(dts)] += 1
+            for p in eqn.params.values():
+                for sub in (p if isinstance(p, (list, tuple)) else (p,)):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return dict(counts)
+
+
+def param_dtypes(*trees) -> set[str]:
+    """The dtypes of every floating array in the ``nnx.Param`` / optimizer state given."""
+    out = set()
+    for t in trees:
+        for leaf in jax.tree.leaves(t):
+            if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating):
+                out.add(str(leaf.dtype))
+    return out
+
+
+def assert_fp32_masters(model, optimizer) -> None:
+    """Parameters and AdamW moments must still be fp32 after a mixed-precision step."""
+    params = nnx.state(model, nnx.Param)
+    opt_state = nnx.state(optimizer, nnx.OptState) if hasattr(nnx, "OptState") else nnx.state(optimizer)
+    for name, tree in (("parameters", params), ("optimizer state", opt_state)):
+        dts = param_dtypes(tree)
+        if dts != {"float32"}:
+            raise AssertionError(f"fp32 masters broken: {name} hold dtypes {sorted(dts)}")
+
+
+# -- correctness gates --------------------------------------------------------------------------
+def _tol(dtype) -> tuple[float, float]:
+    return PRECISION_TOL.get(str(jnp.dtype(dtype)), PRECISION_TOL["bfloat16"])
+
+
+def _compare(a, b, atol, rtol, what):
+    a32, b32 = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+    diff = float(jnp.max(jnp.abs(a32 - b32)))
+    if a.shape != b.shape or not bool(jnp.allclose(a32, b32, atol=atol, rtol=rtol)):
+        raise AssertionError(f"{what}: logits differ (max |diff| {diff:.3g}, shapes {a.shape} vs "
+                             f"{b.shape}; allowed atol={atol}, rtol={rtol})")
+    return diff
+
+
+def check_jit_parity(model, X, *, reference=None, atol=None, rtol=None) -> float:
+    """R1's gate: ``nnx.jit``-compiled logits of ``model`` == op-by-op logits of ``reference``.
+
+    ``reference`` defaults to ``model`` itself (a test passes a different, planted one).
+    Returns the max abs difference; raises ``AssertionError`` when they disagree.
+    """
+    reference = model if reference is None else reference
+    d_atol, d_rtol = _tol(model.dtype)
+    compiled = nnx.jit(lambda m, X: m(X))(model, X)
+    eager = reference(X)
+    return _compare(compiled, eager, d_atol if atol is None else atol,
+                    d_rtol if rtol is None else rtol, "jit parity gate")
+
+
+def with_checkpointing(model):
+    """A mirror of ``model`` sharing its parameter values, with every block under remat."""
+    graphdef, state = nnx.split(model)
+    mirror = nnx.merge(graphdef, state)
+    mirror.checkpoint = True
+    return mirror
+
+
+def _two_forwards(a, b, X):
+    return a(X), b(X)
+
+
+_two_forwards_jit = nnx.jit(_two_forwards)
+
+
+def check_mirror(reference, mirror, X, *, atol=None, rtol=None) -> float:
+    """R4's gate: the checkpointed model must compute the reference's logits.
+
+    Both forwards run in one ``nnx.jit`` program (one compilation); remat must not change
+    what the forward computes. Returns the max abs difference; raises on disagreement.
+    """
+    d_atol, d_rtol = _tol(reference.dtype)
+    got, want = _two_forwards_jit(mirror, reference, X)
+    return _compare(got, want, d_atol if atol is None else atol,
+                    d_rtol if rtol is None else rtol, "checkpoint mirror")
+
+
+# -- the compiler's own accounting --------------------------------------------------------------
+def xla_flops(compiled) -> float | None:
+    """FLOPs per call from ``compiled.cost_analysis()`` (a dict, or a list of dicts on older jax)."""
+    ca = compiled.cost_analysis()
+    if isinstance(ca, (list, tuple)):
+        ca = ca[0] if ca else None
+    if not ca or "flops" not in ca:
+        return None
+    return float(ca["flops"])
+
+
+def planned_temp_bytes(compiled) -> int | None:
+    """Temporary buffer bytes the compiled program plans (``memory_analysis()``)."""
+    ma = compiled.memory_analysis()
+    if ma is None:
+        return None
+    return int(ma.temp_size_in_bytes)
