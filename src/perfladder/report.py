@@ -71,6 +71,14 @@ def _md_inline_to_html(text: str) -> str:
     return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
 
 
+def tflops_text(v: float | None) -> str:
+    """TFLOP/s with one decimal when large, two significant digits when small (a smoke run on
+    a CPU achieves ~0.001 TFLOP/s, which ``.1f`` would print as a misleading 0.0)."""
+    if v is None:
+        return ""
+    return f"{v:.1f}" if v >= 1 else f"{v:.2g}"
+
+
 def markdown_table(result: LadderResult) -> str:
     """Every rung of one ladder as a markdown table."""
     f = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
@@ -81,7 +89,7 @@ def markdown_table(result: LadderResult) -> str:
             r.name, r.label + ("" if r.kind == "rung" else f" ({r.kind})"),
             "skipped" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
             f(None if r.spread is None else 100 * r.spread, ".1f") + ("%" if r.spread is not None else ""),
-            f(r.ratio_prev, ".2f"), f(r.ratio_base, ".2f"), f(r.tflops, ".1f"),
+            f(r.ratio_prev, ".2f"), f(r.ratio_base, ".2f"), tflops_text(r.tflops),
             "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%",
             f(None if r.peak_mem_bytes is None else r.peak_mem_bytes / 2**30, ".2f")]) + " |")
     return "\n".join(rows)
