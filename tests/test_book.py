@@ -146,6 +146,8 @@ def test_book_status_page(book):
 @pytest.mark.slow
 def test_book_reference_page_renders_committed_results(book):
     text, tags = parse("notebooks/04_h200_reference")
+    plain = " ".join(re.sub(r"<[^>]+>", " ", text).split())
+    assert "This build ran the smoke configuration" in plain, "the page must say what this build ran"
     committed = [p for p in (ROOT / "benchmarks" / "results").rglob("*.json")
                  if {"framework", "rungs"} <= set(json.loads(p.read_text()))]
     if committed:
