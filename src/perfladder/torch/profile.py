@@ -1,7 +1,10 @@
 """A short ``torch.profiler`` run of a step, as a table of the top operators/kernels."""
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import tempfile
 
 import torch
 
@@ -24,9 +27,37 @@ def profile_table(step, stream, steps: int = 5, row_limit: int = 8) -> str:
     if on_gpu:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     out = None
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(steps):
-            out = step(*next(stream))
-        sync(out)
+    with _drop_kineto_trace_lines():
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(steps):
+                out = step(*next(stream))
+            sync(out)
     sort_by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
+
+
+@contextlib.contextmanager
+def _drop_kineto_trace_lines():
+    """Some torch builds' kineto print ``USDT:... profiler_start/stop`` trace lines straight
+    to file descriptor 2 on every profile. Capture fd 2 for the block and pass everything
+    else through to ``sys.stderr`` unchanged, so that only those two lines disappear."""
+    try:
+        fd = sys.__stderr__.fileno()
+    except (AttributeError, OSError, ValueError):      # no real stderr: nothing to filter
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not (ln.startswith("USDT:") and "profiler_st" in ln)]
+            if kept:
+                sys.stderr.write("".join(kept))
