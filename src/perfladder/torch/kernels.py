@@ -1,0 +1,144 @@
+"""PyTorch's kernel-level time breakdown: profile a few steps, sort the device kernels.
+
+``kernel_breakdown(step, stream)`` warms ``step`` up, runs ``steps`` more calls under
+``torch.profiler.profile`` (CPU + CUDA activities on a GPU) and sums the device events --
+kernels, memcpys, memsets; never the GPU-side copies of ``record_function`` ranges, which
+would count their kernels twice -- by category (``perfladder.kernels``).
+
+A kernel launched inside ``Optimizer.step`` (torch's own ``record_function`` range around
+every optimizer step) counts as 'optimizer' whatever its name: the launching CPU operator is
+found through the kernel's correlation id, and its ancestors are searched for the range.
+
+On CPU there are no kernels: the breakdown has ``device='cpu'`` and sums the *self* CPU time
+of the operators (``aten::addmm``, ``aten::_scaled_dot_product_flash_attention_for_cpu``, ...),
+which does not double count nested operators.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import torch
+
+from ..kernels import KernelBreakdown, breakdown, categorize
+from ..timing import RecompileError
+from .timer import compile_count, sync
+
+OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(step|zero_grad)#")
+
+
+def _device_type():
+    return torch.autograd.DeviceType
+
+
+def _self_device_us(evt) -> float:
+    """Self device time of a device event (``self_device_time_total`` on current torch,
+    ``self_cuda_time_total`` on older), falling back to the event's own time range."""
+    for attr in ("self_device_time_total", "self_cuda_time_total"):
+        v = getattr(evt, attr, None)
+        if v:
+            return float(v)
+    return float(evt.time_range.elapsed_us())
+
+
+DEVICE_ACTIVITIES = ("kernel", "memcpy", "memset")
+_NOT_WORK = re.compile(r"^(context|stream|event|device)\s+(sync|synchronize|wait)", re.IGNORECASE)
+
+
+def _is_device_work(evt) -> bool:
+    """A kernel, memcpy or memset -- not a ``record_function`` range mirrored on the GPU
+    timeline ('gpu_user_annotation': its kernels are already counted), not a CUDA
+    synchronization record (time spent waiting, not working)."""
+    kind = str(getattr(evt, "activity_type", "") or "").lower()
+    if kind:                                    # torch versions that say what the event is
+        return any(k in kind for k in DEVICE_ACTIVITIES)
+    return not (getattr(evt, "is_user_annotation", False) or _NOT_WORK.match(evt.name or ""))
+
+
+def _in_optimizer(evt) -> bool:
+    while evt is not None:
+        if OPTIMIZER_RANGE.match(evt.name or ""):
+            return True
+        evt = evt.cpu_parent
+    return False
+
+
+def _gpu_events(events) -> list[tuple[str, float, str | None]]:
+    DT = _device_type()
+    cpu_by_id = {}
+    for e in events:
+        if e.device_type == DT.CPU and not getattr(e, "linked_correlation_id", 0):
+            cpu_by_id.setdefault(e.id, e)
+    out = []
+    for e in events:
+        if e.device_type != DT.CUDA or not _is_device_work(e):
+            continue
+        launcher = cpu_by_id.get(getattr(e, "linked_correlation_id", 0) or None)
+        cat = "optimizer" if launcher is not None and _in_optimizer(launcher) else None
+        out.append((e.name, _self_device_us(e), cat))
+    return out
+
+
+def _cpu_events(events) -> list[tuple[str, float, str | None]]:
+    DT = _device_type()
+    out = []
+    for e in events:
+        if e.device_type != DT.CPU or getattr(e, "is_async", False):
+            continue
+        us = float(e.self_cpu_time_total)
+        if us <= 0:
+            continue
+        out.append((e.name, us, "optimizer" if _in_optimizer(e) else None))
+    return out
+
+
+def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 10) -> KernelBreakdown:
+    """Where the device time of ``step(X, Y)`` goes: a ``perfladder.kernels.KernelBreakdown``.
+
+    ``warmup`` calls first (compilation, autotuning, allocator growth), then ``steps`` calls
+    under the profiler, closed by a sync. A compilation during the profiled calls raises
+    ``RecompileError``. The device is the batches' (CUDA kernels when they live on a GPU,
+    CPU operators otherwise).
+    """
+    for name, v, lo in (("steps", steps, 1), ("warmup", warmup, 0), ("top", top, 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
+    X, Y = next(stream)
+    on_gpu = X.device.type == "cuda"
+    if on_gpu and os.environ.get("TEARDOWN_CUPTI") != "1":
+        raise RuntimeError("TEARDOWN_CUPTI is not '1': profiling now would tax every later "
+                           "measurement in this process (import perfladder.torch first)")
+    out = step(X, Y) if warmup else None
+    for _ in range(warmup - 1):
+        out = step(*next(stream))
+    sync(out)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if on_gpu:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    before = compile_count()
+    with torch.profiler.profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = step(*next(stream))
+        sync(out)
+        wall_us = (time.perf_counter() - t0) * 1e6
+    compiled = compile_count() - before
+    if compiled:
+        raise RecompileError(f"{compiled} compilation(s) happened while profiling {steps} steps; "
+                             "warm up past compilation (raise warmup) and keep one batch shape")
+    events = prof.events()
+    picked = _gpu_events(events) if on_gpu else _cpu_events(events)
+    if not picked:
+        raise RuntimeError(f"the profile of {steps} steps recorded no "
+                           f"{'CUDA kernels' if on_gpu else 'CPU operators'}"
+                           + ("; is CUPTI available to the profiler?" if on_gpu else ""))
+    notes = [f"torch {torch.__version__}; " + (
+        "CUDA kernels, memcpys and memsets (self device time)" if on_gpu else
+        "CPU run: the events are aten operators' self CPU time, not GPU kernels")]
+    n_opt = sum(1 for n, _, c in picked if c == "optimizer" and categorize(n) != "optimizer")
+    if n_opt:
+        notes.append(f"{n_opt} event(s) counted as optimizer because they ran inside Optimizer.step "
+                     "(their names alone say otherwise)")
+    return breakdown(picked, steps, top, device="gpu" if on_gpu else "cpu", framework="torch",
+                     wall_us=wall_us, notes=notes)
