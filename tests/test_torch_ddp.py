@@ -57,3 +57,24 @@ def test_worker_refuses_to_run_outside_torchrun(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         ddp.main(["--spec", "spec.json", "--out", "out"])
     assert "torchrun" in capsys.readouterr().err
+
+
+def test_ddp_rung_predicts_then_measures_on_cpu(capsys):
+    """R5's whole path (prediction, launch, aggregation, RungResult) with gloo on CPU;
+    on a GPU box the same function runs with nccl. t_compute is planted as R3's."""
+    from perfladder.timing import Throughput
+    from perfladder.torch import Ladder
+    from perfladder.torch.rungs import ddp_rung
+    ladder = Ladder(CFG)
+    ladder.throughputs["R3"] = Throughput(tokens_per_s=512.0, windows=[512.0], seconds=[1.0],
+                                          steps_per_window=1, tokens_per_window=512, warmup=0)
+    r5 = ddp_rung(ladder, [2], backend="gloo", compiled=False, bf16=False)
+    printed = capsys.readouterr().out
+    assert printed.index("R5 prediction k=2") < printed.index("R5 measured k=2")
+    pred = ladder.predictions["R5"][0]
+    assert pred["t_compute_s"] == 1.0 and pred["k"] == 2
+    assert pred["floor_tokens_per_s"] < pred["linear_tokens_per_s"] == 2 * 32 * 16
+    assert r5.name == "R5" and r5.kind == "multi-gpu" and r5.tokens_per_s > 0
+    assert len(r5.windows) == CFG.windows and r5.extra["runs"][0]["bus_bw_measured"] > 0
+    assert r5.ratio_prev is None and r5.mfu is None and r5.precision == "fp32"
+    assert ladder.result.rungs == [r5]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from perfladder.config import expected_num_params, get_config
+from perfladder.hardware import peak_for
 from perfladder.results import LadderResult, validate
 from perfladder.torch import RUNGS, Ladder, run_ladder
 from perfladder.torch.ladder import NOT_ON_CPU_MEM
@@ -36,7 +37,8 @@ def test_result_header(ladder_run):
     assert result.framework == "torch" and result.baseline == "R0"
     assert result.config["name"] == "smoke" and result.command == "pytest"
     assert result.versions["torch"] == torch.__version__
-    assert (result.peak_tflops is None) == (not ON_GPU or result.device == "cpu")
+    assert (result.peak_tflops is None) == (peak_for(result.device) is None)
+    assert result.device == (torch.cuda.get_device_name(0) if ON_GPU else "cpu")
 
 
 @pytest.mark.parametrize("name", ["R0", "R1", "R2", "R3c", "R3", "R4"])
@@ -82,7 +84,9 @@ def test_r1_compile_time_gate_and_reprofile(ladder_run):
     r1 = ladder_run[0].rung("R1")
     assert r1.extra["compile_s"] > 0
     assert 0 <= r1.extra["gate_max_abs_diff"] < 1e-2
-    assert "Compiled" in r1.extra["profile"]          # the re-profile sees compiled regions
+    if not ON_GPU:     # on CPU the compiled regions are the top self-time rows
+        assert "Compiled" in r1.extra["profile"]
+    assert r1.extra["profile"] != ladder_run[0].rung("R0").extra["profile"]
 
 
 def test_r2_r3_r4_bf16_receipts(ladder_run):

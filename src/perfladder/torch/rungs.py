@@ -21,7 +21,7 @@ from ..hardware import achieved_tflops, mfu
 from ..results import LadderResult, RungResult, smoothed_check
 from . import ddp as _ddp
 from .gates import COMPILE_ATOL, COMPILE_RTOL, MIRROR_ATOL, check_bf16, check_compiled, check_mirror
-from .ladder import Ladder
+from .ladder import NOT_ON_CPU_MEM, Ladder
 from .profile import profile_table
 from .timer import sync
 
@@ -172,7 +172,6 @@ def fast_step_time(ladder: Ladder) -> tuple[float, str]:
 
 def r5_ddp(ladder: Ladder, ks=(2, 4)) -> RungResult:
     """DDP over k GPUs (k in ``ks`` that are present), fast config per rank; predicted first."""
-    c = ladder.config
     n_gpu = torch.cuda.device_count() if ladder.on_gpu else 0
     use = [k for k in ks if k <= n_gpu]
     if not use:
@@ -181,10 +180,18 @@ def r5_ddp(ladder: Ladder, ks=(2, 4)) -> RungResult:
             name="R5", label="DDP", tokens_per_s=None, kind="skipped",
             notes=[f"data parallelism needs at least 2 GPUs; {where}: not measured (and not "
                    "faked). `ddp_tokens(k, config, backend='gloo')` runs the same worker on CPU."]))
+    return ddp_rung(ladder, use, backend="nccl")
+
+
+def ddp_rung(ladder: Ladder, ks, backend: str, *, compiled: bool = True,
+             bf16: bool = True) -> RungResult:
+    """Predict (cost model, printed and stored in ``ladder.predictions['R5']``), then launch
+    DDP for every k in ``ks`` and add the largest k's measurement as ``R5``."""
+    c = ladder.config
     t_comp, source = fast_step_time(ladder)
     B, T, N = c.big_batch, c.num_steps, ladder.num_params
-    bus_bw = _ddp.ASSUMED_BUS_BW["nccl"]
-    preds = [_ddp.cost_model_floor(k, B, T, t_comp, N, bus_bw) for k in use]
+    bus_bw = _ddp.ASSUMED_BUS_BW[backend]
+    preds = [_ddp.cost_model_floor(k, B, T, t_comp, N, bus_bw) for k in ks]
     ladder.predictions["R5"] = preds                     # written down before anything runs
     for p in preds:
         print(f"R5 prediction k={p['k']}: t_compute {1e3 * p['t_compute_s']:.1f} ms ({source}) + "
@@ -194,7 +201,8 @@ def r5_ddp(ladder: Ladder, ks=(2, 4)) -> RungResult:
     runs = []
     for p in preds:
         ladder.reset_memory()                            # hand the ranks the parent's cache
-        meas = _ddp.ddp_tokens(p["k"], c, backend="nccl", batch_size=B, compiled=True, bf16=True)
+        meas = _ddp.ddp_tokens(p["k"], c, backend=backend, batch_size=B, compiled=compiled,
+                               bf16=bf16)
         bw = meas.get("bus_bw_measured")
         floor_meas = (_ddp.cost_model_floor(p["k"], B, T, t_comp, N, bw)["floor_tokens_per_s"]
                       if bw else None)
@@ -207,22 +215,29 @@ def r5_ddp(ladder: Ladder, ks=(2, 4)) -> RungResult:
               f"{100 * runs[-1]['efficiency_vs_linear']:.0f}% of linear)", flush=True)
     last = runs[-1]
     k, rate = last["k"], last["measured_tokens_per_s"]
-    notes = [f"weak scaling: {k} ranks x batch {B} each (global {k * B}), compiled + bf16; "
-             "tokens/s summed over ranks",
+    what = ", ".join(w for w, on in (("compiled", compiled), ("bf16", bf16)) if on) or "eager fp32"
+    notes = [f"weak scaling: {k} ranks x batch {B} each (global {k * B}), {what}, "
+             f"backend {backend}; tokens/s summed over ranks",
              f"cost model written before launch: floor {last['floor_tokens_per_s']:,.0f} tokens/s "
-             f"with t_compute from {source} and an assumed {bus_bw / 1e9:.0f} GB/s allreduce",
+             f"with t_compute from {source} and an assumed {bus_bw / 1e9:g} GB/s allreduce"
+             + ("" if last["floor_at_measured_bw"] is None else
+                f"; with the bandwidth the ranks measured ({last['bus_bw_measured'] / 1e9:.3g} GB/s) "
+                f"the floor is {last['floor_at_measured_bw']:,.0f}"),
              "MFU is per GPU (total rate / k)"]
     for r in runs[:-1]:
         notes.append(f"k={r['k']}: {r['measured_tokens_per_s']:,.0f} tokens/s "
                      f"(floor {r['floor_tokens_per_s']:,.0f})")
+    if last["peak_mem_bytes"] is None:
+        notes.append(NOT_ON_CPU_MEM)
     windows = last["measured_windows"]
     return ladder.add(RungResult(
         name="R5", label=f"DDP x{k}", tokens_per_s=rate, windows=windows,
-        spread=(max(windows) - min(windows)) / rate, batch_size=B, seq_len=T, precision="bf16",
-        kind="multi-gpu", tflops=achieved_tflops(rate, ladder.flops_per_token),
-        mfu=mfu(rate / k, ladder.flops_per_token, ladder.device_name, "bf16"),
+        spread=(max(windows) - min(windows)) / rate, batch_size=B, seq_len=T,
+        precision="bf16" if bf16 else ladder.fp32_precision(), kind="multi-gpu",
+        tflops=achieved_tflops(rate, ladder.flops_per_token),
+        mfu=mfu(rate / k, ladder.flops_per_token, ladder.device_name, "bf16" if bf16 else "tf32"),
         peak_mem_bytes=last["peak_mem_bytes"], notes=notes,
-        extra={"runs": runs, "t_compute_source": source}))
+        extra={"runs": runs, "t_compute_source": source, "backend": backend}))
 
 
 # -- the learning check ------------------------------------------------------------------------------
