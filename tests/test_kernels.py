@@ -52,6 +52,8 @@ NAMED = [
     ("wrapped_transpose", "memcpy/memset"),
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collective"),
     ("all-reduce-start.1", "collective"),
+    ("c10d::allreduce_", "collective"),
+    ("void small_reduce_kernel<float>(int)", "reduction/norm"),   # 'small_reduce' is no all-reduce
     # torch CPU operators (self CPU time)
     ("aten::addmm", "matmul"),
     ("aten::mm", "matmul"),
@@ -162,6 +164,12 @@ def test_breakdown_outputs():
     assert md.count("\n| ") >= len(CATEGORIES) + 1 + 4
     s = str(b)
     assert "torch kernels on gpu" in s and "gemm_a" in s
+    back = K.KernelBreakdown.from_dict(json.loads(json.dumps(d)))
+    assert back.to_dict() == d and back.markdown() == md
+    with pytest.raises(ValueError, match="missing"):
+        K.KernelBreakdown.from_dict({"device": "gpu"})
+    with pytest.raises(ValueError, match="unknown categories"):
+        K.KernelBreakdown.from_dict({**d, "category_us": {"gemm": 1.0}})
     with pytest.raises(ValueError, match="valid choices"):
         b.share("matmuls")
 

@@ -47,12 +47,12 @@ CATEGORY_HELP = {
 # Ordered: the first pattern that matches (case-insensitively, anywhere in the name unless
 # anchored) decides. Specific library kernels come before the generic words that their
 # demangled template arguments may contain (a cutlass GEMM can mention 'Copy', a NCCL
-# all-reduce says 'Reduce'), and the inductor/Triton prefixes come first of all because
+# all-reduce says 'Reduce'), and the inductor/Triton prefixes come before any word because
 # inductor names a kernel after every op it fused ('triton_poi_fused__to_copy_mul_0').
 PATTERNS: tuple[tuple[str, str, str], ...] = (
     # (category, regex, where the names come from)
-    ("collective", r"nccl|gloo|c10d::|all[-_ ]?reduce|all[-_ ]?gather|reduce[-_ ]?scatter"
-                   r"|all[-_ ]?to[-_ ]?all|collective[-_ ]?permute|collective[-_ ]?broadcast",
+    ("collective", r"nccl|gloo|c10d::|(^|[^a-z])all[-_ ]?(reduce|gather|to[-_ ]?all)|reduce[-_ ]?scatter"
+                   r"|collective[-_ ]?permute|collective[-_ ]?broadcast",
      "NCCL kernels (ncclDevKernel_AllReduce_...), torch c10d ops, XLA collective ops"),
     ("other", r"^autograd::|(?-i:^[A-Z][A-Za-z0-9]*Backward\d*$)",
      "CPU profiles: autograd engine wrappers and nodes (their self time is bookkeeping)"),
@@ -182,6 +182,24 @@ class KernelBreakdown:
             "num_kernels": self.num_kernels, "num_events": self.num_events,
             "other_names": list(self.other_names), "notes": list(self.notes),
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelBreakdown":
+        """Rebuild a breakdown from ``to_dict()`` output (e.g. a rung's ``extra`` in a results JSON)."""
+        missing = [k for k in ("device", "steps", "total_us", "category_us", "top") if k not in d]
+        if missing:
+            raise ValueError(f"not a KernelBreakdown dict: missing {missing}")
+        unknown = sorted(set(d["category_us"]) - set(CATEGORIES))
+        if unknown:
+            raise ValueError(f"unknown categories {unknown}; valid choices: {CATEGORIES}")
+        return cls(device=d["device"], steps=int(d["steps"]), total_us=float(d["total_us"]),
+                   category_us={c: float(d["category_us"].get(c, 0.0)) for c in CATEGORIES},
+                   top=[KernelStat(**{k: t[k] for k in ("name", "category", "total_us", "calls", "share")})
+                        for t in d["top"]],
+                   num_kernels=int(d.get("num_kernels", len(d["top"]))),
+                   num_events=int(d.get("num_events", 0)), framework=d.get("framework", ""),
+                   wall_us=d.get("wall_us"), other_names=list(d.get("other_names", [])),
+                   notes=list(d.get("notes", [])))
 
     def _title(self) -> str:
         what = "kernels" if self.device == "gpu" else "CPU ops"
