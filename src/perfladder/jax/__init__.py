@@ -1,15 +1,19 @@
 """perfladder's JAX / Flax NNX side. Imports jax, flax and optax -- never torch.
 
-    from perfladder import jax as pj
-    result = pj.run_ladder(perfladder.config.get_config('smoke'))
+    import perfladder.config, perfladder.jax as pj
+    result = pj.run_ladder(perfladder.config.get_config("smoke"))
 """
 from .ladder import Ladder
 from .model import GPT
-from .rungs import RUNGS, learning_check, run_ladder
+from .rungs import (RUNGS, learning_check, r0_unjitted, r1_jit, r2_bf16, r2a_naive_cast,
+                    r3_batch, r3c_fp32_control, r4_checkpoint, r5_data_parallel, r5_fsdp,
+                    run_ladder)
 from .steps import make_split_step, make_train_step
 from .stream import batches
-from .timer import device_name, has_gpu, throughput, versions
+from .timer import device_name, fast_cpu_compiles, has_gpu, throughput, versions
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions",
            "Ladder", "RUNGS", "run_ladder", "learning_check",
-           "make_train_step", "make_split_step"]
+           "r0_unjitted", "r1_jit", "r2a_naive_cast", "r2_bf16", "r3c_fp32_control", "r3_batch",
+           "r4_checkpoint", "r5_data_parallel", "r5_fsdp",
+           "make_train_step", "make_split_step", "fast_cpu_compiles"]

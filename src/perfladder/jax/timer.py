@@ -11,6 +11,10 @@
 """
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import jax
 
 from ..results import python_versions
@@ -51,6 +55,36 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
     return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
                    sync=jax.block_until_ready, compile_count=compile_count,
                    num_tokens=lambda X: int(X.size), shape_of=lambda X: tuple(X.shape))
+
+
+FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+SMOKE_CACHE_DIR = Path(tempfile.gettempdir()) / "perfladder-jax-smoke-cache"
+
+
+def fast_cpu_compiles(cache_dir=SMOKE_CACHE_DIR) -> bool:
+    """Make a *smoke* run cheap to compile; call it before JAX touches a device.
+
+    On two CPU cores a smoke ladder spends most of its time in XLA's LLVM back end. This
+    turns LLVM optimisation off (``XLA_FLAGS=--xla_backend_optimization_level=0``; about 3x
+    faster compiles, slower generated code -- irrelevant for smoke numbers, which are not
+    performance results). It must not be used for real measurements. ``cache_dir`` (None:
+    off) also keeps compiled programs on disk -- JAX's persistent compilation cache -- so
+    the tests, the notebook and a book build share one set of compilations; a program
+    loaded from it still counts as a compilation for the recompile guard, and first-call
+    times then measure a cache load, not a compile.
+
+    Returns whether the flag took effect (it cannot once JAX's backend is initialised).
+    """
+    from jax._src import xla_bridge   # no public way to ask whether the backend is up
+    took = not xla_bridge.backends_are_initialized()
+    flags = os.environ.get("XLA_FLAGS", "")
+    if took and FAST_COMPILE_FLAG.split("=")[0] not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_FLAG}".strip()
+    if cache_dir is not None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return took
 
 
 def has_gpu() -> bool:
