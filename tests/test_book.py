@@ -205,3 +205,51 @@ def test_snippet_compiles_and_names_exist(src):
                 and node.value.id in aliases and isinstance(aliases[node.value.id], type(sys))):
             assert hasattr(aliases[node.value.id], node.attr), \
                 f"{aliases[node.value.id].__name__} has no {node.attr!r} (used as {node.value.id}.{node.attr})"
+
+
+# -- the build-time pages on their own (fast: no ladder runs) -------------------------------
+def _execute(notebook: Path, cwd: Path, env: dict):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+    nb = nbformat.read(str(notebook), as_version=4)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return nb
+
+
+def _outputs_text(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            parts += [str(v) for k, v in out.get("data", {}).items() if k.startswith("text/")]
+    return "\n".join(parts)
+
+
+def test_comparison_page_fails_clearly_without_the_ladders_json(tmp_path):
+    from nbclient.exceptions import CellExecutionError
+    with pytest.raises(CellExecutionError) as err:
+        _execute(ROOT / "notebooks" / "03_comparison.ipynb", ROOT / "notebooks",
+                 {"PERFLADDER_RESULTS_DIR": str(tmp_path), "MPLBACKEND": "Agg"})
+    msg = str(err.value)
+    assert "FileNotFoundError" in msg and "torch.json, jax.json not found" in msg
+    assert "01_pytorch_ladder" in msg and "make book" in msg
+
+
+def test_reference_page_says_so_when_nothing_is_committed(tmp_path):
+    (tmp_path / "_config.yml").write_text("title: t\n")
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: index\n")
+    (tmp_path / "notebooks").mkdir()
+    nb = _execute(ROOT / "notebooks" / "04_h200_reference.ipynb", tmp_path / "notebooks",
+                  {"PERFLADDER_CONFIG": "smoke", "MPLBACKEND": "Agg"})
+    text = _outputs_text(nb)
+    assert "No reference results are committed yet" in text
+    assert "This build ran the `smoke` configuration" in text
