@@ -6,7 +6,7 @@ import torch
 
 from perfladder.config import GPTConfig, expected_num_params, flops_per_token, get_config
 from perfladder.torch import GPT
-from perfladder.torch.model import ATTN_BACKENDS, apply_rope
+from perfladder.torch.model import ATTN_BACKENDS, RoPE, apply_rope
 
 SMOKE = get_config("smoke").gpt()
 
@@ -89,6 +89,18 @@ def test_rope_is_fp32_inside_and_keeps_dtype():
     assert torch.equal(apply_rope(x, 10000.0)[:, 0], x[:, 0])     # position 0: no rotation
     # rotation preserves the norm of every (i, i + Dh/2) pair
     torch.testing.assert_close(apply_rope(x, 10000.0).norm(dim=-1), x.norm(dim=-1))
+
+
+def test_rope_tables_built_once_match_the_reference():
+    rope = RoPE(head_dim=8, max_len=6, base=10000.0)
+    for T in (3, 6, 9):                                          # 9 > max_len: computed on the spot
+        x = torch.randn(2, T, 2, 8)
+        torch.testing.assert_close(rope(x), apply_rope(x, 10000.0), atol=1e-6, rtol=1e-6)
+    assert rope.cos.dtype == torch.float32 and tuple(rope.cos.shape) == (6, 8)
+    m = tiny()
+    assert not any("cos" in k or "sin" in k for k in m.state_dict())   # buffers, not weights
+    assert m.blks[0].attn.rope is not None and GPT(
+        GPTConfig(num_hiddens=32, num_blks=1, num_heads=2, pos="learned")).blks[0].attn.rope is None
 
 
 def test_bf16_autocast_logits():

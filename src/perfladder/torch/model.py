@@ -59,13 +59,41 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x2, x1], dim=-1)                           # (..., Dh)
 
 
-def apply_rope(x: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotate q or k of shape (B, T, H, Dh); computed in fp32, returned in x's dtype."""
-    T, Dh = x.shape[1], x.shape[3]
-    cos, sin = rope_angles(T, Dh, base, x.device)                 # (T, Dh) each
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate q or k of shape (B, T, H, Dh) by (T, Dh) tables; fp32 inside, x's dtype out."""
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]       # (1, T, 1, Dh)
     xf = x.float()
     return (xf * cos + rotate_half(xf) * sin).to(x.dtype)        # (B, T, H, Dh)
+
+
+def apply_rope(x: torch.Tensor, base: float) -> torch.Tensor:
+    """RoPE on (B, T, H, Dh) with tables computed on the spot (the reference for ``RoPE``)."""
+    return rotate(x, *rope_angles(x.shape[1], x.shape[3], base, x.device))
+
+
+class RoPE(nn.Module):
+    """Rotary embedding with its cos/sin tables built once, for ``max_len`` positions.
+
+    The tables are fp32 buffers that are neither parameters nor saved in the state dict.
+    Computing them inside ``forward`` instead lets inductor fuse the trigonometry into
+    the elementwise kernel that applies it, i.e. recompute cos/sin for every element of
+    q and k (B*H times more work than the table); on the H200 that kernel and its backward
+    took about 30% of R3's device time. Longer sequences than ``max_len`` still work:
+    their tables are computed on the spot.
+    """
+
+    def __init__(self, head_dim: int, max_len: int, base: float):
+        super().__init__()
+        self.base = base
+        cos, sin = rope_angles(max_len, head_dim, base, device="cpu")   # (max_len, Dh) each
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        if T > self.cos.shape[0]:
+            return apply_rope(x, self.base)
+        return rotate(x, self.cos[:T], self.sin[:T])              # (B, T, H, Dh)
 
 
 # -- 2. causal self-attention --------------------------------------------------------------
@@ -74,8 +102,8 @@ class CausalAttention(nn.Module):
         super().__init__()
         D = config.num_hiddens
         self.num_heads = config.num_heads
-        self.rope = config.pos == "rope"
-        self.rope_base = config.rope_base
+        self.rope = (RoPE(config.head_dim, config.max_len, config.rope_base)
+                     if config.pos == "rope" else None)
         self.backend = check_attn_backend(attn_backend)
         self.W_qkv = nn.Linear(D, 3 * D, bias=True)
         self.W_o = nn.Linear(D, D, bias=True)
@@ -85,8 +113,8 @@ class CausalAttention(nn.Module):
         H = self.num_heads
         q, k, v = self.W_qkv(X).split(D, dim=-1)                  # (B, T, D) each
         q, k, v = (u.reshape(B, T, H, D // H) for u in (q, k, v))  # (B, T, H, Dh)
-        if self.rope:
-            q, k = apply_rope(q, self.rope_base), apply_rope(k, self.rope_base)
+        if self.rope is not None:
+            q, k = self.rope(q), self.rope(k)                     # (B, T, H, Dh), fp32 inside
         q, k, v = (u.transpose(1, 2) for u in (q, k, v))          # (B, H, T, Dh)
         scale = 1.0 / math.sqrt(D // H)
         if self.backend is None:

@@ -28,7 +28,7 @@ def profile_table(step, stream, steps: int = 5, row_limit: int = 8) -> str:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     out = None
     with _drop_kineto_trace_lines():
-        with torch.profiler.profile(activities=activities) as prof:
+        with torch.profiler.profile(activities=activities, acc_events=True) as prof:
             for _ in range(steps):
                 out = step(*next(stream))
             sync(out)
