@@ -57,9 +57,13 @@ class Ladder:
     # -- building blocks ---------------------------------------------------------------------
     def build(self, dtype=jnp.float32, **model_kw):
         """A fresh model (always the same init: ``nnx.Rngs(config.seed)``, fp32 masters) and its AdamW."""
-        model = GPT(self.gpt_config, rngs=nnx.Rngs(self.config.seed), dtype=dtype,
-                    param_dtype=jnp.float32, **model_kw)
+        model = self.make_model(dtype, **model_kw)
         return model, make_optimizer(model, self.config.lr)
+
+    def make_model(self, dtype=jnp.float32, **model_kw) -> GPT:
+        """A fresh model alone (same init as ``build``), e.g. to inspect it."""
+        return GPT(self.gpt_config, rngs=nnx.Rngs(self.config.seed), dtype=dtype,
+                   param_dtype=jnp.float32, **model_kw)
 
     def model(self, name: str):
         """The shared ``(model, optimizer)`` called ``name`` ('fp32' or 'bf16'), built if missing."""

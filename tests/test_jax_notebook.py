@@ -1,0 +1,45 @@
+"""notebooks/02_jax_ladder.ipynb runs top to bottom in a fresh kernel (smoke config, CPU) and
+writes a valid jax.json and the waterfall PNG."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_jax_ladder.ipynb"
+
+
+@pytest.mark.slow
+def test_jax_notebook_runs_and_writes_results(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("PERFLADDER_CONFIG", "smoke")
+    monkeypatch.setenv("PERFLADDER_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert all(not c.get("outputs") and c.get("execution_count") is None
+               for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+    from perfladder.results import LadderResult, validate
+    data = json.loads((tmp_path / "jax.json").read_text())
+    validate(data)
+    result = LadderResult.from_dict(data)
+    assert result.framework == "jax" and result.config["name"] == "smoke" and result.baseline == "R1"
+    assert [r.name for r in result.rungs] == ["R0", "R1", "R2a", "R2", "R3c", "R3", "R4", "R5"]
+    assert result.rung("R2a").extra["receipt"] == "float32"
+    assert result.rung("R2").extra["receipt"] == "bfloat16"
+    assert result.learning is not None and result.learning.passed
+    assert (tmp_path / "jax_waterfall.png").stat().st_size > 1000
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "stream")
+    assert "perfladder config: smoke" in text and "receipt: first activation is float32" in text
+    assert "one device visible" in text and "prediction for k=8" in text
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if "image/png" in o.get("data", {})]
+    assert len(images) >= 2                                   # waterfall + loss curve
+    headings = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    assert any(h.lstrip().startswith("## Beyond the seed") for h in headings)
+    assert os.environ["PERFLADDER_CONFIG"] == "smoke"
