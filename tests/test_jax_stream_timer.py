@@ -136,3 +136,12 @@ def test_import_perfladder_jax_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_blind_compile_counter_refuses_to_time(monkeypatch):
+    import perfladder.jax.timer as timer
+    monkeypatch.setattr(timer, "COMPILE_EVENT", "/no/such/event")   # as if jax renamed it
+    monkeypatch.setattr(timer, "_verified", False)
+    step = jax.jit(lambda X, Y: (X * Y).sum())
+    with pytest.raises(RuntimeError, match="recompile guard would be blind"):
+        throughput(step, _stream([(4, 8, jnp.int32)] * 10), warmup=1, timed=2, windows=1)

@@ -45,6 +45,25 @@ def _listen() -> None:
 
 
 _listen()
+_verified = False
+
+
+def _verify_counter() -> None:
+    """Fail loudly if the listener does not see compilations (e.g. a renamed event).
+
+    A counter that silently stays at zero would switch the recompile guard off.
+    """
+    global _verified
+    if _verified:
+        return
+    import numpy as np
+    before = _compiles
+    jax.block_until_ready(jax.jit(lambda x: 2 * x + 1)(np.arange(3.0)))   # a fresh function: compiles
+    if _compiles == before:
+        raise RuntimeError(f"perfladder.jax's compile counter saw no XLA compilation (event "
+                           f"{COMPILE_EVENT!r}, jax {jax.__version__}); the recompile guard "
+                           "would be blind, so timing is refused")
+    _verified = True
 
 
 def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3) -> Throughput:
@@ -52,6 +71,7 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
 
     Raises ``perfladder.timing.RecompileError`` if XLA compiled anything inside a window.
     """
+    _verify_counter()
     return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
                    sync=jax.block_until_ready, compile_count=compile_count,
                    num_tokens=lambda X: int(X.size), shape_of=lambda X: tuple(X.shape))
