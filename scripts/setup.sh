@@ -49,8 +49,15 @@ PY="$VENV/bin/python"
 
 PIP_ARGS=(-q --disable-pip-version-check)
 if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-  log "installing from wheel folder $WHEELS (no index)"
-  PIP_ARGS+=(--no-index --find-links "$WHEELS")
+  # The folder is made for one python (scripts/carry_wheels.sh: CPython 3.12); on the machine
+  # that made it, with another python, it would only get in the way of the registry.
+  pytag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  if ls "$WHEELS"/*-"$pytag"-"$pytag"-*.whl >/dev/null 2>&1 || ! ls "$WHEELS"/*-cp3*-cp3*-*.whl >/dev/null 2>&1; then
+    log "installing from wheel folder $WHEELS (no index)"
+    PIP_ARGS+=(--no-index --find-links "$WHEELS")
+  else
+    log "wheel folder $WHEELS holds wheels for another python than $pytag: not used"
+  fi
 fi
 
 stamp_src=$(cat pyproject.toml requirements/cpu-frameworks.txt scripts/setup.sh | sha1sum | cut -c1-16)
