@@ -145,7 +145,9 @@ def pick_config(name: str | None = None, has_gpu: bool | None = None,
     """``name`` if given, else ``$PERFLADDER_CONFIG``, else ``full`` on a GPU, ``smoke`` on CPU."""
     source = "argument"
     if name is None:
-        name, source = os.environ.get("PERFLADDER_CONFIG"), "$PERFLADDER_CONFIG"
+        name = os.environ.get("PERFLADDER_CONFIG")
+        # scripts/build_book.sh says why it chose the config it exports
+        source = os.environ.get("PERFLADDER_CONFIG_SOURCE") or "$PERFLADDER_CONFIG"
     if not name:
         if has_gpu is None:
             has_gpu = gpu_present()

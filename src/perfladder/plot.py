@@ -18,6 +18,19 @@ def _figure(ax, size):
     return ax.figure, ax
 
 
+def _wrap(label: str, width: int = 11) -> str:
+    """Break a bar label into lines of about ``width`` characters (long labels overlap)."""
+    lines, line = [], ""
+    for word in label.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    lines.append(line)
+    return "\n".join(lines)
+
+
 def bar_colors(result: LadderResult) -> list[str]:
     """One color per waterfall bar: grey up to the baseline, red for a loss, blue/green for a gain."""
     colors, seen_base = [], False
@@ -57,7 +70,7 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
     if unit not in UNITS:
         raise ValueError(f"unit={unit!r} is not valid; valid choices: {tuple(UNITS)}")
     scale = UNITS[unit]
-    labels = [f"{r.name}\n{r.label}" for r in bars]
+    labels = [f"{r.name}\n{_wrap(r.label)}" for r in bars]
     heights = [r.tokens_per_s / scale for r in bars]
     drawn = ax.bar(range(len(bars)), heights, color=bar_colors(result))
     for b, r in zip(drawn, bars):
@@ -106,10 +119,12 @@ def compare(results: list[LadderResult], path: str | Path | None = None):
 def comparison_table(results: list[LadderResult]) -> str:
     """A markdown table: every rung of every ladder, side by side by rung name."""
     names: list[str] = []
-    for res in results:
+    for res in results:                      # merge, keeping each ladder's own order:
+        after = None                         # a new name goes right after its predecessor
         for r in res.rungs:
             if r.name not in names:
-                names.append(r.name)
+                names.insert(0 if after is None else names.index(after) + 1, r.name)
+            after = r.name
     head = "| rung | " + " | ".join(
         f"{res.framework} tokens/s | {res.framework} x{res.baseline} | {res.framework} MFU" for res in results) + " |"
     sep = "|---|" + "---|---|---|" * len(results)
