@@ -41,8 +41,8 @@ def rope(x: jax.Array, base: float = 10000.0) -> jax.Array:
     """Rotary embedding, rotate-half form, on ``x`` of shape (B, T, H, Dh).
 
     The angles and the rotation are computed in fp32 whatever ``x`` is; the result is
-    cast back to ``x.dtype`` (otherwise fp32 trigonometry would promote bf16 q and k back
-    to fp32 on their way into attention).
+    cast back to ``x.dtype``. Without that cast, a bf16 model's queries and keys would leave
+    this function as fp32 and reach attention in a different dtype from the values.
     """
     T, Dh = x.shape[1], x.shape[-1]
     half = Dh // 2
@@ -70,14 +70,16 @@ class CausalAttention(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         B, T, D = x.shape
-        q, k, v = jnp.split(self.W_qkv(x), 3, axis=-1)               # 3 x (B, T, D)
-        q, k, v = (u.reshape(B, T, self.num_heads, self.head_dim)     # 3 x (B, T, H, Dh)
-                   for u in (q, k, v))
+        qkv = self.W_qkv(x)                                           # (B, T, 3D)
+        heads = (B, T, self.num_heads, self.head_dim)
+        q, k, v = (part.reshape(heads)                                # 3 x (B, T, H, Dh)
+                   for part in jnp.split(qkv, 3, axis=-1))            # 3 x (B, T, D)
         if self.use_rope:
             q, k = rope(q, self.rope_base), rope(k, self.rope_base)   # (B, T, H, Dh), dtype kept
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True,     # scale 1/sqrt(Dh)
-                                         implementation=self.attn_impl)  # (B, T, H, Dh)
-        return self.W_o(y.reshape(B, T, D))                           # (B, T, D)
+        attended = jax.nn.dot_product_attention(                      # scale 1/sqrt(Dh)
+            q, k, v, implementation=self.attn_impl, is_causal=True)   # (B, T, H, Dh)
+        merged = attended.reshape(B, T, D)                            # heads back side by side
+        return self.W_o(merged)                                       # (B, T, D)
 
 
 # -- 3. feed-forward -------------------------------------------------------------------------
@@ -179,7 +181,8 @@ class GPT(nnx.Module):
         return self.token_emb.attend(self.norm(H))                         # (B, T, V) tied
 
     def num_params(self) -> int:
-        return int(sum(p.size for p in jax.tree.leaves(nnx.state(self, nnx.Param))))
+        leaves = jax.tree.leaves(nnx.state(self, nnx.Param))
+        return int(sum(leaf.size for leaf in leaves))
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token, ``6 N + 12 L T D`` (see ``perfladder.config``)."""

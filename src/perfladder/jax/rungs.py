@@ -39,7 +39,7 @@ def _vs(ladder: Ladder, temp, other: str) -> dict:
 
 # -- R0 -------------------------------------------------------------------------------------
 def r0_unjitted(ladder: Ladder):
-    """The un-jitted step, measured briefly: a price list for a mistake, not a baseline."""
+    """The un-jitted step, measured briefly: what forgetting ``jit`` costs (not the baseline)."""
     model, opt = ladder.build(jnp.float32)
     step = make_train_step(jit=False)
     t = ladder.time(lambda X, Y: step(model, opt, X, Y), ladder.stream(ladder.config.batch_size),

@@ -32,17 +32,18 @@ MIRROR_TOL = {"float32": 1e-5, "bfloat16": 1e-2}
 # -- loss and step -----------------------------------------------------------------------------
 def loss_fn(model, X, Y, view: Callable | None = None):
     """Mean cross entropy, always in fp32 (logits are cast up before the softmax)."""
-    logits = (model if view is None else view(model))(X)                  # (B, T, V)
-    V = logits.shape[-1]
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits.reshape(-1, V).astype(jnp.float32), Y.reshape(-1)).mean()  # (B*T, V) -> ()
+    net = model if view is None else view(model)
+    logits = net(X).astype(jnp.float32)                                   # (B, T, V) fp32
+    flat = logits.reshape(-1, logits.shape[-1])                           # (B*T, V)
+    per_token = optax.softmax_cross_entropy_with_integer_labels(flat, Y.reshape(-1))  # (B*T,)
+    return per_token.mean()
 
 
 def train_step(model, optimizer, X, Y, view: Callable | None = None):
     """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters."""
-    loss, grads = nnx.value_and_grad(loss_fn)(model, X, Y, view)
+    value, grads = nnx.value_and_grad(loss_fn)(model, X, Y, view)
     optimizer.update(model, grads)
-    return loss
+    return value
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,7 +110,9 @@ def make_split_step(model, optimizer, view: Callable | None = None) -> SplitStep
 # -- precision ----------------------------------------------------------------------------------
 def cast_floating(tree, dtype):
     """Every floating array of a pytree cast to ``dtype`` (integers, keys untouched)."""
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+    def cast(a):
+        return a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+    return jax.tree.map(cast, tree)
 
 
 def naive_bf16(model):

@@ -58,9 +58,10 @@ def batches(data: TimeMachine, batch_size: int, seed: int = 0, split: str = "tra
 
 
 def _stream(X, Y, gather, per_epoch, batch_size, seed):
-    key = jax.random.key(seed)
+    root, n, epoch = jax.random.key(seed), X.shape[0], 0
     while True:
-        key, sub = jax.random.split(key)
-        perm = jax.random.permutation(sub, X.shape[0]).astype(jnp.int32)   # (N,) fresh order
-        for i in range(per_epoch):
-            yield gather(X, Y, perm, i * batch_size)
+        order = jax.random.permutation(jax.random.fold_in(root, epoch), n)  # (N,) this epoch's
+        order = order.astype(jnp.int32)
+        epoch += 1
+        for b in range(per_epoch):
+            yield gather(X, Y, order, b * batch_size)
