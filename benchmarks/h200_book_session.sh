@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One GPU session that rebuilds the book with the full config and gathers the evidence.
+#
+#   benchmarks/h200_book_session.sh start    # launches the job in its own process session
+#   benchmarks/h200_book_session.sh wait N   # waits up to N seconds, then reports
+#   benchmarks/h200_book_session.sh collect DIR   # packs logs, results and HTML into DIR
+#
+# The job (in order): the device probe (matmul and copy ceilings), the JAX bf16 anomaly
+# diagnostics, then `make book` (scripts/setup.sh installs the book's wheels from .whl/
+# offline; build_book.sh picks the full config because a GPU is present). It runs detached
+# (setsid) because a full build can outlast one command of the device tool; `wait` can be
+# called again from the next command. Everything lands in /tmp/perfladder-job.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+JOB=/tmp/perfladder-job
+case "${1:-}" in
+  start)
+    rm -rf "$JOB"; mkdir -p "$JOB"
+    setsid bash -c '
+      export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      date +%s > '"$JOB"'/t0
+      timeout 90 python3 benchmarks/device_probe.py --out '"$JOB"'/device.json > '"$JOB"'/probe.log 2>&1
+      timeout 300 python3 benchmarks/jax_bf16_anomaly.py --config full --out '"$JOB"'/anomaly.json > '"$JOB"'/anomaly.log 2>&1
+      echo "anomaly exit $?" >> '"$JOB"'/status
+      unset PYTHONPATH
+      PYTHON=python3 make book > '"$JOB"'/book.log 2>&1
+      echo "book exit $?" >> '"$JOB"'/status
+      date +%s > '"$JOB"'/t1
+    ' > /dev/null 2>&1 < /dev/null &
+    echo "started"
+    ;;
+  wait)
+    limit=${2:-500}; waited=0
+    while [ ! -f "$JOB/t1" ] && [ "$waited" -lt "$limit" ]; do sleep 10; waited=$((waited + 10)); done
+    echo "== status after ${waited}s =="; cat "$JOB/status" 2>/dev/null
+    tail -n 5 "$JOB/anomaly.log" 2>/dev/null; grep -v USDT "$JOB/book.log" 2>/dev/null | tail -n 25
+    [ -f "$JOB/t1" ] && echo "DONE" || echo "RUNNING"
+    ;;
+  collect)
+    out=${2:?collect DIR}; mkdir -p "$out"
+    cp "$JOB"/device.json "$JOB"/status "$out"/ 2>/dev/null
+    tar czf "$out/evidence.tgz" -C "$JOB" . 2>/dev/null
+    [ -d _build/html ] && tar czf "$out/html.tgz" -C _build html results
+    ls -la "$out"
+    ;;
+  *) echo "usage: $0 start | wait SECONDS | collect DIR" >&2; exit 2 ;;
+esac
