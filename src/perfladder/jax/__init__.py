@@ -3,6 +3,9 @@
     import perfladder.config, perfladder.jax as pj
     result = pj.run_ladder(perfladder.config.get_config("smoke"))
 """
+from .beyond import (BEYOND, Recipe, b1_embed_fp32, b2_onehot, b3_split_step, b4_cudnn,
+                     b5_batch2, b6_batch4, fastest, kernel_report)
+from .kernels import compiled_hlo_text, kernel_breakdown
 from .ladder import Ladder
 from .model import GPT
 from .rungs import (RUNGS, learning_check, r0_unjitted, r1_jit, r2_bf16, r2a_naive_cast,
@@ -16,4 +19,6 @@ __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions",
            "Ladder", "RUNGS", "run_ladder", "learning_check",
            "r0_unjitted", "r1_jit", "r2a_naive_cast", "r2_bf16", "r3c_fp32_control", "r3_batch",
            "r4_checkpoint", "r5_data_parallel", "r5_fsdp",
+           "b1_embed_fp32", "b2_onehot", "b3_split_step", "b4_cudnn", "b5_batch2", "b6_batch4",
+           "BEYOND", "Recipe", "fastest", "kernel_report", "kernel_breakdown", "compiled_hlo_text",
            "make_train_step", "make_split_step", "fast_cpu_compiles"]

@@ -1,6 +1,8 @@
 """The state the JAX rungs share: data, streams, models, one jitted step, the growing result."""
 from __future__ import annotations
 
+import tempfile
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -15,6 +17,10 @@ from .steps import make_optimizer, make_train_step
 from .stream import batches
 from .timer import device_name, has_gpu, throughput, versions
 
+CACHE_NOTE = ("JAX's persistent compilation cache is on (a fresh folder for this process): a "
+              "program compiled for its first call is loaded, not compiled again, when a rung "
+              "lowers it once more for the compiler's plan; compiles stay outside timed windows")
+EAGER_WINDOWS = 2   # R0 is a price list, not a baseline: two short windows are enough
 PLAN_NOTE = ("peak_mem_bytes is the compiler's planned temporaries "
              "(lower(...).compile().memory_analysis().temp_size_in_bytes), not a measured peak")
 
@@ -28,13 +34,17 @@ class Ladder:
       R2a then casts; ``'bf16'``: R2's, which R3 and R4 continue), built on first use;
     * ``step`` -- one ``nnx.jit`` training step shared by every rung (a fresh model of a
       structure it has seen reuses the compiled program);
-    * ``result`` -- the ``LadderResult`` each rung appends to; ``R1`` is the baseline.
+    * ``result`` -- the ``LadderResult`` each rung appends to; ``R1`` is the baseline;
+    * ``fastest`` -- ``(rung name, perfladder.jax.beyond.Recipe)`` of the fastest
+      configuration measured so far by the rungs that build on one another past R3
+      (``None`` until a B rung wins: R3's configuration).
     """
 
     def __init__(self, config: LadderConfig, command: str = ""):
         if not isinstance(config, LadderConfig):
             raise TypeError(f"config must be a perfladder.config.LadderConfig, got {type(config).__name__}")
         self.config = config
+        cached = _compile_cache_on_gpu()
         self.data = TimeMachine(config.batch_size, config.num_steps, num_train=config.num_train,
                                 num_val=config.num_val)
         self.gpt_config = config.gpt(vocab_size=len(self.data.vocab))
@@ -49,7 +59,10 @@ class Ladder:
         if not self.gpu:
             self.result.notes.append("run on CPU: fp32 matmuls are plain fp32 (no TF32), MFU is "
                                      "not applicable, cudnn attention is not available")
+        if cached:
+            self.result.notes.append(CACHE_NOTE)
         self.step = make_train_step()
+        self.fastest = None
         self.models: dict[str, tuple] = {}
         self.plans: dict[str, int | None] = {}     # rung -> planned temp bytes
         self._streams: dict[int, object] = {}
@@ -83,7 +96,7 @@ class Ladder:
     def time(self, step, stream, eager: bool = False) -> Throughput:
         c = self.config
         if eager:   # un-jitted: nothing to compile past, so one warm-up step and short windows
-            return throughput(step, stream, warmup=1, timed=c.eager_timed, windows=c.windows)
+            return throughput(step, stream, warmup=1, timed=c.eager_timed, windows=EAGER_WINDOWS)
         return throughput(step, stream, warmup=c.warmup, timed=c.timed, windows=c.windows)
 
     def precision(self, dtype) -> str:
@@ -92,16 +105,22 @@ class Ladder:
             return "bf16"
         return "tf32" if self.gpu else "fp32"
 
-    def plan(self, model, optimizer, X, Y, step=None):
-        """The compiled step: ``(xla_flops_per_step, planned_temp_bytes)``."""
+    def plan(self, model, optimizer, X, Y, step=None, text: bool = False):
+        """The compiled step: ``(xla_flops_per_step, planned_temp_bytes)``, plus the optimized
+        HLO text as a third element when ``text``."""
         from .steps import planned_temp_bytes, xla_flops
         compiled = (step or self.step).lower(model, optimizer, X, Y).compile()
-        return xla_flops(compiled), planned_temp_bytes(compiled)
+        out = (xla_flops(compiled), planned_temp_bytes(compiled))
+        return out + (compiled.as_text(),) if text else out
 
     # -- recording ---------------------------------------------------------------------------
     def record(self, name: str, label: str, t: Throughput, *, model, dtype, kind: str = "rung",
-               mem: int | None = None, notes=(), extra=None) -> RungResult:
-        """Turn a measurement into a ``RungResult`` and append it to ``result``."""
+               mem: int | None = None, notes=(), extra=None, prev: str | None = None) -> RungResult:
+        """Turn a measurement into a ``RungResult`` and append it to ``result``.
+
+        ``prev`` names the rung this one builds on (its ``ratio_prev``); by default the last
+        waterfall rung.
+        """
         batch, seq = t.batch_shape[0], t.batch_shape[1]
         fpt = model.flops_per_token(seq)
         precision = self.precision(dtype)
@@ -119,11 +138,25 @@ class Ladder:
                        peak_mem_bytes=mem, notes=notes, extra=extra)
         if r.mfu is None:
             r.notes.append(f"MFU not applicable: no peak FLOP/s known for device {self.device!r}")
-        return self.result.add(r)
+        return self.result.add(r, prev=prev)
 
     def skip(self, name: str, label: str, note: str, kind: str = "skipped", extra=None) -> RungResult:
         return self.result.add(RungResult(name=name, label=label, tokens_per_s=None, kind=kind,
                                           notes=[note], extra=dict(extra or {})))
+
+
+def _compile_cache_on_gpu() -> bool:
+    """On a GPU, turn JAX's persistent compilation cache on in a fresh folder (if nothing set one).
+
+    Every rung compiles its step for the first call and then once more through
+    ``lower(...).compile()`` for the compiler's plan (FLOPs, temporaries); with the cache the
+    second is a load. Nothing timed changes: the executable is the same and compiles happen
+    in warm-up. It takes effect only if this process has not compiled anything yet.
+    """
+    if not has_gpu() or getattr(jax.config, "jax_compilation_cache_dir", None):
+        return False
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="perfladder-jax-cache-"))
+    return True
 
 
 def first_batch(stream):

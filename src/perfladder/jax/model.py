@@ -14,13 +14,17 @@ Shapes: B batch, T sequence, D width, H heads, Dh = D / H head width, V vocabula
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ..config import GPTConfig, flops_per_token as _flops_per_token
 
 ATTN_IMPLS = (None, "xla", "cudnn")
+EMBEDS = ("gather", "onehot")   # how the token embedding is looked up (see GPT.embed)
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 _init = nnx.initializers.normal(stddev=0.02)   # kernels and embeddings
@@ -37,20 +41,37 @@ def _layer_norm(d: int, eps: float, *, dtype, param_dtype, rngs: nnx.Rngs) -> nn
 
 
 # -- 1. rotary position embedding ------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def rope_tables(T: int, Dh: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the rotation angles, each (T, Dh) fp32, computed in numpy.
+
+    They depend on shapes only, so they are worked out once, on the host, while the step is
+    traced, and enter the XLA program as constants. Computed with ``jnp`` inside the traced
+    function instead, XLA fuses ``cos``/``sin`` into the elementwise kernel that rotates q
+    and k and evaluates them for every element of (B, T, H, Dh): B*H times the work (the
+    PyTorch side lost 30% of a step to exactly that on the H200, run 1).
+    """
+    half = Dh // 2
+    inv_freq = np.float32(base) ** (-np.arange(half, dtype=np.float32) / np.float32(half))  # (Dh/2,)
+    angles = np.arange(T, dtype=np.float32)[:, None] * inv_freq[None]                        # (T, Dh/2)
+    angles = np.concatenate([angles, angles], axis=-1)                                       # (T, Dh)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos.flags.writeable = sin.flags.writeable = False          # shared by every caller
+    return cos, sin
+
+
 def rope(x: jax.Array, base: float = 10000.0) -> jax.Array:
     """Rotary embedding, rotate-half form, on ``x`` of shape (B, T, H, Dh).
 
-    The angles and the rotation are computed in fp32 whatever ``x`` is; the result is
-    cast back to ``x.dtype``. Without that cast, a bf16 model's queries and keys would leave
-    this function as fp32 and reach attention in a different dtype from the values.
+    The rotation is computed in fp32 whatever ``x`` is, from the constant tables of
+    ``rope_tables``; the result is cast back to ``x.dtype``. Without that cast, a bf16
+    model's queries and keys would leave this function as fp32 and reach attention in a
+    different dtype from the values.
     """
     T, Dh = x.shape[1], x.shape[-1]
     half = Dh // 2
-    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)      # (Dh/2,)
-    angles = jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq[None]   # (T, Dh/2)
-    angles = jnp.concatenate([angles, angles], axis=-1)                   # (T, Dh)
-    cos = jnp.cos(angles)[None, :, None, :]                               # (1, T, 1, Dh)
-    sin = jnp.sin(angles)[None, :, None, :]                               # (1, T, 1, Dh)
+    cos, sin = rope_tables(T, Dh, float(base))                            # (T, Dh) each
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]               # (1, T, 1, Dh)
     x32 = x.astype(jnp.float32)
     rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)  # (B, T, H, Dh)
     return (x32 * cos + rotated * sin).astype(x.dtype)
@@ -125,18 +146,25 @@ class GPT(nnx.Module):
     ``attn_impl``: passed to ``jax.nn.dot_product_attention`` (None lets JAX choose;
     ``'cudnn'`` needs a GPU and a half-precision ``dtype``).
     ``checkpoint``: run every block under ``nnx.remat`` (activation checkpointing).
-    ``embed_fp32``: gather from the fp32 table and cast the gathered rows to ``dtype``
-    afterwards, so that in the backward pass the scatter-add of the embedding gradient
-    into the V-row table happens in fp32 rather than in ``dtype``.
+    ``embed_fp32``: look the tokens up in the fp32 table and cast the rows to ``dtype``
+    afterwards, so that in the backward pass the embedding gradient is accumulated into
+    the V-row table in fp32 rather than in ``dtype``.
+    ``embed``: how the lookup is done. ``'gather'`` (default) takes rows of the table; its
+    gradient is a scatter-add of B*T rows into V rows, which on a GPU is a pile of atomic
+    adds on the same few addresses when V is small. ``'onehot'`` multiplies a one-hot
+    (B, T, V) matrix by the table: the same rows (exactly), 2*V*D extra FLOPs per token, and
+    a gradient that is a matmul (one_hot^T @ dH), with no scatter at all.
     """
 
     def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs, dtype=jnp.float32,
                  param_dtype=jnp.float32, attn_impl=None, checkpoint: bool = False,
-                 embed_fp32: bool = False):
+                 embed_fp32: bool = False, embed: str = "gather"):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a perfladder.config.GPTConfig, got {type(config).__name__}")
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl={attn_impl!r} is not valid; valid choices: {ATTN_IMPLS}")
+        if embed not in EMBEDS:
+            raise ValueError(f"embed={embed!r} is not valid; valid choices: {EMBEDS}")
         dtype, param_dtype = jnp.dtype(dtype), jnp.dtype(param_dtype)
         for name, dt in (("dtype", dtype), ("param_dtype", param_dtype)):
             if not jnp.issubdtype(dt, jnp.floating):
@@ -147,6 +175,7 @@ class GPT(nnx.Module):
         self.config = config
         self.dtype, self.param_dtype = dtype, param_dtype
         self.attn_impl, self.checkpoint, self.embed_fp32 = attn_impl, bool(checkpoint), bool(embed_fp32)
+        self.embed_impl = embed   # not ``self.embed``: that is the method below
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         D = config.num_hiddens
         self.token_emb = nnx.Embed(config.vocab_size, D, embedding_init=_init, **kw)
@@ -164,7 +193,9 @@ class GPT(nnx.Module):
         T = X.shape[1]
         if T > self.config.max_len and self.config.pos == "learned":
             raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
-        if self.embed_fp32:
+        if self.embed_impl == "onehot":
+            H = self._onehot_lookup(X)                                     # (B, T, D)
+        elif self.embed_fp32:
             table = self.token_emb.embedding[...].astype(jnp.float32)     # (V, D) fp32
             H = jnp.take(table, X, axis=0).astype(self.dtype)              # (B, T, D)
         else:
@@ -172,6 +203,19 @@ class GPT(nnx.Module):
         if self.config.pos == "learned":
             H = H + self.pos_emb(jnp.arange(T))[None]                      # (1, T, D) broadcast
         return H
+
+    def _onehot_lookup(self, X: jax.Array) -> jax.Array:
+        """Rows of the table as a matmul: one_hot(X) (B, T, V) @ table (V, D) -> (B, T, D).
+
+        Done in fp32 with ``embed_fp32`` (at full fp32 precision, so no TF32 rounding of the
+        table), in the compute dtype otherwise; either way each output is one table entry
+        times 1 plus zeros, so the rows come out exactly as a gather gives them.
+        """
+        lookup = jnp.dtype(jnp.float32) if self.embed_fp32 else self.dtype
+        table = self.token_emb.embedding[...].astype(lookup)                  # (V, D)
+        onehot = jax.nn.one_hot(X, self.config.vocab_size, dtype=lookup)      # (B, T, V)
+        precision = jax.lax.Precision.HIGHEST if lookup == jnp.float32 else None
+        return jnp.matmul(onehot, table, precision=precision).astype(self.dtype)  # (B, T, D)
 
     def __call__(self, X: jax.Array) -> jax.Array:
         """Token ids (B, T) -> logits (B, T, V) in the compute dtype."""

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from ..results import LearningCheck, smoothed_check
-from .ladder import Ladder, first_batch
+from .beyond import BEYOND, Runner, embedding_scatters, fastest, kernel_report
+from .ladder import EAGER_WINDOWS, Ladder, first_batch
 from .parallel import DP_BANDWIDTH, batch_sharding, dp_floor, make_data_mesh, place_state
 from .steps import (assert_fp32_masters, check_jit_parity, check_mirror, make_optimizer,
                     make_train_step,
@@ -23,8 +24,18 @@ from .stream import batches
 from .timer import compile_count
 
 
-def _with_plan(ladder: Ladder, name: str, model, opt, X, Y, step=None):
-    flops, temp = ladder.plan(model, opt, X, Y, step)
+def _with_plan(ladder: Ladder, name: str, model, opt, X, Y, step=None, evidence=None):
+    """The compiled step's FLOPs and planned temporaries (remembered per rung).
+
+    ``evidence`` (a dict) also receives the embedding-gradient scatters of the compiled
+    program (``hlo_embedding_scatter``: how many, element types) -- the B rungs' story.
+    """
+    if evidence is None:
+        flops, temp = ladder.plan(model, opt, X, Y, step)
+    else:
+        flops, temp, text = ladder.plan(model, opt, X, Y, step, text=True)
+        evidence["hlo_embedding_scatter"] = embedding_scatters(
+            text, tuple(model.token_emb.embedding.shape))
     ladder.plans[name] = temp
     return flops, temp
 
@@ -49,7 +60,7 @@ def r0_unjitted(ladder: Ladder):
         notes=["every operation dispatched one at a time from Python (nnx.value_and_grad + "
                "optax, no jit); ratios in this ladder are to R1, the jitted step",
                "peak_mem_bytes not applicable: an un-jitted step has no single compiled plan",
-               f"measured briefly: 1 warm-up step, {ladder.config.windows} windows of "
+               f"measured briefly: 1 warm-up step, {EAGER_WINDOWS} windows of "
                f"{ladder.config.eager_timed} steps"])
 
 
@@ -134,11 +145,12 @@ def r3c_fp32_control(ladder: Ladder):
     stream = ladder.stream(ladder.config.big_batch)
     X, Y = first_batch(stream)
     t = ladder.time(lambda X, Y: ladder.step(model, opt, X, Y), stream)
-    flops, temp = _with_plan(ladder, "R3c", model, opt, X, Y)
+    evidence = {}
+    flops, temp = _with_plan(ladder, "R3c", model, opt, X, Y, evidence=evidence)
     return ladder.record(
         "R3c", f"fp32 @ batch {ladder.config.big_batch}", t, model=model, dtype=jnp.float32, kind="control", mem=temp,
         notes=["control: what the big batch does without bf16"],
-        extra={"xla_flops_per_step": flops, **_vs(ladder, temp, "R1")})
+        extra={"xla_flops_per_step": flops, **evidence, **_vs(ladder, temp, "R1")})
 
 
 def r3_batch(ladder: Ladder):
@@ -147,8 +159,9 @@ def r3_batch(ladder: Ladder):
     stream = ladder.stream(ladder.config.big_batch)
     X, Y = first_batch(stream)
     t = ladder.time(lambda X, Y: ladder.step(model, opt, X, Y), stream)
-    flops, temp = _with_plan(ladder, "R3", model, opt, X, Y)
-    extra = {"xla_flops_per_step": flops, **_vs(ladder, temp, "R3c")}
+    evidence = {}
+    flops, temp = _with_plan(ladder, "R3", model, opt, X, Y, evidence=evidence)
+    extra = {"xla_flops_per_step": flops, **evidence, **_vs(ladder, temp, "R3c")}
     if flops:
         extra["xla_tflops"] = flops / t.step_time_s / 1e12
     notes = []
@@ -243,22 +256,30 @@ def r5_fsdp(ladder: Ladder, k: int | None = None, bandwidth: float = DP_BANDWIDT
 
 
 # -- learning check, registry, driver -------------------------------------------------------
+LEARN_NOTE = "learning check: trained "
+
+
 def learning_check(ladder: Ladder, steps: int | None = None, window: int = 20) -> LearningCheck:
-    """Train the fast configuration (jitted, bf16 threaded, big batch) from a fresh init.
+    """Train the fastest configuration so far from a fresh init (R3's until a B rung beats it).
 
     Losses stay on the device until the end (no host read per step). Raises if the
-    smoothed loss does not fall.
+    smoothed loss does not fall. The result's notes say which configuration was trained.
     """
     steps = ladder.config.learn_steps if steps is None else steps
-    model, opt = ladder.build(jnp.bfloat16)
-    stream = batches(ladder.data, ladder.config.big_batch, seed=ladder.config.seed + 1000)
+    name, recipe = fastest(ladder)
+    runner = Runner(ladder, recipe)
+    stream = batches(ladder.data, recipe.batch_size, seed=ladder.config.seed + 1000)
     losses = []
     for _ in range(steps):
         X, Y = next(stream)
-        losses.append(ladder.step(model, opt, X, Y))
+        losses.append(runner.step(X, Y))
     losses = jax.device_get(jnp.stack(losses))
+    runner.commit()
     check = smoothed_check(losses, window=window)
     ladder.result.learning = check
+    ladder.result.notes[:] = [n for n in ladder.result.notes if not n.startswith(LEARN_NOTE)]
+    ladder.result.notes.append(f"{LEARN_NOTE}{name}'s configuration ({recipe}), {steps} steps "
+                               "from a fresh init")
     return check
 
 
@@ -271,6 +292,7 @@ RUNGS = OrderedDict([
     ("R3", r3_batch),
     ("R4", r4_checkpoint),
     ("R5", r5_data_parallel),
+    *BEYOND.items(),
 ])
 
 
@@ -284,8 +306,12 @@ def check_rung_names(rungs) -> list[str]:
 
 
 def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: str = "",
-               ladder: Ladder | None = None):
-    """Run ``rungs`` (default: all, in order), then the learning check; returns the LadderResult."""
+               ladder: Ladder | None = None, kernels: bool = True):
+    """Run ``rungs`` (default: all, in order), then the learning check; returns the LadderResult.
+
+    When a B rung ran and ``kernels`` is true, the fastest configuration's kernel breakdown
+    (``kernel_report``) is stored in its rung's ``extra['kernels']`` before the learning check.
+    """
     names = check_rung_names(rungs)
     ladder = Ladder(config, command=command) if ladder is None else ladder
     for name in names:
@@ -294,6 +320,8 @@ def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: s
         r = RUNGS[name](ladder)
         if progress:
             progress("end", name, r)
+    if kernels and any(n in BEYOND for n in names):
+        kernel_report(ladder)
     if learn:
         if progress:
             progress("start", "learning", None)

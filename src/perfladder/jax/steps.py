@@ -71,6 +71,18 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
     return nnx.jit(step) if jit else step
 
 
+def _pure_step(graphdef, view, state, X, Y):
+    """One training step as a pure function of the split state: merge, step, split again."""
+    model, optimizer = nnx.merge(graphdef, state)
+    loss = train_step(model, optimizer, X, Y, view)
+    return loss, nnx.state((model, optimizer))
+
+
+# One jitted function for every SplitStep: a fresh model of a structure seen before (same
+# graphdef, same view) reuses the compiled program instead of compiling it again.
+_split_jit = jax.jit(_pure_step, static_argnums=(0, 1), donate_argnums=2)
+
+
 class SplitStep:
     """A jitted ``(graphdef, state)`` step with donated state (Flax NNX performance guide).
 
@@ -80,22 +92,15 @@ class SplitStep:
     """
 
     def __init__(self, model, optimizer, view: Callable | None = None):
-        self.model, self.optimizer = model, optimizer
+        self.model, self.optimizer, self.view = model, optimizer, view
         self.graphdef, self.state = nnx.split((model, optimizer))
 
-        def pure_step(graphdef, state, X, Y):
-            model, optimizer = nnx.merge(graphdef, state)
-            loss = train_step(model, optimizer, X, Y, view)
-            return loss, nnx.state((model, optimizer))
-
-        self._jitted = jax.jit(pure_step, static_argnums=0, donate_argnums=1)
-
     def __call__(self, X, Y):
-        loss, self.state = self._jitted(self.graphdef, self.state, X, Y)
+        loss, self.state = _split_jit(self.graphdef, self.view, self.state, X, Y)
         return loss
 
     def lower(self, X, Y):
-        return self._jitted.lower(self.graphdef, self.state, X, Y)
+        return _split_jit.lower(self.graphdef, self.view, self.state, X, Y)
 
     def commit(self):
         """Write the held state back into the model and optimizer; returns them."""
