@@ -193,6 +193,7 @@ def test_a_failing_technique_is_a_loud_skip_and_the_ladder_goes_on(monkeypatch):
     assert r.kind == "skipped" and r.tokens_per_s is None
     assert "FAILED at run time" in r.notes[0] and "RESOURCE_EXHAUSTED" in r.notes[0]
     assert r.extra["builds_on"] == "R3" and "RuntimeError" in r.extra["traceback"]
+    assert r.extra["base_recipe"] == Recipe(batch_size=CFG.big_batch).to_dict()
     assert ladder.fastest is None                      # nothing adopted
     assert kernel_report(ladder) is None               # and the report says why, not crash
     assert any("kernel breakdown of R3" in n and "RESOURCE_EXHAUSTED" in n for n in ladder.result.notes)

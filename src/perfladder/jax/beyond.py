@@ -309,7 +309,7 @@ def beyond_rung(name: str, label):
                 msg = f"{type(e).__name__}: {e}"
                 return ladder.skip(name, text, f"FAILED at run time on {ladder.device}, nothing "
                                    f"measured (would have built on {prev}): {msg}"[:3000],
-                                   extra={"builds_on": prev, "recipe": base.to_dict(),
+                                   extra={"builds_on": prev, "base_recipe": base.to_dict(),
                                           "error": msg[:3000],
                                           "traceback": traceback.format_exc()[-4000:]})
             finally:
