@@ -50,6 +50,20 @@ def make_result(framework: str = "torch", device: str = "NVIDIA H200",
     return res
 
 
+@pytest.fixture(scope="session")
+def torch_smoke_ladder():
+    """The PyTorch ladder in the smoke config -- seed rungs, beyond rungs, the kernel report and
+    the learning check -- run once per session and shared by tests/test_torch_ladder.py and
+    tests/test_torch_beyond.py (it costs tens of seconds). Returns ``(LadderResult, events)``,
+    ``events`` the ``progress`` calls in order. Treat both as read-only."""
+    pytest.importorskip("torch")
+    from perfladder.config import get_config
+    from perfladder.torch import run_ladder
+    events = []
+    result = run_ladder(get_config("smoke"), progress=lambda *e: events.append(e), command="pytest")
+    return result, events
+
+
 @pytest.fixture
 def synthetic_result():
     return make_result()

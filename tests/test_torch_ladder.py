@@ -9,7 +9,7 @@ import torch
 from perfladder.config import expected_num_params, get_config
 from perfladder.hardware import peak_for
 from perfladder.results import LadderResult, validate
-from perfladder.torch import RUNGS, Ladder, run_ladder
+from perfladder.torch import DEFAULT_RUNGS, RUNGS, Ladder, run_ladder
 from perfladder.torch.ladder import NOT_ON_CPU_MEM
 
 CFG = get_config("smoke")
@@ -17,16 +17,18 @@ ON_GPU = torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
-def ladder_run():
-    events = []
-    result = run_ladder(CFG, progress=lambda *e: events.append(e), command="pytest")
-    return result, events
+def ladder_run(torch_smoke_ladder):
+    return torch_smoke_ladder          # conftest.py: one smoke ladder (seed + beyond) per session
+
+
+SEED = ["R0", "R1", "R2", "R3c", "R3", "R4", "R5"]
 
 
 def test_rungs_in_order_and_progress_events(ladder_run):
     result, events = ladder_run
-    assert [r.name for r in result.rungs] == list(RUNGS) == ["R0", "R1", "R2", "R3c", "R3", "R4", "R5"]
-    names = list(RUNGS) + ["learning"]
+    assert list(RUNGS)[:len(SEED)] == SEED and all(n.startswith("B") for n in list(RUNGS)[len(SEED):])
+    assert [r.name for r in result.rungs] == DEFAULT_RUNGS    # the beyond rungs: test_torch_beyond.py
+    names = DEFAULT_RUNGS + ["learning"]
     assert [(e[0], e[1]) for e in events] == [(k, n) for n in names for k in ("start", "end")]
     assert all(e[2] is None for e in events if e[0] == "start")
     assert events[1][2] is result.rung("R0")
@@ -69,7 +71,7 @@ def test_ratio_prev_follows_the_waterfall(ladder_run):
     for name, prev in (("R1", "R0"), ("R2", "R1"), ("R3", "R2"), ("R4", "R3")):   # R3c skipped
         assert res.rung(name).ratio_prev == pytest.approx(t[name] / t[prev])
     assert res.rung("R3c").kind == "control" and res.rung("R3c").ratio_prev is None
-    assert [r.name for r in res.waterfall()] == ["R0", "R1", "R2", "R3", "R4"]
+    assert [r.name for r in res.waterfall()][:5] == ["R0", "R1", "R2", "R3", "R4"]
 
 
 def test_r0_profile_table(ladder_run):

@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
         cfg = pick_config(args.config, has_gpu=fw.has_gpu())
     except ValueError as e:          # e.g. a bad $PERFLADDER_CONFIG
         raise CLIError(str(e)) from e
-    names = rungs or list(fw.RUNGS)
+    names = rungs or list(getattr(fw, "DEFAULT_RUNGS", fw.RUNGS))   # optional rungs only when named
     progress = None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1))
     command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=progress, command=command)
@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("framework", help=f"one of {', '.join(FRAMEWORKS)}")
     r.add_argument("--config", default=None,
                    help=f"one of {', '.join(CONFIG_NAMES)} (default: full on a GPU, smoke on CPU)")
-    r.add_argument("--rungs", default=None, help="comma-separated rung names (default: all)")
+    r.add_argument("--rungs", default=None,
+                   help="comma-separated rung names (default: all but the optional ones, e.g. torch B8)")
     r.add_argument("--out", default=None, help="results JSON path")
     r.add_argument("--png", default=None, help="also save the waterfall PNG here")
     r.add_argument("--no-learn", action="store_true", help="skip the learning check")

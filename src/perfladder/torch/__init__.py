@@ -9,21 +9,27 @@ import os
 
 os.environ["TEARDOWN_CUPTI"] = "1"
 
+from .beyond import (Recipe, b1_fused_adamw, b2_compiled_adamw, b3_cudagraphs,  # noqa: E402
+                     b4_onehot_embedding, b5_batch_x2, b6_batch_x4, b7_attention_backend,
+                     b8_max_autotune, kernel_report)
 from .ddp import ddp_tokens  # noqa: E402
 from .gates import CorrectnessError, GateError, MirrorError, PrecisionError  # noqa: E402
+from .kernels import kernel_breakdown  # noqa: E402
 from .ladder import Ladder  # noqa: E402
 from .model import GPT  # noqa: E402
 from .profile import profile_table  # noqa: E402
-from .rungs import (RUNGS, learning_check, r0_eager, r1_compile, r2_bf16,  # noqa: E402
-                    r3_batch, r3c_fp32_control, r4_checkpoint, r5_ddp, run_ladder)
+from .rungs import (DEFAULT_RUNGS, RUNGS, learning_check, r0_eager, r1_compile,  # noqa: E402
+                    r2_bf16, r3_batch, r3c_fp32_control, r4_checkpoint, r5_ddp, run_ladder)
 from .steps import TrainStep, make_step  # noqa: E402
 from .stream import batches  # noqa: E402
 from .timer import device_name, has_gpu, throughput, versions  # noqa: E402
 
 __all__ = [
     "GPT", "batches", "throughput", "device_name", "has_gpu", "versions",
-    "Ladder", "RUNGS", "run_ladder", "learning_check",
+    "Ladder", "RUNGS", "DEFAULT_RUNGS", "run_ladder", "learning_check",
     "r0_eager", "r1_compile", "r2_bf16", "r3c_fp32_control", "r3_batch", "r4_checkpoint", "r5_ddp",
-    "make_step", "TrainStep", "profile_table", "ddp_tokens",
+    "b1_fused_adamw", "b2_compiled_adamw", "b3_cudagraphs", "b4_onehot_embedding", "b5_batch_x2",
+    "b6_batch_x4", "b7_attention_backend", "b8_max_autotune", "Recipe", "kernel_report",
+    "kernel_breakdown", "make_step", "TrainStep", "profile_table", "ddp_tokens",
     "GateError", "CorrectnessError", "MirrorError", "PrecisionError",
 ]

@@ -56,6 +56,11 @@ class Ladder:
                    f"{'run as TF32' if self.on_gpu else 'stay fp32 on CPU'}"])
         self.throughputs: dict[str, Throughput] = {}   # every timed run, by rung name
         self.predictions: dict[str, list] = {}         # cost-model predictions written before measuring
+        # (rung name, perfladder.torch.beyond.Recipe) of the fastest configuration measured so
+        # far; None until a B rung runs (then R3's, until a B rung beats it).
+        self.fastest = None
+        self.beyond: dict = {}                         # state the B rungs share (references, base profile)
+        self._allow_recompiles()
         self._seeds = itertools.count(config.seed)
         if self.device.type == "cpu" and config.is_smoke and torch.get_num_threads() > 1:
             # The smoke model's ops are tiny: splitting each over several threads costs more
@@ -63,6 +68,19 @@ class Ladder:
             torch.set_num_threads(1)
             self.result.notes.append("smoke config on CPU: torch.set_num_threads(1) "
                                      "(tiny ops; thread synchronisation would dominate)")
+
+    def _allow_recompiles(self, limit: int = 64) -> None:
+        """Every rung compiles its own configuration of the same ``GPT.forward``, and dynamo keeps
+        one cache entry per configuration on that code object. Past ``recompile_limit`` (8 by
+        default) dynamo would quietly run the model eagerly; raise the limit for a ladder's worth
+        of configurations, and make hitting it an error rather than a silent eager fallback."""
+        cfg = torch._dynamo.config
+        if getattr(cfg, "recompile_limit", limit) < limit:
+            cfg.recompile_limit = limit
+        if hasattr(cfg, "fail_on_recompile_limit_hit"):
+            cfg.fail_on_recompile_limit_hit = True
+        self.result.notes.append(f"torch._dynamo recompile_limit {cfg.recompile_limit} (one cache entry "
+                                 "per rung configuration), hitting it raises instead of running eagerly")
 
     # -- what we run on ----------------------------------------------------------------------
     @property
@@ -82,20 +100,24 @@ class Ladder:
         return 2 if self.config.is_smoke else 5
 
     # -- factories -----------------------------------------------------------------------------
-    def make_model(self, checkpoint: bool = False, attn_backend=None) -> GPT:
+    def make_model(self, checkpoint: bool = False, attn_backend=None, embed: str = "gather") -> GPT:
         """A fresh GPT, initialised from ``config.seed`` (every rung starts from the same weights)."""
         torch.manual_seed(self.config.seed)
-        return GPT(self.gpt_config, attn_backend=attn_backend, checkpoint=checkpoint).to(self.device)
+        return GPT(self.gpt_config, attn_backend=attn_backend, checkpoint=checkpoint,
+                   embed=embed).to(self.device)
 
-    def make_optimizer(self, model) -> torch.optim.Optimizer:
-        return make_optimizer(model, self.config.lr)
+    def make_optimizer(self, model, kind: str = "default") -> torch.optim.Optimizer:
+        return make_optimizer(model, self.config.lr, kind)
 
     def fresh_step(self, *, compiled: bool, bf16: bool, checkpoint: bool = False,
-                   attn_backend=None) -> TrainStep:
-        """A new model + AdamW + step for one rung."""
-        model = self.make_model(checkpoint=checkpoint, attn_backend=attn_backend)
-        return make_step(model, self.make_optimizer(model), compiled=compiled, bf16=bf16,
-                         device_type=self.device_type)
+                   attn_backend=None, embed: str = "gather", optimizer: str = "default",
+                   mode=None) -> TrainStep:
+        """A new model + AdamW + step for one rung (``optimizer``: one of ``steps.OPTIMIZERS``,
+        ``mode``: a ``torch.compile`` mode, see ``steps.COMPILE_MODES``)."""
+        model = self.make_model(checkpoint=checkpoint, attn_backend=attn_backend, embed=embed)
+        return make_step(model, self.make_optimizer(model, optimizer), compiled=compiled, bf16=bf16,
+                         device_type=self.device_type, mode=mode,
+                         compile_optimizer=optimizer == "compiled")
 
     def stream(self, batch_size: int):
         """A fresh stream of (batch_size, num_steps) batches (each call a new shuffle seed)."""
@@ -111,12 +133,15 @@ class Ladder:
     def peak_memory(self) -> int | None:
         return int(torch.cuda.max_memory_allocated()) if self.on_gpu else None
 
-    def measure(self, step, batch_size: int, stream=None) -> tuple[Throughput, int | None]:
-        """Throughput with the config's warm-up / windows, and the peak memory while it ran."""
+    def measure(self, step, batch_size: int, stream=None,
+                timed: int | None = None) -> tuple[Throughput, int | None]:
+        """Throughput with the config's warm-up / windows (``timed`` steps per window unless
+        given), and the peak memory while it ran."""
         stream = self.stream(batch_size) if stream is None else stream
         self.reset_memory()
         c = self.config
-        tput = throughput(step, stream, warmup=c.warmup, timed=c.timed, windows=c.windows)
+        tput = throughput(step, stream, warmup=c.warmup, timed=c.timed if timed is None else timed,
+                          windows=c.windows)
         return tput, self.peak_memory()
 
     def rung_result(self, name: str, label: str, tput: Throughput, *, batch_size: int, bf16: bool,

@@ -39,6 +39,16 @@ def check_attn_backend(name):
     return ATTN_BACKENDS[name]
 
 
+# How the token embedding is computed (the parameter is ``token_emb.weight`` either way).
+EMBEDS = ("gather", "onehot")
+
+
+def check_embed(name) -> str:
+    if name not in EMBEDS:
+        raise ValueError(f"embed={name!r} is not valid; valid choices: {EMBEDS}")
+    return name
+
+
 # -- 1. rotary position embedding ----------------------------------------------------------
 def rope_angles(T: int, head_dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables for positions 0..T-1, shape (T, Dh), always fp32.
@@ -161,9 +171,13 @@ class GPT(nn.Module):
     ``'math'``, ``'cudnn'`` to pin the attention kernel via ``sdpa_kernel``.
     ``checkpoint=True`` runs every block under activation checkpointing (recompute the
     block's activations in the backward pass instead of storing them).
+    ``embed``: ``'gather'`` (an ``nn.Embedding`` lookup) or ``'onehot'`` (``one_hot(X) @ W``
+    in fp32, see ``embed_tokens``): same parameter, the same rows in fp32, a different
+    gradient kernel.
     """
 
-    def __init__(self, config: GPTConfig, attn_backend=None, checkpoint: bool = False):
+    def __init__(self, config: GPTConfig, attn_backend=None, checkpoint: bool = False,
+                 embed: str = "gather"):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
@@ -171,6 +185,7 @@ class GPT(nn.Module):
         self.config = config
         self.attn_backend = attn_backend
         self.checkpoint = bool(checkpoint)
+        self.embed = check_embed(embed)
         self.pos = config.pos
         D = config.num_hiddens
         self.token_emb = nn.Embedding(config.vocab_size, D)
@@ -189,10 +204,28 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    def embed_tokens(self, X: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> embeddings (B, T, D), fp32 (autocast does not touch either path).
+
+        ``'gather'`` reads rows of the table; its gradient is a scatter-add of all B*T
+        output gradients into the V rows (atomics, thousands of updates per row when V=28).
+        ``'onehot'`` multiplies a one-hot matrix by the table: the same rows, exactly, in
+        true fp32 (every output is 1*w plus zeros); its gradient ``one_hot(X)^T @ dH`` is a
+        matmul. Its cost is 2*V*D FLOPs per token, nothing next to the model's 6N. On CUDA
+        with TF32 matmuls allowed, the product rounds the table to TF32 (10-bit mantissa),
+        finer than the bf16 that autocast gives every other matmul.
+        """
+        if self.embed == "gather":
+            return self.token_emb(X)                              # (B, T, D)
+        W = self.token_emb.weight                                 # (V, D)
+        with torch.autocast(X.device.type, enabled=False):
+            onehot = F.one_hot(X, W.shape[0]).to(W.dtype)         # (B, T, V)
+            return onehot @ W                                     # (B, T, V) @ (V, D) -> (B, T, D)
+
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, V)."""
         T = X.shape[1]
-        H = self.token_emb(X)                                     # (B, T, D)
+        H = self.embed_tokens(X)                                  # (B, T, D)
         if self.pos == "learned":
             if T > self.config.max_len:
                 raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")

@@ -9,6 +9,10 @@ Each rung is one move on top of the last -- profile / classify, fix, gate, re-me
     R3  + big batch                                  re-profiled, peak memory
     R4  + activation checkpointing (negative rung)   gate: checkpointed model is a mirror
     R5  DDP over 2 / 4 GPUs                          cost-model floor written down first
+    B1.. beyond the seed (``perfladder.torch.beyond``), from the last winning rung, R3
+
+The learning check trains the fastest configuration the ladder measured (R3's recipe unless
+a B rung beat it).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch
 
 from ..hardware import achieved_tflops, mfu
 from ..results import LadderResult, RungResult, smoothed_check
+from . import beyond as _beyond
 from . import ddp as _ddp
 from .gates import COMPILE_ATOL, COMPILE_RTOL, MIRROR_ATOL, check_bf16, check_compiled, check_mirror
 from .ladder import NOT_ON_CPU_MEM, Ladder
@@ -242,18 +247,25 @@ def ddp_rung(ladder: Ladder, ks, backend: str, *, compiled: bool = True,
 
 # -- the learning check ------------------------------------------------------------------------------
 def learning_check(ladder: Ladder, steps: int | None = None, window: int = 20):
-    """Train the fast configuration (compiled, bf16, big batch) from a fresh init; assert it learns.
+    """Train the fastest configuration from a fresh init; assert it learns.
 
-    Losses stay on the device during the loop (no host read per step) and are copied
-    to the host once at the end.
+    The fastest configuration is ``ladder.fastest`` when B rungs ran (the recipe of the
+    fastest one), else R3's (compiled, bf16, big batch). Losses stay on the device during
+    the loop (no host read per step) and are copied to the host once at the end.
     """
     steps = ladder.config.learn_steps if steps is None else steps
-    step = ladder.fresh_step(compiled=True, bf16=True)
-    stream = ladder.stream(ladder.config.big_batch)
+    name, recipe = _beyond.fastest(ladder)
+    step = _beyond.build_step(ladder, recipe)
+    stream = ladder.stream(recipe.batch_size)
     losses = [step(*next(stream)) for _ in range(steps)]          # device scalars
     curve = torch.stack(losses).float().cpu().tolist()            # one host read
+    del step
+    _beyond._free(ladder)
     check = smoothed_check(curve, window=window)                  # raises if it did not fall
     ladder.result.learning = check
+    note = f"learning check: {steps} steps of {name}'s configuration ({recipe})"
+    ladder.result.notes = [n for n in ladder.result.notes if not n.startswith("learning check:")]
+    ladder.result.notes.append(note)
     return check
 
 
@@ -266,13 +278,19 @@ RUNGS = OrderedDict([
     ("R3", r3_batch),
     ("R4", r4_checkpoint),
     ("R5", r5_ddp),
+    *_beyond.BEYOND.items(),
 ])
+# What ``run_ladder`` (and ``perfladder run torch``) runs unless told: every rung but the
+# optional ones (B8's max-autotune compiles take minutes).
+DEFAULT_RUNGS = [name for name in RUNGS if name not in _beyond.OPTIONAL]
 
 
-def check_rungs(rungs) -> list[str]:
-    """Rung names in ladder order; unknown names are an error listing the valid ones."""
+def check_rungs(rungs, autotune: bool = False) -> list[str]:
+    """Rung names in ladder order; unknown names are an error listing the valid ones.
+
+    ``None`` means ``DEFAULT_RUNGS`` (plus the optional B8 when ``autotune``)."""
     if rungs is None:
-        return list(RUNGS)
+        return [n for n in RUNGS if n in DEFAULT_RUNGS or (autotune and n in _beyond.OPTIONAL)]
     if isinstance(rungs, str):
         rungs = [rungs]
     unknown = [r for r in rungs if r not in RUNGS]
@@ -282,9 +300,11 @@ def check_rungs(rungs) -> list[str]:
 
 
 def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: str = "",
-               device=None) -> LadderResult:
-    """Run the named rungs (default: all) in ladder order, then the learning check."""
-    names = check_rungs(rungs)
+               device=None, beyond_autotune: bool = False) -> LadderResult:
+    """Run the named rungs (default: ``DEFAULT_RUNGS``; B8 too with ``beyond_autotune``) in
+    ladder order, then -- when B rungs ran -- the kernel breakdown of the fastest configuration
+    (``beyond.kernel_report``, outside any timed window), then the learning check."""
+    names = check_rungs(rungs, autotune=beyond_autotune)
     ladder = Ladder(config, device=device, command=command)
     for name in names:
         if progress:
@@ -292,6 +312,8 @@ def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: s
         res = RUNGS[name](ladder)
         if progress:
             progress("end", name, res)
+    if any(name in _beyond.BEYOND for name in names):
+        _beyond.kernel_report(ladder)
     if learn:
         if progress:
             progress("start", "learning", None)
