@@ -16,7 +16,7 @@ from perfladder.torch.steps import make_optimizer, make_step
 
 CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()
-MEASURED = ["B1", "B2", "B4", "B5", "B6", "B7"] + (["B3"] if ON_GPU else [])
+MEASURED = ["B1", "B2", "B4", "B5", "B6"] + (["B3"] if ON_GPU else [])
 REGIMES = ("overhead", "bandwidth", "compute", "memory")
 
 
@@ -172,7 +172,7 @@ def test_b4_recorded_its_embed_gate(res):
 def test_batch_rungs_scale_the_big_batch(res, fresh):
     assert res.rung("B5").batch_size == 2 * CFG.big_batch
     assert res.rung("B6").batch_size == 4 * CFG.big_batch
-    for name in ("B5", "B6", "B7"):
+    for name in ("B5", "B6"):
         r = res.rung(name)
         assert r.extra["steps_per_window"] == bz.timed_steps(fresh, r.batch_size) >= 2
 
@@ -184,8 +184,14 @@ def test_b7_measured_every_backend_and_pinned_the_fastest(res):
     best = r.extra["attention_backend"]
     assert best == bz.pick_backend(t) == r.extra["recipe"]["attn_backend"] and best in r.label
     assert all(t[n]["ms"] >= t[best]["ms"] for n in bz.BACKENDS if t[n]["available"])
+    assert r.extra["default_picks"] == t["default"]["picks"] in bz.BACKENDS
+    if r.kind == "skipped":        # PyTorch's own pick was the fastest: nothing to pin
+        assert r.extra["default_picks"] == best and "already runs the fastest" in r.notes[0]
+    else:
+        assert r.kind == "rung" and r.extra["loss_gate"]["batch_size"] == r.batch_size
+        assert max(r.extra["loss_gate"]["max_abs_diff"].values()) <= bz.LOSS_ATOL
     if not ON_GPU:
-        assert t["math"]["available"] and t["flash"]["available"]
+        assert t["math"]["available"] and t["flash"]["available"] and t["default"]["picks"] == "flash"
         assert not t["efficient"]["available"] and not t["cudnn"]["available"]
         assert "No viable backend" in t["cudnn"]["error"]
         assert any("'efficient' and 'cudnn' are CUDA kernels" in n for n in r.notes)
@@ -213,7 +219,7 @@ def test_learning_check_trains_the_fastest_configuration(res):
 
 # -- the chain's bookkeeping on a full-config ladder (no model built) ----------------------------------
 def test_a_slower_rung_is_negative_and_the_next_builds_on_the_winner():
-    lad = Ladder(get_config("full"), device="cpu")
+    lad = Ladder(CFG.replace(name="full"))        # smoke sizes, but the numbers decide
     r3 = RungResult(name="R3", label="+batch", tokens_per_s=100.0, windows=[100.0], kind="rung")
     lad.result.add(r3)
     base = bz.seed_recipe(lad)
@@ -233,7 +239,8 @@ def test_a_slower_rung_is_negative_and_the_next_builds_on_the_winner():
 
 
 def test_timed_steps_keep_the_tokens_of_a_window():
-    lad = Ladder(get_config("full"), device="cpu")
+    full = get_config("full")
+    lad = Ladder(CFG.replace(timed=full.timed, big_batch=full.big_batch))
     assert bz.timed_steps(lad, 512) == 40 and bz.timed_steps(lad, 1024) == 20
     assert bz.timed_steps(lad, 2048) == 10 and bz.timed_steps(lad, 1 << 20) == 2
 
@@ -317,3 +324,16 @@ def test_not_run_sizes_its_reasons_with_this_ladder(res, fresh):
     assert f"{rows:,} x 28 x 4 B" in lines[0] and "nothing to save" in lines[0]
     assert "Not attempted" in lines[1] and f"{100 * kb.share('matmul'):.0f}%" in lines[1]
     assert "beyond_autotune=True" in lines[2] and "B8" in lines[2]
+
+
+def test_b7_does_not_remeasure_the_default_kernel(monkeypatch):
+    lad = Ladder(CFG)
+    lad.beyond["base"] = None
+    fake = {"default": {"available": True, "ms": 1.0, "picks": "flash"},
+            "flash": {"available": True, "ms": 1.0}, "math": {"available": True, "ms": 2.0},
+            "efficient": {"available": False, "error": "x"}, "cudnn": {"available": False, "error": "y"}}
+    monkeypatch.setattr(bz, "attention_backends", lambda *a, **kw: fake)
+    monkeypatch.setattr(bz, "measure_recipe", lambda *a, **kw: pytest.fail("measured the default again"))
+    r = bz.b7_attention_backend(lad)
+    assert r.kind == "skipped" and "already runs the fastest kernel (flash)" in r.notes[0]
+    assert r.extra["attention_ms"] is fake and r.extra["recipe"]["attn_backend"] == "flash"

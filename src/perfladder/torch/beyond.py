@@ -19,7 +19,10 @@ How they chain. Each rung takes the fastest configuration measured so far (a ``R
 R3's until a B rung beats it), changes one thing, gates the change, measures it, and records
 it with ``prev=`` the rung it builds on. A rung that wins becomes what the next one builds
 on; one that loses stays in the waterfall as a bar below its predecessor, and the next rung
-builds on the previous winner again (``Ladder.fastest`` holds the winner).
+builds on the previous winner again (``Ladder.fastest`` holds the winner). In the smoke
+config the CPU numbers mean nothing, so they do not decide: every added switch is kept and
+B2 (which swaps B1's switch instead of adding one) is not, and a smoke run always compiles
+the same configurations.
 
 The gate. Before timing, the rung's own step runs ``GATE_STEPS`` optimizer steps from the
 ladder's initial weights on fixed batches; its losses must equal those of the seed recipe
@@ -394,9 +397,11 @@ def _record(ladder: Ladder, res: RungResult, recipe: Recipe, prev: str) -> RungR
     return res
 
 
-def _skip(ladder: Ladder, name: str, label: str, note: str, extra=None) -> RungResult:
+def _skip(ladder: Ladder, name: str, label: str, notes, extra=None) -> RungResult:
+    """Add a 'skipped' entry: nothing measured, ``notes`` (a string or a list) say why."""
+    notes = [notes] if isinstance(notes, str) else list(notes)
     return ladder.add(RungResult(name=name, label=label, tokens_per_s=None, kind="skipped",
-                                 notes=[note], extra=dict(extra or {})))
+                                 notes=notes, extra=dict(extra or {})))
 
 
 def measure_recipe(ladder: Ladder, name: str, label: str, recipe: Recipe, *, topic: str,
@@ -572,7 +577,7 @@ def attention_backends(ladder: Ladder, batch_size: int, reps: int | None = None)
     ``ms`` (median of ``reps`` synced calls) or ``available: False`` and PyTorch's reason."""
     c = ladder.gpt_config
     B, H, T, Dh = batch_size, c.num_heads, ladder.config.num_steps, c.head_dim
-    reps = reps or (20 if ladder.on_gpu else 3)
+    reps = reps or (20 if ladder.on_gpu else 5)
     gen = torch.Generator(device=ladder.device).manual_seed(ladder.config.seed)
     q, k, v = (torch.randn(B, H, T, Dh, device=ladder.device, dtype=torch.bfloat16,
                            generator=gen).requires_grad_() for _ in range(3))   # (B, H, T, Dh)
@@ -584,6 +589,7 @@ def attention_backends(ladder: Ladder, batch_size: int, reps: int | None = None)
         torch.autograd.grad(y, (q, k, v), dy)
 
     out = {}
+    picks = default_choice(q, k, v, scale)
     for name in ("default", *BACKENDS):
         ctx = contextlib.nullcontext() if name == "default" else sdpa_kernel(ATTN_BACKENDS[name])
         try:
@@ -601,8 +607,19 @@ def attention_backends(ladder: Ladder, batch_size: int, reps: int | None = None)
             out[name] = {"available": True, "ms": 1e3 * times[len(times) // 2]}
         except RuntimeError as e:
             out[name] = {"available": False, "error": str(e).strip().splitlines()[0][:300]}
+    out["default"]["picks"] = picks
     del q, k, v, dy
     return out
+
+
+def default_choice(q, k, v, scale) -> str | None:
+    """The backend PyTorch's own priority picks for these inputs (causal), by name; None when
+    this torch cannot say (``torch._fused_sdp_choice`` is internal)."""
+    by_value = {int(b.value): n for n, b in ATTN_BACKENDS.items() if b is not None}
+    try:
+        return by_value.get(int(torch._fused_sdp_choice(q, k, v, is_causal=True, scale=scale)))
+    except (AttributeError, RuntimeError, TypeError):
+        return None
 
 
 def pick_backend(timings: dict) -> str:
@@ -615,24 +632,34 @@ def pick_backend(timings: dict) -> str:
 
 @beyond_rung("B7", "attention backend")
 def b7_attention_backend(ladder: Ladder, prev: str, base: Recipe) -> RungResult:
-    """Time every SDPA backend on the fastest configuration's shapes; pin the fastest; measure."""
+    """Time every SDPA backend on the fastest configuration's shapes; pin the fastest; measure.
+    When PyTorch's own choice already is the fastest, there is nothing to change: the rung is
+    recorded as 'skipped' with the timings (no second measurement of the same kernels)."""
     timings = attention_backends(ladder, base.batch_size)
     best = pick_backend(timings)
+    picks = timings["default"].get("picks")
     ran = [n for n in BACKENDS if timings[n]["available"]]
     refused = [n for n in BACKENDS if not timings[n]["available"]]
     table = "; ".join(f"{n} {t['ms']:.3f} ms" if t["available"] else f"{n} n/a"
                       for n, t in timings.items())
     notes = [f"attention forward+backward alone at batch {base.batch_size} (bf16, causal, "
-             f"median of synced calls): {table}; pinned the fastest: {best}"]
+             f"median of synced calls): {table}; PyTorch's default picks "
+             f"{picks or 'an unreported backend'}; the fastest pinned: {best}"]
     if not ladder.on_gpu:
         notes.append(f"on CPU {', '.join(ran)} ran ('flash' is PyTorch's CPU flash-attention "
                      f"kernel); {', '.join(refused) or 'none'} refused: "
                      "'efficient' and 'cudnn' are CUDA kernels")
     elif refused:
         notes.append("refused here: " + "; ".join(f"{n} ({timings[n]['error']})" for n in refused))
-    label = f"attention: {best}"
-    return measure_recipe(ladder, "B7", label, base.replace(attn_backend=best), topic="attention",
-                          notes=notes, extra={"attention_ms": timings, "attention_backend": best})
+    extra = {"attention_ms": timings, "attention_backend": best, "default_picks": picks}
+    recipe = base.replace(attn_backend=best)
+    if picks == best and base.attn_backend in (None, best):
+        return _skip(ladder, "B7", f"attention: {best}",
+                     [f"not measured: PyTorch's default already runs the fastest kernel ({best}), "
+                      f"so pinning it would time {prev}'s kernels again", *notes],
+                     extra={"builds_on": prev, "recipe": recipe.to_dict(), **extra})
+    return measure_recipe(ladder, "B7", f"attention: {best}", recipe, topic="attention",
+                          notes=notes, extra=extra)
 
 
 # -- B8: max-autotune --------------------------------------------------------------------------------------

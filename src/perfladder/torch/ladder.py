@@ -75,12 +75,15 @@ class Ladder:
         default) dynamo would quietly run the model eagerly; raise the limit for a ladder's worth
         of configurations, and make hitting it an error rather than a silent eager fallback."""
         cfg = torch._dynamo.config
-        if getattr(cfg, "recompile_limit", limit) < limit:
-            cfg.recompile_limit = limit
-        if hasattr(cfg, "fail_on_recompile_limit_hit"):
-            cfg.fail_on_recompile_limit_hit = True
-        self.result.notes.append(f"torch._dynamo recompile_limit {cfg.recompile_limit} (one cache entry "
-                                 "per rung configuration), hitting it raises instead of running eagerly")
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        if getattr(cfg, name) < limit:
+            setattr(cfg, name, limit)
+        for flag in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+            if hasattr(cfg, flag):
+                setattr(cfg, flag, True)
+                break
+        self.result.notes.append(f"torch._dynamo {name} {getattr(cfg, name)} (one cache entry per "
+                                 "rung configuration); hitting it raises instead of running eagerly")
 
     # -- what we run on ----------------------------------------------------------------------
     @property
