@@ -493,6 +493,10 @@ def _free(ladder: Ladder, graphs: bool = True) -> None:
             reset_cudagraph_trees = None
         if reset_cudagraph_trees is not None:
             reset_cudagraph_trees()
+            # Dynamo's cached code still points at the graphs just shut down; a later compile
+            # of the same forward (the learning check) would replay them and fail with
+            # "Running CUDAGraph after shutdown" (seen on the H200). Start compiles afresh.
+            torch._dynamo.reset()
     ladder.reset_memory()
 
 
