@@ -78,7 +78,8 @@ def test_b8_is_skipped_on_cpu_without_building_anything(fresh):
 
 def test_each_rung_changes_one_thing_of_the_fastest_so_far(res):
     """Every rung's recipe is the fastest-so-far recipe with one switch changed; the smoke policy
-    keeps every added switch and not B2 (the alternative to B1), so B4 builds on B1 or B3."""
+    keeps every added technique and neither B2 nor B7 (choices between implementations), so B4
+    builds on B1 (or B3 on a GPU) and the fastest configuration is B6's."""
     expected = dict(batch_size=CFG.big_batch, optimizer="default", cudagraphs=False,
                     embed="gather", attn_backend=None, autotune=False, mode=None)
     changes = {"B1": {"optimizer": "fused"}, "B2": {"optimizer": "compiled"},
@@ -91,13 +92,14 @@ def test_each_rung_changes_one_thing_of_the_fastest_so_far(res):
         assert r.extra["builds_on"] == prev, name
         assert r.extra["recipe"] == {**expected, **changes[name]}, name
         if r.kind == "rung":
-            assert r.extra["kept"] is (name != "B2"), name
+            assert r.extra["kept"] is (name not in bz.ALTERNATIVES), name
             assert bz.SMOKE_POLICY in r.notes[-1], name
             if r.extra["kept"]:
                 expected, prev = r.extra["recipe"], name
     assert res.rung("B2").ratio_prev == pytest.approx(res.rung("B2").tokens_per_s
                                                       / res.rung("B1").tokens_per_s)
     assert res.rung("B4").extra["recipe"]["optimizer"] == "fused"       # B2 was not kept
+    assert res.rung("B6").extra["kept"] and "kernels" in res.rung("B6").extra   # the fastest
 
 
 def test_loss_gates_match_the_seed_recipe(res):
@@ -184,7 +186,7 @@ def test_b7_measured_every_backend_and_pinned_the_fastest(res):
     best = r.extra["attention_backend"]
     assert best == bz.pick_backend(t) == r.extra["recipe"]["attn_backend"] and best in r.label
     assert all(t[n]["ms"] >= t[best]["ms"] for n in bz.BACKENDS if t[n]["available"])
-    assert r.extra["default_picks"] == t["default"]["picks"] in bz.BACKENDS
+    assert r.extra["default_picks"] == t["default"]["picks"] in (*bz.BACKENDS, None)
     if r.kind == "skipped":        # PyTorch's own pick was the fastest: nothing to pin
         assert r.extra["default_picks"] == best and "already runs the fastest" in r.notes[0]
     else:
@@ -236,6 +238,7 @@ def test_a_slower_rung_is_negative_and_the_next_builds_on_the_winner():
     assert bz.keeps(lad, "B4", 1.0, 2.0) is False and bz.keeps(lad, "B4", 3.0, 2.0) is True
     smoke = Ladder(CFG)                 # smoke: the numbers do not decide
     assert bz.keeps(smoke, "B4", 1.0, 2.0) is True and bz.keeps(smoke, "B2", 3.0, 2.0) is False
+    assert bz.keeps(smoke, "B7", 3.0, 2.0) is False
 
 
 def test_timed_steps_keep_the_tokens_of_a_window():

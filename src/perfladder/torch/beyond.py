@@ -20,9 +20,9 @@ R3's until a B rung beats it), changes one thing, gates the change, measures it,
 it with ``prev=`` the rung it builds on. A rung that wins becomes what the next one builds
 on; one that loses stays in the waterfall as a bar below its predecessor, and the next rung
 builds on the previous winner again (``Ladder.fastest`` holds the winner). In the smoke
-config the CPU numbers mean nothing, so they do not decide: every added switch is kept and
-B2 (which swaps B1's switch instead of adding one) is not, and a smoke run always compiles
-the same configurations.
+config the CPU numbers mean nothing, so they do not decide: every added technique is kept, a
+choice between two implementations of the same thing (B2's optimizer, B7's attention kernel)
+is not, and a smoke run always compiles the same configurations.
 
 The gate. Before timing, the rung's own step runs ``GATE_STEPS`` optimizer steps from the
 ladder's initial weights on fixed batches; its losses must equal those of the seed recipe
@@ -359,9 +359,11 @@ def _rate(ladder: Ladder, name: str) -> float | None:
 
 
 SMOKE_POLICY = ("smoke config: the decision ignores the (meaningless) CPU numbers -- every added "
-                "switch is kept and B2, the alternative to B1, is not -- so a smoke run always "
-                "exercises the same configurations, and both paths")
-ALTERNATIVES = ("B2",)     # rungs that swap out the previous rung's switch rather than add one
+                "technique is kept, a choice between implementations (B2, B7) is not -- so a smoke "
+                "run always exercises the same configurations, and both paths")
+# Rungs that choose between implementations of something the recipe already does (the
+# optimizer's kernel, the attention kernel) rather than add a technique.
+ALTERNATIVES = ("B2", "B7")
 
 
 def keeps(ladder: Ladder, name: str, rate: float, base: float | None) -> bool:
