@@ -258,8 +258,9 @@ def base_profile(ladder: Ladder) -> KernelBreakdown | None:
         return ladder.beyond["base"]
     ladder.beyond["base"] = None
     recipe = seed_recipe(ladder)
-    step = build_step(ladder, recipe)
+    step = None
     try:
+        step = build_step(ladder, recipe)
         ladder.beyond["r3_losses"] = gate_losses(step, gate_batches(ladder, recipe.batch_size))[0]
         with _drop_kineto_trace_lines():
             kb = kernel_breakdown(step, ladder.stream(recipe.batch_size),
@@ -460,8 +461,8 @@ def beyond_rung(name: str, label: str, change=None, not_on_cpu: str | None = Non
                 would = change(base) if change is not None else base
                 return _skip(ladder, name, label, f"not applicable on CPU: {not_on_cpu}",
                              extra={"builds_on": prev, "recipe": would.to_dict()})
-            base_profile(ladder)
             try:
+                base_profile(ladder)
                 return fn(ladder, prev, base)
             except Exception as e:
                 msg = f"{type(e).__name__}: {e}"
