@@ -16,6 +16,9 @@ JOB=/tmp/perfladder-job
 case "${1:-}" in
   start)
     rm -rf "$JOB"; mkdir -p "$JOB"
+    # Work on a copy: the device tool re-sends (replaces) the checkout at every command, which
+    # deleted the running notebook kernel's working directory in the first attempt.
+    rm -rf /tmp/perfladder-tree && cp -a . /tmp/perfladder-tree && cd /tmp/perfladder-tree
     setsid bash -c '
       export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -41,7 +44,7 @@ case "${1:-}" in
     out=${2:?collect DIR}; mkdir -p "$out"
     cp "$JOB"/device.json "$JOB"/status "$out"/ 2>/dev/null
     tar czf "$out/evidence.tgz" -C "$JOB" . 2>/dev/null
-    [ -d _build/html ] && tar czf "$out/html.tgz" -C _build html results
+    [ -d /tmp/perfladder-tree/_build/html ] && tar czf "$out/html.tgz" -C /tmp/perfladder-tree/_build html results
     ls -la "$out"
     ;;
   *) echo "usage: $0 start | wait SECONDS | collect DIR" >&2; exit 2 ;;
