@@ -114,6 +114,15 @@ def r3c_fp32_control(ladder: Ladder) -> RungResult:
                              kind="control", notes=notes)
 
 
+def _peak_note(ladder, name: str, what: str) -> list[str]:
+    """``['<what> peaked at X GiB']`` from rung ``name``'s recorded peak, or ``[]`` if none."""
+    try:
+        peak = ladder.result.rung(name).peak_mem_bytes
+    except KeyError:
+        return []
+    return [] if peak is None else [f"{what} peaked at {peak / 2**30:.2f} GiB"]
+
+
 def r3_batch(ladder: Ladder) -> RungResult:
     """+ big batch (compiled, bf16): raises arithmetic intensity; re-profiled."""
     B = ladder.config.big_batch
@@ -124,12 +133,7 @@ def r3_batch(ladder: Ladder) -> RungResult:
     table = profile_table(step, stream, steps=ladder.profile_steps)
     notes = [f"batch {ladder.config.batch_size} -> {B}; receipt: logits {receipt}",
              *_cpu_bf16_note(ladder)]
-    try:
-        ctl = ladder.result.rung("R3c")
-        if ctl.peak_mem_bytes is not None:
-            notes.append(f"fp32 control at the same batch peaked at {ctl.peak_mem_bytes / 2**30:.2f} GiB")
-    except KeyError:
-        pass
+    notes += _peak_note(ladder, "R3c", "fp32 control at the same batch")
     return ladder.timed_rung("R3", "+batch", step, batch_size=B, bf16=True, notes=notes,
                              extra={"profile": table, "logits_dtype": receipt})
 
@@ -154,12 +158,7 @@ def r4_checkpoint(ladder: Ladder) -> RungResult:
              f"max |diff| {diff:.2g})",
              "expected a negative rung: recomputing every block's activations costs time, and "
              "memory is not the binding constraint at this size", *_cpu_bf16_note(ladder)]
-    try:
-        r3 = ladder.result.rung("R3")
-        if r3.peak_mem_bytes is not None:
-            notes.append(f"R3 (no checkpointing) peaked at {r3.peak_mem_bytes / 2**30:.2f} GiB")
-    except KeyError:
-        pass
+    notes += _peak_note(ladder, "R3", "R3 (no checkpointing)")
     return ladder.timed_rung("R4", "+checkpoint", step, batch_size=B, bf16=True, notes=notes,
                              extra={"mirror_max_abs_diff": diff})
 
