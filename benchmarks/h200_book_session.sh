@@ -6,7 +6,7 @@
 #   benchmarks/h200_book_session.sh collect DIR   # packs logs, results and HTML into DIR
 #
 # The job (in order): the device probe (matmul and copy ceilings), the JAX bf16 anomaly
-# diagnostics, then `make book` (scripts/setup.sh installs the book's wheels from .whl/
+# diagnostics (skip with ANOMALY=0), then `make book` (scripts/setup.sh installs the book's wheels from .whl/
 # offline; build_book.sh picks the full config because a GPU is present). It runs detached
 # (setsid) because a full build can outlast one command of the device tool; `wait` can be
 # called again from the next command. Everything lands in /tmp/perfladder-job.
@@ -24,8 +24,10 @@ case "${1:-}" in
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       date +%s > '"$JOB"'/t0
       timeout 90 python3 benchmarks/device_probe.py --out '"$JOB"'/device.json > '"$JOB"'/probe.log 2>&1
-      timeout 300 python3 benchmarks/jax_bf16_anomaly.py --config full --out '"$JOB"'/anomaly.json > '"$JOB"'/anomaly.log 2>&1
-      echo "anomaly exit $?" >> '"$JOB"'/status
+      if [ "${ANOMALY:-1}" = 1 ]; then
+        timeout 300 python3 benchmarks/jax_bf16_anomaly.py --config full --out '"$JOB"'/anomaly.json > '"$JOB"'/anomaly.log 2>&1
+        echo "anomaly exit $?" >> '"$JOB"'/status
+      fi
       unset PYTHONPATH
       PYTHON=python3 make book > '"$JOB"'/book.log 2>&1
       echo "book exit $?" >> '"$JOB"'/status
