@@ -155,15 +155,16 @@ def run_variant(name, spec, ladder, args, hlo_dir: Path, dump_dir: Path | None, 
     else:
         rec["ptx"] = {"skipped": args.ptx_skip_reason}
 
-    compiled = lower(X, Y).compile()
+    lowered = lower(X, Y)
+    compiled = lowered.compile()
     text = compiled.as_text()
     hlo_path = hlo_dir / f"{name}.hlo.txt"
     hlo_path.write_text(text)
     rec.update(hlo_file=str(hlo_path), planned_temp_bytes=planned_temp_bytes(compiled),
-               xla_flops_per_step=xla_flops(compiled), hlo_scatters=scatters_in_hlo(text, table))
+               xla_flops_per_step=xla_flops(lowered), hlo_scatters=scatters_in_hlo(text, table))
     rec["hlo_embedding_scatter"] = embedding_scatters(text, table)
     rec["hlo_embedding_scatter_types"] = rec["hlo_embedding_scatter"]["types"]
-    del compiled, text
+    del lowered, compiled, text
 
     out = None
     for _ in range(args.warmup):
@@ -208,8 +209,14 @@ def verdict(results: dict) -> list[str]:
     for k, v in results.items():
         if "hlo_embedding_scatter" in v:
             ptx = v.get("ptx", {})
-            atom = (f"; PTX atomics in scatter kernels {ptx['scatter_atomics']}" if "scatter_atomics" in ptx
-                    else "")
+            if ptx.get("files"):
+                atom = f"; PTX atomics in scatter kernels {ptx['scatter_atomics']}"
+            elif "skipped" in ptx:
+                atom = f"; PTX not read ({ptx['skipped']})"
+            elif ptx:   # counts over no files would read as "no atomics": say what happened
+                atom = "; PTX atomics not read (XLA dumped no .ptx files)"
+            else:
+                atom = ""
             lines.append(f"{k}: embedding-gradient scatters in the optimized HLO "
                          f"{v['hlo_embedding_scatter']['count']} {v['hlo_embedding_scatter']['types']}, "
                          f"traced program asks for {v['jaxpr_embedding_scatter_add']}{atom}")

@@ -89,6 +89,20 @@ def test_ptx_summary_and_backend_option(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["module_0001.jit_train_step.ptx.gz"]
 
 
+def test_verdict_does_not_read_missing_ptx_as_no_atomics(tmp_path):
+    mod = _module()
+    f = tmp_path / "module_0001.jit_train_step.ptx"
+    f.write_text(PTX)
+    scatter = {"hlo_embedding_scatter": {"count": 1, "types": ["bf16"]},
+               "jaxpr_embedding_scatter_add": {"bfloat16": 1}}
+    lines = mod.verdict({"read": {**scatter, "ptx": mod.summarize_ptx([f])},
+                         "none": {**scatter, "ptx": mod.summarize_ptx([])},
+                         "off": {**scatter, "ptx": {"skipped": "no GPU"}}})
+    assert "PTX atomics in scatter kernels {'add.f32': 1" in lines[0]
+    assert lines[1].endswith("PTX atomics not read (XLA dumped no .ptx files)")
+    assert lines[2].endswith("PTX not read (no GPU)")
+
+
 def test_bad_arguments_are_clear_errors(tmp_path):
     env = {**os.environ, "PATH": os.environ.get("PATH", "")}
     for extra, msg in ((["--variants", "fp32,bf17"], "unknown variant(s) ['bf17']; valid choices: fp32"),

@@ -111,8 +111,8 @@ class Runner:
         """Arguments of ``jitted.lower(...)`` for this batch."""
         return (X, Y) if self._split is not None else (self.model, self.optimizer, X, Y)
 
-    def compile(self, X, Y):
-        return self.jitted.lower(*self.lower_args(X, Y)).compile()
+    def lower(self, X, Y):
+        return self.jitted.lower(*self.lower_args(X, Y))
 
     def commit(self):
         if self._split is not None:
@@ -246,13 +246,14 @@ def _measure(ladder: Ladder, recipe: Recipe, *, gate: Callable | None = None,
              "jaxpr_embedding_scatter_add": scatter_add_dtypes(runner.model, X, Y)}
     if gate is not None:
         extra.update(gate(runner, X, Y))
-    compiled = runner.compile(X, Y)                 # the jit call below loads it from the cache
+    lowered = runner.lower(X, Y)
+    compiled = lowered.compile()                    # the jit call below loads it from the cache
     text = compiled.as_text()
     extra["hlo_embedding_scatter"] = embedding_scatters(text, table)
     if hlo_check is not None:
         extra.update(hlo_check(text, extra))
-    flops, temp = xla_flops(compiled), planned_temp_bytes(compiled)
-    del compiled, text
+    flops, temp = xla_flops(lowered), planned_temp_bytes(compiled)
+    del lowered, compiled, text
     t = ladder.time(runner.step, stream)
     if per_step:
         extra["per_step"] = step_stats(per_step_times(runner.step, stream, ladder.config.timed))

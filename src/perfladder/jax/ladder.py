@@ -109,8 +109,9 @@ class Ladder:
         """The compiled step: ``(xla_flops_per_step, planned_temp_bytes)``, plus the optimized
         HLO text as a third element when ``text``."""
         from .steps import planned_temp_bytes, xla_flops
-        compiled = (step or self.step).lower(model, optimizer, X, Y).compile()
-        out = (xla_flops(compiled), planned_temp_bytes(compiled))
+        lowered = (step or self.step).lower(model, optimizer, X, Y)
+        compiled = lowered.compile()
+        out = (xla_flops(lowered), planned_temp_bytes(compiled))
         return out + (compiled.as_text(),) if text else out
 
     # -- recording ---------------------------------------------------------------------------

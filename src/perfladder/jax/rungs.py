@@ -84,8 +84,9 @@ def r1_jit(ladder: Ladder):
         extra["xla_tflops"] = flops / t.step_time_s / 1e12
     r = ladder.record("R1", "jit (whole step)", t, model=model, dtype=jnp.float32, mem=temp,
                       notes=[f"parity gate: jitted logits == op-by-op logits (max|diff| / max|logits| {diff:.2g})",
-                             "xla_tflops: the compiler's own FLOP count (cost_analysis) per "
-                             "measured step time"], extra=extra)
+                             "xla_tflops: the compiler's own FLOP count (cost_analysis of the "
+                             "lowered step, before matmuls become library calls) per measured "
+                             "step time"], extra=extra)
     try:   # R0 ran before the baseline existed: give it its ratio now
         r0 = ladder.result.rung("R0")
         if r0.ratio_base is None and r0.tokens_per_s:

@@ -117,7 +117,7 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
     if on_gpu:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     before = compile_count()
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, acc_events=True) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             out = step(*next(stream))
