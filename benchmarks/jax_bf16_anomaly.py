@@ -124,7 +124,7 @@ def summarize_ptx(files: list[Path]) -> dict:
 def run_variant(name, spec, ladder, args, hlo_dir: Path, dump_dir: Path | None, jax, jnp):
     from perfladder.jax.beyond import (embedding_scatters, per_step_times, scatters_in_hlo,
                                        step_stats)
-    from perfladder.jax.steps import make_split_step, planned_temp_bytes, scatter_add_dtypes, xla_flops
+    from perfladder.jax.steps import make_split_step, planned_temp_bytes, scatter_add_dtypes, traced_flops
     from perfladder.jax.timer import compile_count, throughput
     from perfladder.timing import RecompileError
     cfg = ladder.config
@@ -155,16 +155,15 @@ def run_variant(name, spec, ladder, args, hlo_dir: Path, dump_dir: Path | None, 
     else:
         rec["ptx"] = {"skipped": args.ptx_skip_reason}
 
-    lowered = lower(X, Y)
-    compiled = lowered.compile()
+    compiled = lower(X, Y).compile()
     text = compiled.as_text()
     hlo_path = hlo_dir / f"{name}.hlo.txt"
     hlo_path.write_text(text)
     rec.update(hlo_file=str(hlo_path), planned_temp_bytes=planned_temp_bytes(compiled),
-               xla_flops_per_step=xla_flops(lowered), hlo_scatters=scatters_in_hlo(text, table))
+               traced_flops_per_step=traced_flops(model, X, Y), hlo_scatters=scatters_in_hlo(text, table))
     rec["hlo_embedding_scatter"] = embedding_scatters(text, table)
     rec["hlo_embedding_scatter_types"] = rec["hlo_embedding_scatter"]["types"]
-    del lowered, compiled, text
+    del compiled, text
 
     out = None
     for _ in range(args.warmup):

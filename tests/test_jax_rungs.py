@@ -69,15 +69,16 @@ def test_ratios_are_to_the_jitted_step(run):
     assert res.rung("R3c").ratio_prev is None
 
 
-def test_r1_records_the_compilers_accounting(run):
+def test_r1_records_the_step_accounting(run):
     r1 = run[0].result.rung("R1")
     x = r1.extra
     assert x["parity_rel_diff"] < 1e-4                         # CPU fp32: no TF32
     assert x["first_call_s"] > 0 and x["first_call_compilations"] >= 1
-    assert x["xla_flops_per_step"] > 0 and x["xla_tflops"] > 0
+    assert x["traced_tflops"] == pytest.approx(x["traced_flops_per_step"] / x["step_ms"] / 1e9)
     assert x["planned_temp_bytes"] == r1.peak_mem_bytes
-    # XLA's count and the 6N + 12LTD model agree to within a factor of two
-    assert 0.5 < x["xla_flops_per_step"] / x["model_flops_per_step"] < 2.0
+    # the traced step's matmuls and the 6N + 12LTD model agree; 6N also counts the norm and bias
+    # parameters, a few % of N at the smoke width (0.2% at the full one: test_jax_model.py)
+    assert 0.93 < x["traced_flops_per_step"] / x["model_flops_per_step"] <= 1.0
 
 
 def test_precision_receipts(run):
@@ -100,7 +101,7 @@ def test_checkpoint_rung_gated_and_planned(run):
     r4 = res.rung("R4")
     assert r4.extra["mirror_rel_diff"] <= 1e-2
     assert r4.extra["temp_bytes_R3"] == res.rung("R3").peak_mem_bytes
-    assert r4.extra["xla_flops_ratio_vs_R3"] > 1.05           # the backward pass recomputes
+    assert 1.2 < r4.extra["flops_ratio_vs_R3"] < 1.34         # the backward pass recomputes
     assert res.rung("R3").extra["temp_bytes_R3c"] == res.rung("R3c").peak_mem_bytes
 
 

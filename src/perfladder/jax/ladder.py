@@ -106,12 +106,11 @@ class Ladder:
         return "tf32" if self.gpu else "fp32"
 
     def plan(self, model, optimizer, X, Y, step=None, text: bool = False):
-        """The compiled step: ``(xla_flops_per_step, planned_temp_bytes)``, plus the optimized
-        HLO text as a third element when ``text``."""
-        from .steps import planned_temp_bytes, xla_flops
-        lowered = (step or self.step).lower(model, optimizer, X, Y)
-        compiled = lowered.compile()
-        out = (xla_flops(lowered), planned_temp_bytes(compiled))
+        """``(traced_flops_per_step, planned_temp_bytes)`` of the step, plus the compiled
+        program's optimized HLO text as a third element when ``text``."""
+        from .steps import planned_temp_bytes, traced_flops
+        compiled = (step or self.step).lower(model, optimizer, X, Y).compile()
+        out = (traced_flops(model, X, Y), planned_temp_bytes(compiled))
         return out + (compiled.as_text(),) if text else out
 
     # -- recording ---------------------------------------------------------------------------
