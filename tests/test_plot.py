@@ -75,6 +75,8 @@ def test_compare_two_ladders_on_one_scale(tmp_path):
     assert path.read_bytes()[:8] == PNG_MAGIC
     a, b = fig.axes
     assert "torch" in a.get_title() and "jax" in b.get_title()
+    assert a.get_position().y0 > b.get_position().y1            # stacked, torch on top
+    assert fig.get_figwidth() <= 11.0                           # readable at page width
     assert a.get_ylim() == b.get_ylim() == pytest.approx((0, 1.2 * 1.15))
     # both panels in the same unit (M tokens/s), even though jax alone stays below 1M
     assert "M tokens/s" in a.get_ylabel() and "M tokens/s" in b.get_ylabel()

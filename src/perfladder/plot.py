@@ -94,19 +94,21 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
 
 
 def compare(results: list[LadderResult], path: str | Path | None = None):
-    """Side-by-side waterfalls of several ladders (e.g. torch and jax from one machine)."""
+    """Waterfalls of several ladders (e.g. torch and jax from one machine) on one y scale.
+
+    One panel per ladder, stacked, so that each keeps a readable width on a book page.
+    """
     import matplotlib.pyplot as plt
     if not results:
         raise ValueError("compare() needs at least one ladder result")
     empty = [f"{res.framework} on {res.device}" for res in results if not res.waterfall()]
     if empty:
         raise ValueError(f"compare(): no measured rungs to plot in {empty}")
-    widths = [max(4.0, 0.9 * len(r.waterfall()) + 1.0) for r in results]
-    fig, axes = plt.subplots(1, len(results), figsize=(sum(widths), 4.0),
-                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    width = min(11.0, max(6.0, 0.8 * max(len(r.waterfall()) for r in results) + 1.5))
+    fig, axes = plt.subplots(len(results), 1, figsize=(width, 3.6 * len(results)), squeeze=False)
     top = max(r.tokens_per_s for res in results for r in res.waterfall())
     unit = _unit_for(top)                    # one unit and one y scale for every panel
-    for ax, res in zip(axes[0], results):
+    for ax, res in zip(axes[:, 0], results):
         waterfall(res, ax=ax, unit=unit)
         ax.set_ylim(0, top / UNITS[unit] * 1.15)
     fig.tight_layout()
