@@ -6,6 +6,8 @@
 # Environment it reads:
 #   PERFLADDER_CONFIG     smoke | full; default: full when a GPU is present, smoke otherwise
 #   PERFLADDER_BOOK_OUT   folder that receives _build/ (default: the repository root)
+#   PERFLADDER_BOOK_FRESH 1: empty the notebook cache first, so every notebook executes in a
+#                         fresh kernel in this build (the test suite's build does this)
 #
 # * Runs `jupyter-book build . -W -n --keep-going`: any Sphinx warning, any failing
 #   notebook, any broken reference fails the build (non-zero exit).
@@ -66,7 +68,9 @@ stamp="$CFG|$DEVICE"
 stamp_file="$BUILD/.perfladder-build"
 if [ -d "$BUILD/.jupyter_cache" ]; then
   why=""
-  if [ "$(cat "$stamp_file" 2>/dev/null || true)" != "$stamp" ]; then
+  if [ "${PERFLADDER_BOOK_FRESH:-0}" = 1 ]; then
+    why="PERFLADDER_BOOK_FRESH=1"
+  elif [ "$(cat "$stamp_file" 2>/dev/null || true)" != "$stamp" ]; then
     why="config/device changed ($(cat "$stamp_file" 2>/dev/null || echo none) -> $stamp)"
   elif [ ! -f "$PERFLADDER_RESULTS_DIR/torch.json" ] || [ ! -f "$PERFLADDER_RESULTS_DIR/jax.json" ]; then
     why="a ladder's results JSON is missing"

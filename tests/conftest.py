@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")   # no display on the test machine
 
@@ -25,6 +29,51 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
     for it in gpu_items:
         it.add_marker(skip)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class SmokeBook:
+    """The test suite's one book build: its log and where its outputs are."""
+    log: str
+    out: Path                    # PERFLADDER_BOOK_OUT: holds _build/
+
+    @property
+    def html(self) -> Path:
+        return self.out / "_build" / "html"
+
+    @property
+    def results(self) -> Path:   # what the ladder notebooks wrote (torch.json, jax.json, PNGs)
+        return self.out / "_build" / "results"
+
+    def executed(self, name: str) -> Path:
+        """The executed copy of notebooks/<name>.ipynb, outputs included (myst-nb writes it)."""
+        return self.out / "_build" / "jupyter_execute" / "notebooks" / f"{name}.ipynb"
+
+
+@pytest.fixture(scope="session")
+def smoke_book() -> SmokeBook:
+    """Build the whole book once per session: smoke config, CPU, through the script `make book`
+    uses, into ``_build/test/`` (a GPU build in ``_build/`` is never touched).
+
+    ``PERFLADDER_BOOK_FRESH=1`` empties the notebook cache first, so every notebook runs top to
+    bottom in a fresh kernel (myst-nb executes through jupyter-cache and nbclient) in this
+    build; the book tests read its HTML, the notebook tests its executed notebooks and the
+    results they wrote. One execution serves both.
+    """
+    out = ROOT / "_build" / "test"
+    env = {**os.environ, "PERFLADDER_CONFIG": "smoke", "PERFLADDER_BOOK_OUT": str(out),
+           "PERFLADDER_BOOK_FRESH": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("PERFLADDER_RESULTS_DIR", None)          # the build script sets its own
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    log = proc.stdout + proc.stderr
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "build.log").write_text(log)
+    assert proc.returncode == 0, f"book build failed (exit {proc.returncode}); log tail:\n{log[-6000:]}"
+    return SmokeBook(log=log, out=out)
 
 
 def make_result(framework: str = "torch", device: str = "NVIDIA H200",

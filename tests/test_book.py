@@ -1,9 +1,9 @@
 """The book builds, and what it shows is what a reader should see.
 
-* ``test_book_*`` (slow: they run by default, ``-m "not slow"`` skips them) build the whole
-  book once on CPU with the smoke config forced, through the same script `make book` uses,
-  into ``_build/test/`` (its own jupyter-cache, so a re-run only re-executes what changed,
-  and a GPU build in ``_build/`` is never touched), and then read the HTML.
+* ``test_book_*`` (slow: they run by default, ``-m "not slow"`` skips them) read the HTML of
+  the session's one smoke build of the whole book (``conftest.smoke_book``: CPU, smoke config
+  forced, the same script `make book` uses, into ``_build/test/``, every notebook executed
+  fresh; a GPU build in ``_build/`` is never touched).
 * ``test_snippet_*`` (fast) compile every python block of the markdown pages and check that
   each ``perfladder`` name they import or use exists.
 """
@@ -14,7 +14,6 @@ import importlib
 import json
 import os
 import re
-import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -78,18 +77,10 @@ def parse(page: str) -> tuple[str, _Tags]:
 
 
 @pytest.fixture(scope="module")
-def book():
-    """Build the book (smoke config, CPU) once for every test of this module."""
-    env = {**os.environ, "PERFLADDER_CONFIG": "smoke", "PERFLADDER_BOOK_OUT": str(OUT),
-           "PYTHONUNBUFFERED": "1"}
-    env.pop("PERFLADDER_RESULTS_DIR", None)          # the build script sets its own
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    log = proc.stdout + proc.stderr
-    (OUT / "build.log").parent.mkdir(parents=True, exist_ok=True)
-    (OUT / "build.log").write_text(log)
-    assert proc.returncode == 0, f"book build failed (exit {proc.returncode}); log tail:\n{log[-6000:]}"
-    return log
+def book(smoke_book):
+    """The build log of the session's smoke build of the book (conftest.smoke_book)."""
+    assert smoke_book.out == OUT and smoke_book.html == HTML and smoke_book.results == RESULTS
+    return smoke_book.log
 
 
 @pytest.mark.slow

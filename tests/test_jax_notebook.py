@@ -1,31 +1,22 @@
-"""notebooks/02_jax_ladder.ipynb runs top to bottom in a fresh kernel (smoke config, CPU) and
-writes a valid jax.json and the waterfall PNG."""
+"""notebooks/02_jax_ladder.ipynb ran top to bottom in a fresh kernel (smoke config, CPU) and
+wrote a valid jax.json and the waterfall PNG: read from the session's smoke build of the book
+(conftest.smoke_book), which executes every notebook once for the book tests and these."""
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_jax_ladder.ipynb"
-
 
 @pytest.mark.slow
-def test_jax_notebook_runs_and_writes_results(tmp_path, monkeypatch):
+def test_jax_notebook_runs_and_writes_results(smoke_book):
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    monkeypatch.setenv("PERFLADDER_CONFIG", "smoke")
-    monkeypatch.setenv("PERFLADDER_RESULTS_DIR", str(tmp_path))
-    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert all(not c.get("outputs") and c.get("execution_count") is None
-               for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
-
+    nb = nbformat.read(smoke_book.executed("02_jax_ladder"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count is not None for c in code), "not every cell ran"
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+    results = smoke_book.results
     from perfladder.results import LadderResult, validate
-    data = json.loads((tmp_path / "jax.json").read_text())
+    data = json.loads((results / "jax.json").read_text())
     validate(data)
     result = LadderResult.from_dict(data)
     assert result.framework == "jax" and result.config["name"] == "smoke" and result.baseline == "R1"
@@ -37,7 +28,7 @@ def test_jax_notebook_runs_and_writes_results(tmp_path, monkeypatch):
     assert result.rung("R2a").extra["receipt"] == "float32"
     assert result.rung("R2").extra["receipt"] == "bfloat16"
     assert result.learning is not None and result.learning.passed
-    assert (tmp_path / "jax_waterfall.png").stat().st_size > 1000
+    assert (results / "jax_waterfall.png").stat().st_size > 1000
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                      for o in c.outputs if o.get("output_type") == "stream")
     assert "perfladder config: smoke" in text and "receipt: first activation is float32" in text
@@ -48,4 +39,3 @@ def test_jax_notebook_runs_and_writes_results(tmp_path, monkeypatch):
     assert "fastest configuration: B" in text or "fastest configuration: R3" in text
     headings = [c.source for c in nb.cells if c.cell_type == "markdown"]
     assert any(h.lstrip().startswith("## Beyond the seed") for h in headings)
-    assert os.environ["PERFLADDER_CONFIG"] == "smoke"

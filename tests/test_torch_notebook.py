@@ -1,36 +1,32 @@
-"""notebooks/01_pytorch_ladder.ipynb runs top to bottom (smoke config) and writes valid results."""
+"""notebooks/01_pytorch_ladder.ipynb ran top to bottom in a fresh kernel (smoke config, CPU)
+and wrote valid results: read from the session's smoke build of the book (conftest.smoke_book),
+which executes every notebook once for the book tests and these."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_pytorch_ladder.ipynb"
+from perfladder.results import validate
 
 
 @pytest.mark.slow
-def test_pytorch_notebook_runs_and_writes_results(tmp_path, monkeypatch):
+def test_pytorch_notebook_runs_and_writes_results(smoke_book):
     nbformat = pytest.importorskip("nbformat")
-    from nbclient import NotebookClient
-
-    from perfladder.results import validate
-
-    monkeypatch.setenv("PERFLADDER_CONFIG", "smoke")
-    monkeypatch.setenv("PERFLADDER_RESULTS_DIR", str(tmp_path))
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(smoke_book.executed("01_pytorch_ladder"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count is not None for c in code), "not every cell ran"
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
     assert any(c.source.startswith("## Beyond the seed") for c in nb.cells)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    data = json.loads((tmp_path / "torch.json").read_text())
+
+    data = json.loads((smoke_book.results / "torch.json").read_text())
     validate(data, source="torch.json")
     assert data["framework"] == "torch" and data["config"]["name"] == "smoke"
     assert [r["name"] for r in data["rungs"]] == ["R0", "R1", "R2", "R3c", "R3", "R4", "R5",
                                                   "B1", "B2", "B3", "B4", "B5", "B6", "B7"]
     assert any("kernels" in r["extra"] for r in data["rungs"] if r["name"].startswith("B"))
     assert data["learning"]["passed"]
-    assert (tmp_path / "torch_waterfall.png").stat().st_size > 1000
-    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                      for o in c.outputs)
+    assert (smoke_book.results / "torch_waterfall.png").stat().st_size > 1000
+    printed = "".join(o.get("text", "") for c in code for o in c.outputs)
     assert "perfladder config: smoke" in printed and "Self CPU" in printed
     assert "learning check: " in printed and "wrote " in printed
