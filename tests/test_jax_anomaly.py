@@ -1,5 +1,4 @@
 """benchmarks/jax_bf16_anomaly.py: its HLO scatter and PTX atomic parsers, and one tiny CPU run."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -8,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "jax_bf16_anomaly.py"
+from _scripts import BENCHMARKS, load_script
+
+SCRIPT = BENCHMARKS / "jax_bf16_anomaly.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("jax_bf16_anomaly", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("jax_bf16_anomaly")
 
 
 def test_scatter_parser_reads_types_and_flags_the_embedding_gradient():

@@ -1,21 +1,18 @@
 """benchmarks/jax_dispatch.py: argument errors and one tiny CPU run (structure, not speed)."""
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "jax_dispatch.py"
+from _scripts import BENCHMARKS, load_script
+
+SCRIPT = BENCHMARKS / "jax_dispatch.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("jax_dispatch", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("jax_dispatch")
 
 
 def test_cases_parse_and_bad_cases_are_clear_errors():
