@@ -52,6 +52,17 @@ class SmokeBook:
         """The executed copy of notebooks/<name>.ipynb, outputs included (myst-nb writes it)."""
         return self.out / "_build" / "jupyter_execute" / "notebooks" / f"{name}.ipynb"
 
+    def notebook(self, name: str):
+        """That executed notebook (nbformat), after checking that every code cell ran and
+        none printed an error."""
+        import nbformat
+        nb = nbformat.read(self.executed(name), as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert code and all(c.execution_count is not None for c in code), f"{name}: not every cell ran"
+        errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+        assert not errors, f"{name}: error outputs {[e.get('ename') for e in errors]}"
+        return nb
+
 
 @pytest.fixture(scope="session")
 def smoke_book() -> SmokeBook:
