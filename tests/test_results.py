@@ -156,3 +156,14 @@ def test_table_mentions_every_rung(synthetic_result):
         assert f"\n{name} " in text
     assert str(RungResult(name="R5", label="dp", tokens_per_s=None, kind="skipped",
                           notes=["one device"])) == "R5 dp: skipped (one device)"
+
+
+def test_set_learning_keeps_one_note_and_checks_its_prefix():
+    res = make_result()
+    check = smoothed_check([3.0] * 20 + [1.0] * 20)
+    res.notes.append("unrelated")
+    res.set_learning(check, "learning check: first")
+    assert res.set_learning(check, "learning check: again") is check and res.learning is check
+    assert res.notes == ["unrelated", "learning check: again"]
+    with pytest.raises(ValueError, match="'learning check: '"):
+        res.set_learning(check, "trained for a while")

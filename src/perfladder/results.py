@@ -133,6 +133,9 @@ def smoothed_check(losses, window: int = 20) -> LearningCheck:
     return check
 
 
+LEARN_NOTE_PREFIX = "learning check: "
+
+
 @dataclass
 class LadderResult:
     framework: str
@@ -165,6 +168,15 @@ class LadderResult:
 
     def best(self) -> RungResult:
         return max(self.waterfall(), key=lambda r: r.tokens_per_s)
+
+    def set_learning(self, check: "LearningCheck", note: str) -> "LearningCheck":
+        """Record the learning check and its note (``"learning check: ..."``), replacing the
+        note of an earlier check, so a re-run leaves exactly one."""
+        if not note.startswith(LEARN_NOTE_PREFIX):
+            raise ValueError(f"a learning-check note starts with {LEARN_NOTE_PREFIX!r}; got {note!r}")
+        self.learning = check
+        self.notes[:] = [n for n in self.notes if not n.startswith(LEARN_NOTE_PREFIX)] + [note]
+        return check
 
     def add(self, rung: RungResult, prev: str | None = None) -> RungResult:
         """Append ``rung``, filling its ratios from the waterfall so far.

@@ -275,12 +275,9 @@ def learning_check(ladder: Ladder, steps: int | None = None, window: int = 20) -
         losses.append(runner.step(X, Y))
     losses = jax.device_get(jnp.stack(losses))
     runner.commit()
-    check = smoothed_check(losses, window=window)
-    ladder.result.learning = check
-    ladder.result.notes[:] = [n for n in ladder.result.notes if not n.startswith(LEARN_NOTE)]
-    ladder.result.notes.append(f"{LEARN_NOTE}{name}'s configuration ({recipe}), {steps} steps "
-                               "from a fresh init")
-    return check
+    return ladder.result.set_learning(
+        smoothed_check(losses, window=window),
+        f"{LEARN_NOTE}{name}'s configuration ({recipe}), {steps} steps from a fresh init")
 
 
 RUNGS = OrderedDict([

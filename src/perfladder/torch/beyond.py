@@ -258,22 +258,16 @@ def base_profile(ladder: Ladder) -> KernelBreakdown | None:
         return ladder.beyond["base"]
     ladder.beyond["base"] = None
     recipe = seed_recipe(ladder)
-    step = None
-    try:
-        step = build_step(ladder, recipe)
+
+    def record_gate_losses(step):
         ladder.beyond["r3_losses"] = gate_losses(step, gate_batches(ladder, recipe.batch_size))[0]
-        with _drop_kineto_trace_lines():
-            kb = kernel_breakdown(step, ladder.stream(recipe.batch_size),
-                                  steps=ladder.profile_steps, warmup=2, top=500)
-    except Exception as e:                # the diagnosis is lost, the ladder is not
-        msg = f"{type(e).__name__}: {e}"[:2000]
-        ladder.beyond["base_error"] = msg
-        ladder.result.notes.append(f"profile of the seed recipe before the B rungs failed: {msg}")
-        print(f"perfladder: {ladder.result.notes[-1]}", file=sys.stderr, flush=True)
+
+    kb, error = _profile_recipe(ladder, recipe, "profile of the seed recipe before the B rungs",
+                                before=record_gate_losses, steps=ladder.profile_steps,
+                                warmup=2, top=500)
+    if kb is None:                        # the diagnosis is lost, the ladder is not
+        ladder.beyond["base_error"] = error
         return None
-    finally:
-        del step
-        _free(ladder)
     ladder.beyond["base"] = kb
     try:
         r3 = ladder.result.rung(SEED_TOP)
@@ -282,6 +276,27 @@ def base_profile(ladder: Ladder) -> KernelBreakdown | None:
     except KeyError:
         pass
     return kb
+
+
+def _profile_recipe(ladder: Ladder, recipe: Recipe, what: str, before=None, **kw):
+    """``(KernelBreakdown, None)`` of a fresh step of ``recipe`` (``kernel_breakdown(**kw)``),
+    or ``(None, error)`` after a loud note ``"<what> failed: <error>"``: a profiler failure
+    costs the diagnosis, not the ladder. ``before(step)`` runs on the step first."""
+    step = None
+    try:
+        step = build_step(ladder, recipe)
+        if before is not None:
+            before(step)
+        with _drop_kineto_trace_lines():
+            return kernel_breakdown(step, ladder.stream(recipe.batch_size), **kw), None
+    except Exception as e:
+        msg = f"{type(e).__name__}: {e}"[:2000]
+        ladder.result.notes.append(f"{what} failed: {msg}")
+        print(f"perfladder: {ladder.result.notes[-1]}", file=sys.stderr, flush=True)
+        return None, msg
+    finally:
+        del step
+        _free(ladder)
 
 
 def trimmed(kb: KernelBreakdown, top: int = 12) -> KernelBreakdown:
@@ -704,22 +719,12 @@ def kernel_report(ladder: Ladder, steps: int | None = None, warmup: int = 3,
         rung = ladder.result.rung(name)
     except KeyError:
         rung = None
-    step = None
-    try:
-        step = build_step(ladder, recipe)
-        with _drop_kineto_trace_lines():
-            kb = kernel_breakdown(step, ladder.stream(recipe.batch_size), steps=steps,
-                                  warmup=warmup, top=top)
-    except Exception as e:
-        msg = f"{type(e).__name__}: {e}"[:2000]
+    kb, error = _profile_recipe(ladder, recipe, f"kernel breakdown of {name} ({recipe})",
+                                steps=steps, warmup=warmup, top=top)
+    if kb is None:
         if rung is not None:
-            rung.extra["kernels_error"] = msg
-        ladder.result.notes.append(f"kernel breakdown of {name} ({recipe}) failed: {msg}")
-        print(f"perfladder: {ladder.result.notes[-1]}", file=sys.stderr, flush=True)
+            rung.extra["kernels_error"] = error
         return None
-    finally:
-        del step
-        _free(ladder)
     if rung is not None:
         rung.extra["kernels"] = kb.to_dict()
         rung.extra["kernels_recipe"] = recipe.to_dict()

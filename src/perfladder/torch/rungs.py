@@ -261,11 +261,8 @@ def learning_check(ladder: Ladder, steps: int | None = None, window: int = 20):
     del step
     _beyond._free(ladder)
     check = smoothed_check(curve, window=window)                  # raises if it did not fall
-    ladder.result.learning = check
-    note = f"learning check: {steps} steps of {name}'s configuration ({recipe})"
-    ladder.result.notes = [n for n in ladder.result.notes if not n.startswith("learning check:")]
-    ladder.result.notes.append(note)
-    return check
+    return ladder.result.set_learning(
+        check, f"learning check: {steps} steps of {name}'s configuration ({recipe})")
 
 
 # -- the ladder ----------------------------------------------------------------------------------------
