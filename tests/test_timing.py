@@ -157,3 +157,12 @@ def test_bad_counts(monkeypatch, kw, name):
     dev = FakeDevice([0.1] * 20)
     with pytest.raises(ValueError, match=name):
         run(dev, monkeypatch, **kw)
+
+
+def test_drive_runs_steps_in_order_and_reports_progress():
+    from perfladder.driver import drive
+    events = []
+    out = drive([("a", lambda: 1), ("b", lambda: 2)], lambda *e: events.append(e))
+    assert out == [1, 2]
+    assert events == [("start", "a", None), ("end", "a", 1), ("start", "b", None), ("end", "b", 2)]
+    assert drive([("c", lambda: 3)]) == [3]               # no progress callback

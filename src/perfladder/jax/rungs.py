@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 
+from ..driver import drive
 from ..results import LearningCheck, smoothed_check
 from .beyond import BEYOND, Runner, embedding_scatters, fastest, kernel_report
 from .ladder import EAGER_WINDOWS, Ladder, first_batch
@@ -311,18 +313,9 @@ def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: s
     """
     names = check_rung_names(rungs)
     ladder = Ladder(config, command=command) if ladder is None else ladder
-    for name in names:
-        if progress:
-            progress("start", name, None)
-        r = RUNGS[name](ladder)
-        if progress:
-            progress("end", name, r)
+    drive([(name, partial(RUNGS[name], ladder)) for name in names], progress)
     if kernels and any(n in BEYOND for n in names):
         kernel_report(ladder)
     if learn:
-        if progress:
-            progress("start", "learning", None)
-        check = learning_check(ladder)
-        if progress:
-            progress("end", "learning", check)
+        drive([("learning", partial(learning_check, ladder))], progress)
     return ladder.result

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from functools import partial
 
 import torch
 
+from ..driver import drive
 from ..hardware import achieved_tflops, mfu
 from ..results import LadderResult, RungResult, smoothed_check
 from . import beyond as _beyond
@@ -302,18 +304,9 @@ def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: s
     (``beyond.kernel_report``, outside any timed window), then the learning check."""
     names = check_rungs(rungs, autotune=beyond_autotune)
     ladder = Ladder(config, device=device, command=command)
-    for name in names:
-        if progress:
-            progress("start", name, None)
-        res = RUNGS[name](ladder)
-        if progress:
-            progress("end", name, res)
+    drive([(name, partial(RUNGS[name], ladder)) for name in names], progress)
     if any(name in _beyond.BEYOND for name in names):
         _beyond.kernel_report(ladder)
     if learn:
-        if progress:
-            progress("start", "learning", None)
-        check = learning_check(ladder)
-        if progress:
-            progress("end", "learning", check)
+        drive([("learning", partial(learning_check, ladder))], progress)
     return ladder.result
