@@ -106,3 +106,21 @@ def show_table(result: LadderResult) -> None:
     except ImportError:
         pass
     print(result.table())
+
+
+def text_table(result: LadderResult) -> str:
+    """A plain-text table of every rung (the CLI's ``table``)."""
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    head = (f"{'rung':<5} {'key':<18} {'what':<22} {'tokens/s':>12} {'spread':>7} {'x prev':>7} "
+            f"{'verdict':<13} {'TFLOP/s':>8} {'MFU':>6}")
+    lines = [f"{result.framework} on {result.device} ({result.config.get('name', '?')} config), "
+             f"ratios to the rung each builds on", head, "-" * len(head)]
+    for r in result.rungs:
+        spread = None if r.spread is None else 100 * r.spread
+        lines.append(f"{r.name:<5} {r.key[:18]:<18} {r.label[:22]:<22} {f(r.tokens_per_s, ',.0f'):>12} "
+                     f"{f(spread, '.1f'):>6}% {f(r.ratio_prev, '.2f'):>7} "
+                     f"{(r.verdict or {}).get('verdict', '-'):<13} {f(r.tflops, '.3g'):>8} "
+                     f"{f(None if r.mfu is None else 100 * r.mfu, '.1f'):>6}")
+    if result.learning is not None:
+        lines.append(str(result.learning))
+    return "\n".join(lines)

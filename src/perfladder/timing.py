@@ -3,24 +3,36 @@
 ``measure`` is the chapter's discipline in one function:
 
 1. warm up for ``warmup`` steps (past compilation, autotuning, allocator growth), sync;
-2. run ``windows`` timed windows of ``timed`` steps each, every one closed by a device
-   sync, counting the tokens of every batch actually fed (end-to-end tokens/s: the
-   stream's own cost is inside the window, as in a real training run);
-3. refuse to time the same batch twice in a row (a cached batch flatters the number);
-4. raise ``RecompileError`` if the framework compiled anything inside a timed window;
-5. raise ``BatchShapeError`` if the batch shape changes between timed steps (a ragged
-   tail that was not dropped: eager code would not recompile, so the guard of 4 misses it);
-6. report the median window and the spread of all of them.
+   while warming up, compare the content of consecutive batches (a host read is allowed
+   there: nothing is timed yet) -- a stream that serves one cached batch under new tensor
+   objects is refused before any window opens;
+2. run timed windows of ``timed`` steps each, every one closed by a device sync, counting
+   the tokens of every batch actually fed (end-to-end tokens/s: the stream's own cost is
+   inside the window, as in a real training run);
+3. keep opening windows until the last ``windows`` of them agree within
+   ``target_spread`` ((max - min) / median), up to ``max_windows``: a disturbed start
+   (a clock ramping, another process finishing) is waited out, and the number reported is
+   the median of the windows that settled. Every window stays in the record. A step that
+   never settles is reported with ``stable=False``: the caller must not credit it;
+4. refuse to time the same batch twice in a row: by object identity, and by the stream's
+   own position (``stream.position``, which perfladder's streams advance per batch);
+5. raise ``RecompileError`` if the framework compiled anything inside a timed window;
+6. raise ``BatchShapeError`` if the batch shape changes between timed steps (a ragged
+   tail that was not dropped: eager code would not recompile, so the guard of 5 misses it).
 
-Each framework supplies ``sync`` (``torch.cuda.synchronize`` / ``jax.block_until_ready``)
-and ``compile_count`` (dynamo's counters / XLA compile events).
+Each framework supplies ``sync`` (``torch.cuda.synchronize`` / ``jax.block_until_ready``),
+``compile_count`` (dynamo's counters / XLA compile events) and ``fingerprint`` (a few rows
+of a batch as bytes).
 """
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+
+DEFAULT_TARGET_SPREAD = 0.03   # windows within 3% of each other count as settled
+MIN_MAX_WINDOWS = 10           # never give up before this many windows
 
 
 class RecompileError(RuntimeError):
@@ -35,85 +47,133 @@ class BatchShapeError(RuntimeError):
     """The timed batches do not all have one shape."""
 
 
+def spread_of(rates: list[float]) -> float:
+    """(max - min) / median: how far apart a set of windows is."""
+    if not rates:
+        raise ValueError("spread_of needs at least one window")
+    return (max(rates) - min(rates)) / statistics.median(rates)
+
+
 @dataclass
 class Throughput:
     """What one ``throughput(...)`` call measured."""
-    tokens_per_s: float                 # median over windows
-    windows: list[float]                # tokens/s of every window, in order
+    tokens_per_s: float                 # median of the settled windows
+    windows: list[float]                # tokens/s of every window, in order (all kept)
     seconds: list[float]                # wall seconds of every window
     steps_per_window: int
     tokens_per_window: int
     warmup: int
     batch_shape: tuple[int, ...] = ()
+    settled: int = 0                    # how many trailing windows the median is taken over
+    stable: bool = True                 # did the last ``settled`` windows agree within target?
+    target_spread: float = DEFAULT_TARGET_SPREAD
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.settled:
+            self.settled = len(self.windows)
+
+    @property
+    def settled_windows(self) -> list[float]:
+        return self.windows[-self.settled:]
 
     @property
     def spread(self) -> float:
-        """(max - min) / median of the windows: the run-to-run noise of this number."""
-        return (max(self.windows) - min(self.windows)) / self.tokens_per_s
+        """Spread of the settled windows: the noise of the reported number."""
+        return spread_of(self.settled_windows)
 
     @property
     def step_time_s(self) -> float:
-        """Median seconds per step."""
-        return statistics.median(self.seconds) / self.steps_per_window
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["batch_shape"] = list(self.batch_shape)
-        d["spread"] = self.spread
-        return d
+        """Median seconds per step over the settled windows."""
+        return statistics.median(self.seconds[-self.settled:]) / self.steps_per_window
 
     def __str__(self) -> str:
-        return (f"{self.tokens_per_s:,.0f} tokens/s (median of {len(self.windows)} windows, "
-                f"spread {100 * self.spread:.1f}%)")
+        state = "settled" if self.stable else "DID NOT SETTLE"
+        return (f"{self.tokens_per_s:,.0f} tokens/s (median of the last {self.settled} of "
+                f"{len(self.windows)} windows, spread {100 * self.spread:.1f}%, {state})")
+
+
+def _check_count(name: str, v, lo: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
+    return v
 
 
 def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, windows: int,
             sync: Callable[[Any], None], compile_count: Callable[[], int],
-            num_tokens: Callable[[Any], int], shape_of: Callable[[Any], tuple]) -> Throughput:
+            num_tokens: Callable[[Any], int], shape_of: Callable[[Any], tuple],
+            fingerprint: Callable[[Any], bytes] | None = None,
+            target_spread: float = DEFAULT_TARGET_SPREAD,
+            max_windows: int | None = None) -> Throughput:
     """Time ``step(X, Y)`` over batches drawn from ``stream``; see the module docstring."""
-    for name, v, lo in (("warmup", warmup, 0), ("timed", timed, 1), ("windows", windows, 1)):
-        if not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
-    prev = None
+    _check_count("warmup", warmup, 0)
+    _check_count("timed", timed, 1)
+    _check_count("windows", windows, 1)
+    if max_windows is None:
+        max_windows = max(MIN_MAX_WINDOWS, 3 * windows)
+    _check_count("max_windows", max_windows, windows)
+    if isinstance(target_spread, bool) or not 0 < float(target_spread) < 1:
+        raise ValueError(f"target_spread={target_spread!r} must be a fraction in (0, 1)")
+
+    prev, prev_pos, prev_print = None, None, None
     out = None
-    for _ in range(warmup):
+
+    def draw():
+        nonlocal prev, prev_pos
         X, Y = next(stream)
+        pos = getattr(stream, "position", None)
+        if X is prev or (pos is not None and pos == prev_pos):
+            raise StaleBatchError("the stream yielded the same batch twice in a row "
+                                  f"(position {pos}); time fresh batches, not one cached batch")
+        prev, prev_pos = X, pos
+        return X, Y
+
+    for _ in range(warmup):
+        X, Y = draw()
+        if fingerprint is not None:
+            fp = fingerprint(X)
+            if fp == prev_print:
+                raise StaleBatchError("two consecutive batches have the same content; the stream "
+                                      "serves one cached batch under new objects")
+            prev_print = fp
         out = step(X, Y)
-        prev = X
     sync(out)
+
     shape = None
     rates, secs = [], []
     tokens = 0
-    for w in range(windows):
+    while True:
+        w = len(rates)
         before = compile_count()
         tokens = 0
         t0 = time.perf_counter()
         for _ in range(timed):
-            X, Y = next(stream)
-            if X is prev:
-                raise StaleBatchError("the stream yielded the same batch object twice in a row; "
-                                      "time fresh batches, not one cached batch")
+            X, Y = draw()
             this_shape = tuple(shape_of(X))
             if shape is None:
                 shape = this_shape
             elif this_shape != shape:
                 raise BatchShapeError(f"batch shape changed from {shape} to {this_shape} inside "
-                                      f"timed window {w + 1}/{windows}; keep one shape "
-                                      "(drop ragged tails)")
+                                      f"timed window {w + 1}; keep one shape (drop ragged tails)")
             out = step(X, Y)
             tokens += num_tokens(X)
-            prev = X
         sync(out)
         dt = time.perf_counter() - t0
         compiled = compile_count() - before
         if compiled:
             raise RecompileError(
-                f"{compiled} compilation(s) happened inside timed window {w + 1}/{windows} "
+                f"{compiled} compilation(s) happened inside timed window {w + 1} "
                 f"(batch shape {shape}); a changed shape or dtype retraced the step. "
                 "Keep one batch shape (drop ragged tails) and warm up past compilation.")
         rates.append(tokens / dt)
         secs.append(dt)
-    return Throughput(tokens_per_s=statistics.median(rates), windows=rates, seconds=secs,
-                      steps_per_window=timed, tokens_per_window=tokens, warmup=warmup,
-                      batch_shape=shape or ())
+        if len(rates) >= windows and spread_of(rates[-windows:]) <= target_spread:
+            stable = True
+            break
+        if len(rates) >= max_windows:
+            stable = False
+            break
+    return Throughput(tokens_per_s=statistics.median(rates[-windows:]), windows=rates,
+                      seconds=secs, steps_per_window=timed, tokens_per_window=tokens,
+                      warmup=warmup, batch_shape=shape or (), settled=windows, stable=stable,
+                      target_spread=float(target_spread))

@@ -1,0 +1,94 @@
+"""What a rung's evidence says, computed (framework-free): a verdict against the rung it
+builds on, judged against both measurements' noise, and the regime of its step, read from
+its own profile and achieved rates.
+
+Both return plain dicts that keep the numbers they were decided from, so a page can print
+the decision and its reasons side by side.
+"""
+from __future__ import annotations
+
+VERDICTS = ("faster", "slower", "within noise", "unsettled")
+REGIMES = ("host-bound", "compute-bound", "memory-bound", "mixed", "not profiled")
+
+# A window range is the settled windows' [min, max]. Two ranges that overlap cannot be told
+# apart; ranges that do not are a real difference. An effect under MIN_EFFECT is called noise
+# even when the ranges happen to be tight (two runs of one program differ by about that).
+MIN_EFFECT = 0.01
+LEGACY_TARGET_SPREAD = 0.05     # files written before the timer settled windows
+
+# Regime thresholds, on the profile of one step. Busy is the kernels' time per step (from the
+# profiler) over the step's wall time (from the timed windows, which no profiler perturbed):
+HOST_BOUND = 0.75       # kernels busy under 75% of the step: the device waits on the host
+COMPUTE_SHARE = 0.6     # matmul + attention >= 60% of kernel time ...
+COMPUTE_ROOF = 0.5      # ... and the step's model TFLOP/s >= 50% of the measured matmul roof
+MEMORY_SHARE = 0.4      # elementwise + norm + copies >= 40% of kernel time
+MEMORY_CATEGORIES = ("elementwise", "reduction/norm", "copy/transfer", "memory", "optimizer")
+COMPUTE_CATEGORIES = ("matmul", "attention")
+
+
+def _range(r) -> tuple[float, float, bool]:
+    t = r.timing
+    if t is None:
+        return r.tokens_per_s, r.tokens_per_s, True
+    stable = t.stable if t.stable is not None else t.spread <= LEGACY_TARGET_SPREAD
+    return t.low, t.high, bool(stable)
+
+
+def verdict(r, before) -> dict:
+    """``r`` against ``before`` (both measured ``RungResult``s): faster / slower / within
+    noise, or unsettled when either measurement did not settle (then nothing is credited)."""
+    lo, hi, ok = _range(r)
+    blo, bhi, bok = _range(before)
+    ratio = r.tokens_per_s / before.tokens_per_s
+    out = {"against": before.name, "ratio": ratio, "range": [lo, hi], "against_range": [blo, bhi],
+           "min_effect": MIN_EFFECT}
+    if not (ok and bok):
+        who = [x.name for x, s in ((r, ok), (before, bok)) if not s]
+        out.update(verdict="unsettled", why=f"windows of {', '.join(who)} did not settle")
+    elif lo > bhi and ratio > 1 + MIN_EFFECT:
+        out.update(verdict="faster", why="its slowest window beats the other's fastest")
+    elif hi < blo and ratio < 1 - MIN_EFFECT:
+        out.update(verdict="slower", why="its fastest window is below the other's slowest")
+    else:
+        out.update(verdict="within noise", why="the window ranges overlap or differ by under "
+                   f"{100 * MIN_EFFECT:.0f}%")
+    return out
+
+
+def credited(r) -> bool:
+    """May a waterfall credit ``r`` with a speedup over the rung it builds on?"""
+    return bool(r.verdict) and r.verdict["verdict"] == "faster"
+
+
+def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) -> dict:
+    """Classify ``r``'s step from its profile (host vs device time, kernel-category shares)
+    and its achieved model TFLOP/s against the measured matmul roof."""
+    p = r.profile
+    out = {"tflops": r.tflops, "roof_tflops": roof_tflops,
+           "fraction_of_roof": (r.tflops / roof_tflops) if (r.tflops and roof_tflops) else None}
+    if p is None or not p.device_ms:
+        out.update(regime="not profiled", why="no profile of this rung's step")
+        return out
+    shares = p.shares or {}
+    compute = sum(shares.get(c, 0.0) for c in COMPUTE_CATEGORIES)
+    memory = sum(shares.get(c, 0.0) for c in MEMORY_CATEGORIES)
+    step_ms = None
+    if r.tokens_per_s and r.batch_size and r.seq_len:
+        step_ms = 1e3 * r.batch_size * r.seq_len / r.tokens_per_s
+    busy = None if not step_ms else min(1.0, p.device_ms / step_ms)
+    out.update(host_ms=p.host_ms, device_ms=p.device_ms, step_ms=step_ms, busy=busy,
+               compute_share=compute, memory_share=memory)
+    frac = out["fraction_of_roof"]
+    if busy is not None and busy < HOST_BOUND:
+        out.update(regime="host-bound", why=f"kernels are busy {100 * busy:.0f}% of the "
+                   f"{step_ms:.1f} ms step; the rest the device waits for the host")
+    elif compute >= COMPUTE_SHARE and (frac is None or frac >= COMPUTE_ROOF):
+        out.update(regime="compute-bound", why=f"matmul and attention take {100 * compute:.0f}% of "
+                   "kernel time" + ("" if frac is None else f" at {100 * frac:.0f}% of the matmul roof"))
+    elif memory >= MEMORY_SHARE:
+        out.update(regime="memory-bound", why=f"elementwise, norm, copy and optimizer kernels take "
+                   f"{100 * memory:.0f}% of kernel time")
+    else:
+        out.update(regime="mixed", why=f"matmul and attention {100 * compute:.0f}%, memory-bound "
+                   f"kernels {100 * memory:.0f}% of kernel time")
+    return out
