@@ -175,7 +175,8 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
         res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc())
     finally:
         lab.free()
-    res.key, res.stage, res.section = rung.key, rung.stage, rung.section
+    res.name, res.key, res.stage, res.section = rung.name, rung.key, rung.stage, rung.section
+    res.label = res.label or rung.label
     if res.builds_on is None:
         res.builds_on = base
     lab.result.add(res)

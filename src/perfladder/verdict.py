@@ -22,7 +22,7 @@ HOST_BOUND = 0.75       # kernels busy under 75% of the step: the device waits o
 COMPUTE_SHARE = 0.6     # matmul + attention >= 60% of kernel time ...
 COMPUTE_ROOF = 0.5      # ... and the step's model TFLOP/s >= 50% of the measured matmul roof
 MEMORY_SHARE = 0.4      # elementwise + norm + copies >= 40% of kernel time
-MEMORY_CATEGORIES = ("elementwise", "reduction/norm", "copy/transfer", "memory", "optimizer")
+MEMORY_CATEGORIES = ("elementwise", "reduction/norm", "memcpy/memset", "optimizer")
 COMPUTE_CATEGORIES = ("matmul", "attention")
 
 

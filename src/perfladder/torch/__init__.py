@@ -1,5 +1,9 @@
 """perfladder's PyTorch side (imports torch, never jax).
 
+    from perfladder import torch as pt
+    run = pt.Ladder(config)          # a LadderRun: run.run("R0"), run.result, ...
+    result = pt.run_ladder(config)   # every default rung, the kernel report, the learning check
+
 The profiler's CUDA instrumentation (CUPTI) must be torn down when a profile ends, or
 every later timing in the process pays a per-launch tax; ``TEARDOWN_CUPTI=1`` asks
 kineto to do that, and it has to be in the environment before the profiler first starts,
@@ -9,27 +13,37 @@ import os
 
 os.environ["TEARDOWN_CUPTI"] = "1"
 
-from .beyond import (Recipe, b1_fused_adamw, b2_compiled_adamw, b3_cudagraphs,  # noqa: E402
-                     b4_onehot_embedding, b5_batch_x2, b6_batch_x4, b7_attention_backend,
-                     b8_max_autotune, kernel_report)
-from .ddp import ddp_tokens  # noqa: E402
+from ..ladder import LadderRun, registry  # noqa: E402
+from ..ladder import run_ladder as _run_ladder  # noqa: E402
+from .beyond import BEYOND  # noqa: E402
 from .gates import CorrectnessError, GateError, MirrorError, PrecisionError  # noqa: E402
 from .kernels import kernel_breakdown  # noqa: E402
-from .ladder import Ladder  # noqa: E402
+from .lab import TorchLab  # noqa: E402
 from .model import GPT  # noqa: E402
-from .profile import profile_table  # noqa: E402
-from .rungs import (DEFAULT_RUNGS, RUNGS, learning_check, r0_eager, r1_compile,  # noqa: E402
-                    r2_bf16, r3_batch, r3c_fp32_control, r4_checkpoint, r5_ddp, run_ladder)
+from .multigpu import MULTI  # noqa: E402
+from .recipe import Recipe  # noqa: E402
+from .rungs import SEED  # noqa: E402
 from .steps import TrainStep, make_step  # noqa: E402
 from .stream import batches  # noqa: E402
 from .timer import device_name, has_gpu, throughput, versions  # noqa: E402
 
-__all__ = [
-    "GPT", "batches", "throughput", "device_name", "has_gpu", "versions",
-    "Ladder", "RUNGS", "DEFAULT_RUNGS", "run_ladder", "learning_check",
-    "r0_eager", "r1_compile", "r2_bf16", "r3c_fp32_control", "r3_batch", "r4_checkpoint", "r5_ddp",
-    "b1_fused_adamw", "b2_compiled_adamw", "b3_cudagraphs", "b4_onehot_embedding", "b5_batch_x2",
-    "b6_batch_x4", "b7_attention_backend", "b8_max_autotune", "Recipe", "kernel_report",
-    "kernel_breakdown", "make_step", "TrainStep", "profile_table", "ddp_tokens",
-    "GateError", "CorrectnessError", "MirrorError", "PrecisionError",
-]
+RUNGS = registry([*SEED, *BEYOND, *MULTI])
+
+
+def Ladder(config, command: str = "", device=None) -> LadderRun:
+    """A ladder to run rung by rung: ``run.run("R0")`` returns R0's ``RungResult``."""
+    return LadderRun(TorchLab(config, device=device, command=command), RUNGS)
+
+
+def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: str = "",
+               optional: bool = False, kernels: bool = True, device=None):
+    """Every default rung (or ``rungs``), the kernel report of the fastest configuration and
+    its learning check; returns the ``LadderResult``."""
+    lab = TorchLab(config, device=device, command=command)
+    return _run_ladder(lab, RUNGS, rungs, learn=learn, progress=progress, optional=optional,
+                       kernels=kernels)
+
+
+__all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
+           "RUNGS", "Ladder", "run_ladder", "TorchLab", "kernel_breakdown", "make_step",
+           "TrainStep", "GateError", "CorrectnessError", "MirrorError", "PrecisionError"]

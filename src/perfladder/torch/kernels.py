@@ -15,8 +15,11 @@ which does not double count nested operators.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
+import tempfile
 import time
 
 import torch
@@ -142,3 +145,30 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
                      "(their names alone say otherwise)")
     return breakdown(picked, steps, top, device="gpu" if on_gpu else "cpu", framework="torch",
                      wall_us=wall_us, notes=notes)
+
+
+@contextlib.contextmanager
+def quiet_kineto():
+    """Some torch builds' kineto print ``USDT:... profiler_start/stop`` trace lines straight
+    to file descriptor 2 on every profile. Capture fd 2 for the block and pass everything
+    else through to ``sys.stderr`` unchanged, so that only those two lines disappear."""
+    try:
+        fd = sys.__stderr__.fileno()
+    except (AttributeError, OSError, ValueError):      # no real stderr: nothing to filter
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not (ln.startswith("USDT:") and "profiler_st" in ln)]
+            if kept:
+                sys.stderr.write("".join(kept))

@@ -79,6 +79,8 @@ class TrainStep:
         self.vocab_size = getattr(model, "module", model).config.vocab_size
         self.forward = compile_model(model, mode) if compiled else model
         self._opt_step = self._compiled_opt_step() if self.compile_optimizer else opt.step
+        # what the timed call itself computed in (dtype reads cost no sync): the receipt
+        self.receipt: dict[str, str] = {}
 
     def _compiled_opt_step(self):
         _quiet_ignored_range_warning()
@@ -104,6 +106,7 @@ class TrainStep:
     def __call__(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         self.opt.zero_grad(set_to_none=True)
         logits = self.logits(X)                                          # (B, T, V), bf16 under autocast
+        self.receipt["logits"] = str(logits.dtype).removeprefix("torch.")
         loss = F.cross_entropy(logits.float().reshape(-1, self.vocab_size),  # (B*T, V) in fp32
                                Y.reshape(-1))                            # (B*T,)
         loss.backward()

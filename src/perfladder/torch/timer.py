@@ -60,13 +60,19 @@ def compile_count() -> int:
                      ("fxgraph_cache_miss", "fxgraph_cache_hit", "fxgraph_cache_bypass")))
 
 
+def fingerprint(X) -> bytes:
+    """The first rows of a batch, as bytes: read on the host during warm-up only."""
+    return X[:2].detach().cpu().numpy().tobytes()
+
+
 def throughput(step, stream, warmup: int = WARMUP, timed: int = TIMED,
-               windows: int = WINDOWS) -> Throughput:
+               windows: int = WINDOWS, **settle) -> Throughput:
     """End-to-end tokens/s of ``step(X, Y)`` over batches from ``stream``.
 
     ``perfladder.timing.measure`` with CUDA sync closing every window and dynamo's
     counters as the recompile guard (a compile inside a window raises ``RecompileError``).
+    ``settle``: ``target_spread`` / ``max_windows`` of ``perfladder.timing.measure``.
     """
     return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
-                   sync=sync, compile_count=compile_count,
-                   num_tokens=lambda X: X.numel(), shape_of=lambda X: tuple(X.shape))
+                   sync=sync, compile_count=compile_count, fingerprint=fingerprint,
+                   num_tokens=lambda X: X.numel(), shape_of=lambda X: tuple(X.shape), **settle)

@@ -1,0 +1,233 @@
+"""``TorchLab``: the PyTorch backend of the ladder engine (``perfladder.ladder``).
+
+It owns what every rung shares -- the data, the device, a fresh model / optimizer / step for
+any ``Recipe``, the timer, the profiler, the growing ``LadderResult`` -- and turns one
+measurement into a ``RungResult`` with its typed evidence. The rungs themselves are small
+functions declared in ``rungs.py``, ``beyond.py`` and ``multigpu.py``.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+
+import torch
+
+from ..config import LadderConfig, expected_num_params, flops_per_token
+from ..data import TimeMachine
+from ..evidence import Compile, Gate, Memory, ProfileSummary, Receipt, Timing
+from ..hardware import achieved_tflops, mfu, peak_for
+from ..ladder import measure_settled
+from ..results import LadderResult, RungResult
+from .model import GPT
+from .probe import probe_roofs
+from .recipe import Recipe
+from .steps import TrainStep, make_optimizer, make_step
+from .stream import batches
+from .timer import device_name, throughput, versions
+
+
+class TorchLab:
+    """Data, device, steps from recipes, measurement and the ``LadderResult`` (``.result``)."""
+
+    framework = "torch"
+    baseline = "R0"
+    seed_top = "R3"            # the last rung of the seed's recipe; beyond rungs start here
+
+    def __init__(self, config: LadderConfig, device=None, command: str = ""):
+        if not isinstance(config, LadderConfig):
+            raise TypeError(f"config must be a LadderConfig, got {type(config).__name__}")
+        self.config = config
+        device = device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
+        if self.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"device={device!r} is not supported; valid choices: 'cuda', 'cpu'")
+        self.on_gpu = self.device.type == "cuda"
+        torch.set_float32_matmul_precision("high")     # fp32 matmuls as TF32: the fair baseline
+        self.data = TimeMachine(config.batch_size, config.num_steps,
+                                num_train=config.num_train, num_val=config.num_val)
+        self.gpt_config = config.gpt(vocab_size=len(self.data.vocab))
+        self.num_params = expected_num_params(self.gpt_config)
+        self.flops_per_token = flops_per_token(self.num_params, self.gpt_config.num_blks,
+                                               config.num_steps, self.gpt_config.num_hiddens)
+        self.device_name = device_name() if self.on_gpu else "cpu"
+        peak = peak_for(self.device_name)
+        notes = [f"fp32 matmuls {'run as TF32' if self.on_gpu else 'stay fp32 on CPU'} "
+                 "(torch.set_float32_matmul_precision('high'))"]
+        roofs = probe_roofs() if self.on_gpu else None
+        if roofs is None:
+            notes.append("no measured device ceilings in this run (no CUDA device to probe)")
+        self.result = LadderResult(
+            framework="torch", device=self.device_name, config=config.to_dict(),
+            baseline=self.baseline, versions=versions(), command=command, roofs=roofs,
+            peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
+            notes=notes)
+        self._allow_recompiles()
+        self._seeds = itertools.count(config.seed)
+        self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
+        if not self.on_gpu and config.is_smoke and torch.get_num_threads() > 1:
+            # tiny smoke ops: thread synchronisation would cost more than it saves
+            torch.set_num_threads(1)
+            self.result.notes.append("smoke config on CPU: torch.set_num_threads(1)")
+
+    def _allow_recompiles(self, limit: int = 64) -> None:
+        """Every rung compiles its own configuration of the same ``GPT.forward``: raise dynamo's
+        per-code-object limit for a ladder's worth, and make hitting it an error rather than a
+        silent fall back to eager."""
+        cfg = torch._dynamo.config
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        if getattr(cfg, name) < limit:
+            setattr(cfg, name, limit)
+        for flag in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+            if hasattr(cfg, flag):
+                setattr(cfg, flag, True)
+                break
+
+    # -- recipes and steps --------------------------------------------------------------------
+    def seed_recipe(self) -> Recipe:
+        """What R0 runs: eager fp32 (TF32 matmuls on a GPU) at the seed's batch."""
+        return Recipe(batch_size=self.config.batch_size)
+
+    def recipe_from_dict(self, d: dict) -> Recipe:
+        return Recipe.from_dict(d)
+
+    def make_model(self, recipe: Recipe | None = None) -> GPT:
+        """A fresh GPT from ``config.seed`` (every rung starts from the same weights)."""
+        r = recipe or self.seed_recipe()
+        torch.manual_seed(self.config.seed)
+        return GPT(self.gpt_config, attn_backend=r.attn_backend, checkpoint=r.checkpoint,
+                   embed=r.embed).to(self.device)
+
+    def build_step(self, recipe: Recipe) -> TrainStep:
+        """A fresh model, its AdamW and the training step ``recipe`` describes."""
+        if not isinstance(recipe, Recipe):
+            raise TypeError(f"recipe must be a perfladder.torch.Recipe, got {type(recipe).__name__}")
+        model = self.make_model(recipe)
+        return make_step(model, make_optimizer(model, self.config.lr, recipe.optimizer),
+                         compiled=recipe.compiled, bf16=recipe.bf16, device_type=self.device.type,
+                         mode=recipe.mode, compile_optimizer=recipe.optimizer == "compiled")
+
+    def stream(self, batch_size: int, split: str = "train"):
+        """A fresh stream of (batch_size, num_steps) batches (each call a new shuffle seed)."""
+        return batches(self.data, batch_size, self.device, seed=next(self._seeds), split=split)
+
+    def fp32_label(self) -> str:
+        return "tf32" if self.on_gpu else "fp32"
+
+    def timed_steps(self, batch_size: int) -> int:
+        """Steps per window: the config's up to the big batch, fewer beyond it so a window holds
+        about as many tokens (never fewer than 2)."""
+        c = self.config
+        return c.timed if batch_size <= c.big_batch else max(2, round(c.timed * c.big_batch / batch_size))
+
+    # -- measuring -----------------------------------------------------------------------------
+    def reset_memory(self) -> None:
+        gc.collect()
+        if self.on_gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+    def measure(self, step, batch_size: int, *, timed: int | None = None, warmup: int | None = None,
+                windows: int | None = None):
+        """``(Throughput, remeasured, Memory)``: timed until the windows settle, once more if
+        they did not, with the peak device memory of the measurement."""
+        c = self.config
+        timed = self.timed_steps(batch_size) if timed is None else timed
+
+        def once():
+            self.reset_memory()
+            return throughput(step, self.stream(batch_size), warmup=c.warmup if warmup is None else warmup,
+                              timed=timed, windows=c.windows if windows is None else windows,
+                              target_spread=c.target_spread, max_windows=c.max_windows)
+
+        t, again = measure_settled(once)
+        mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak") if self.on_gpu
+               else Memory(None, "n/a", "no device memory on CPU"))
+        return t, again, mem
+
+    def profile(self, step, batch_size: int) -> ProfileSummary:
+        """Where one step's time goes (``kernel_breakdown``, outside any timed window)."""
+        from .kernels import kernel_breakdown, quiet_kineto
+        steps = 2 if self.config.is_smoke else 5
+        with quiet_kineto():
+            kb = kernel_breakdown(step, self.stream(batch_size), steps=steps, warmup=1, top=10)
+        return summary_of(kb)
+
+    def receipt(self, step: TrainStep, claimed: str) -> Receipt:
+        """The dtypes the timed call itself produced (recorded by ``TrainStep.__call__``)."""
+        return Receipt(claimed=claimed, observed=dict(step.receipt), where="TrainStep.__call__")
+
+    def record(self, name: str, label: str, recipe: Recipe, t, remeasured: bool, mem: Memory, *,
+               kind: str = "rung", gates=(), receipt: Receipt | None = None,
+               compile: Compile | None = None, profile: ProfileSummary | None = None,
+               details=None, notes=()) -> RungResult:
+        """A measured ``RungResult`` with TFLOP/s and MFU (None where the peak is unknown)."""
+        rate = t.tokens_per_s
+        precision = "bf16" if recipe.bf16 else self.fp32_label()
+        if receipt is not None and not receipt.ok:
+            raise PrecisionErrorFromReceipt(name, receipt)
+        return RungResult(
+            name=name, key="", label=label, tokens_per_s=rate, kind=kind, precision=precision,
+            batch_size=recipe.batch_size, seq_len=self.config.num_steps, recipe=recipe.to_dict(),
+            timing=Timing.of(t, remeasured), tflops=achieved_tflops(rate, self.flops_per_token),
+            mfu=mfu(rate, self.flops_per_token, self.device_name, "bf16" if recipe.bf16 else "tf32"),
+            memory=mem, compile=compile, gates=list(gates), receipt=receipt, profile=profile,
+            details=dict(details or {}), notes=list(notes))
+
+    def free(self, graphs: bool = True) -> None:
+        """Hand a finished configuration's device memory back before the next is built: its
+        recorded CUDA graphs and their pool (only between configurations), then what the
+        collector frees. On CPU there is no device memory to measure."""
+        if not self.on_gpu:
+            return
+        if graphs:
+            try:
+                from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+            except ImportError:      # pragma: no cover - older torch
+                reset_cudagraph_trees = None
+            if reset_cudagraph_trees is not None:
+                reset_cudagraph_trees()
+                # dynamo's cached code still points at the graphs just shut down: a later
+                # compile of the same forward would replay them; start compiles afresh
+                torch._dynamo.reset()
+        self.reset_memory()
+
+    # -- after the rungs -------------------------------------------------------------------------
+    def kernel_report(self, name: str, recipe: Recipe) -> dict:
+        from .kernels import kernel_breakdown, quiet_kineto
+        step = self.build_step(recipe)
+        steps = 2 if self.config.is_smoke else 5
+        with quiet_kineto():
+            kb = kernel_breakdown(step, self.stream(recipe.batch_size), steps=steps, warmup=3, top=12)
+        d = kb.to_dict()
+        d["recipe"] = recipe.to_dict()
+        return d
+
+    def learning_check(self, name: str, recipe: Recipe):
+        from .learn import learning_check
+        return learning_check(self, recipe)
+
+    def __repr__(self) -> str:
+        return f"TorchLab(config={self.config.name!r}, device={self.device_name!r})"
+
+
+class PrecisionErrorFromReceipt(AssertionError):
+    """The timed step computed in another precision than the rung claims."""
+
+    def __init__(self, name: str, receipt: Receipt):
+        super().__init__(f"{name} claims {receipt.claimed} but its timed step produced "
+                         f"{receipt.observed}: not recording an fp32 number as {receipt.claimed}")
+
+
+def summary_of(kb) -> ProfileSummary:
+    """A ``KernelBreakdown`` as the rung's ``ProfileSummary`` (per step; device time first)."""
+    per = kb.steps * 1000.0
+    rows = [{"name": k.name, "category": k.category, "device_ms": k.total_us / per,
+             "calls": k.calls / kb.steps} for k in kb.top]
+    return ProfileSummary(tool=f"torch.profiler ({'CUDA kernels' if kb.device == 'gpu' else 'CPU operators'})",
+                          steps=kb.steps, host_ms=None, device_ms=kb.total_us / per,
+                          shares=dict(kb.category_share), rows=rows)
+
+
+def passed_gate(name: str, reference: str, values: dict, tolerances: dict, **detail) -> Gate:
+    return Gate(name=name, passed=True, values=values, tolerances=tolerances, reference=reference,
+                detail=detail)

@@ -1,0 +1,68 @@
+"""``Recipe``: one PyTorch training configuration, seed or beyond (fp32 weights, fp32 loss).
+
+A rung declares how it changes the recipe it builds on (``Rung.change``); the lab builds a
+fresh model, optimizer and step from any recipe (``TorchLab.build_step``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .model import check_attn_backend, check_embed
+from .steps import OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class Recipe:
+    batch_size: int
+    compiled: bool = False           # torch.compile the model
+    bf16: bool = False               # bf16 autocast (fp32 masters and loss)
+    checkpoint: bool = False         # activation checkpointing per block
+    optimizer: str = "default"       # steps.OPTIMIZERS: 'default' | 'fused' | 'compiled'
+    cudagraphs: bool = False         # torch.compile(mode='reduce-overhead')
+    embed: str = "gather"            # GPT(embed=...)
+    attn_backend: str | None = None  # GPT(attn_backend=...): None lets PyTorch choose
+    autotune: bool = False           # torch.compile(mode='max-autotune[-no-cudagraphs]')
+
+    def __post_init__(self):
+        b = self.batch_size
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+            raise ValueError(f"batch_size={b!r} must be a positive integer")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r} is not valid; valid choices: {OPTIMIZERS}")
+        check_embed(self.embed)
+        check_attn_backend(self.attn_backend)
+        if (self.cudagraphs or self.autotune) and not self.compiled:
+            raise ValueError("cudagraphs / autotune are torch.compile modes: they need compiled=True")
+
+    @property
+    def mode(self) -> str | None:
+        """The ``torch.compile`` mode these switches amount to (None: the default mode)."""
+        if self.autotune:
+            return "max-autotune" if self.cudagraphs else "max-autotune-no-cudagraphs"
+        return "reduce-overhead" if self.cudagraphs else None
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp32"
+
+    def replace(self, **changes) -> "Recipe":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "mode": self.mode}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Recipe":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names - {"mode"})
+        if unknown:
+            raise ValueError(f"unknown recipe field(s) {unknown}; valid choices: {sorted(names)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def __str__(self) -> str:
+        how = (f"compiled ({self.mode or 'default'} mode)" if self.compiled else "eager")
+        return (f"{how}, {'bf16' if self.bf16 else 'fp32'}, batch {self.batch_size}"
+                + (", checkpointed" if self.checkpoint else "")
+                + f", {self.optimizer} AdamW, {self.embed} embedding, "
+                f"{self.attn_backend or 'default'} attention")
