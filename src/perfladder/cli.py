@@ -67,11 +67,13 @@ def cmd_run(args) -> int:
         cfg = pick_config(args.config, has_gpu=fw.has_gpu())
     except ValueError as e:          # e.g. a bad $PERFLADDER_CONFIG
         raise CLIError(str(e)) from e
-    names = rungs or list(getattr(fw, "DEFAULT_RUNGS", fw.RUNGS))   # optional rungs only when named
+    from .ladder import check_rungs
+    names = check_rungs(fw.RUNGS, rungs)              # optional rungs only when named
     progress = None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1))
     command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=progress, command=command)
     print(result.table())
+    failed = result.learning is not None and not result.learning.passed
     if args.out:
         path = result.write(args.out)
         print(f"wrote {path}")
@@ -79,6 +81,9 @@ def cmd_run(args) -> int:
         from .plot import waterfall
         waterfall(result, args.png)
         print(f"wrote {args.png}")
+    if failed:
+        print(f"perfladder: error: the learning check failed: {result.learning}", file=sys.stderr)
+        return 1
     return 0
 
 
