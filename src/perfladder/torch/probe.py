@@ -41,12 +41,9 @@ def probe_roofs(n: int = 8192, gib: int = 1, reps: int = 10) -> dict | None:
     xf, yf = x.float(), y.float()
     tf32 = 2 * n ** 3 / (_ms(lambda: xf @ yf, reps) / 1e3) / 1e12
     torch.backends.cuda.matmul.allow_tf32 = before
-    del x, y, xf, yf
     src = torch.randn(gib << 28, device="cuda", dtype=torch.float32)      # gib GiB
     dst = torch.empty_like(src)
     copy = 2 * src.numel() * 4 / (_ms(lambda: dst.copy_(src), reps) / 1e3) / 1e9
-    del src, dst
-    torch.cuda.empty_cache()
     return {"matmul_bf16_tflops": bf16, "matmul_tf32_tflops": tf32, "copy_gbps": copy,
             "source": "perfladder.torch.probe at the start of this run",
             "method": METHOD.format(reps=reps, n=n, gib=gib)}

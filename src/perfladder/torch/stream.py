@@ -10,8 +10,6 @@ Three properties make the stream safe to time (see ``perfladder.timing``):
 """
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 import torch
 

@@ -1,0 +1,18 @@
+"""Where the time of a step goes, kernel by kernel (no framework imports).
+
+The framework sides (``perfladder.torch.kernels`` / ``perfladder.jax.kernels``) profile a few
+steps and hand this package ``(kernel name, microseconds)`` pairs:
+
+* ``taxonomy`` -- ``categorize(name)``: a kernel or operator name to one of ``CATEGORIES``;
+* ``breakdown`` -- ``breakdown(events, steps)``: the ``KernelBreakdown`` (total kernel time,
+  per-category time and share, the top kernels);
+* ``trace`` -- ``parse_chrome_trace(path)``: the device kernels of a Chrome/Perfetto trace.
+"""
+from .breakdown import KernelBreakdown, KernelStat, breakdown
+from .taxonomy import CATEGORIES, CATEGORY_HELP, PATTERNS, categorize, refine
+from .trace import (KernelEvents, parse_chrome_trace, read_trace_json, select_kernel_events,
+                    trace_rows)
+
+__all__ = ["CATEGORIES", "CATEGORY_HELP", "PATTERNS", "categorize", "refine", "KernelStat",
+           "KernelBreakdown", "breakdown", "KernelEvents", "select_kernel_events",
+           "read_trace_json", "trace_rows", "parse_chrome_trace"]
