@@ -87,9 +87,9 @@ class RoPE(nn.Module):
     The tables are fp32 buffers that are neither parameters nor saved in the state dict.
     Computing them inside ``forward`` instead lets inductor fuse the trigonometry into
     the elementwise kernel that applies it, i.e. recompute cos/sin for every element of
-    q and k (B*H times more work than the table); on the H200 that kernel and its backward
-    took about 30% of R3's device time. Longer sequences than ``max_len`` still work:
-    their tables are computed on the spot.
+    q and k (B*H times more work than the table), which made that kernel and its backward
+    one of the largest in the step. Longer sequences than ``max_len`` still work: their
+    tables are computed on the spot.
     """
 
     def __init__(self, head_dim: int, max_len: int, base: float):
