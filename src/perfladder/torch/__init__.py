@@ -14,6 +14,7 @@ from .beyond import (Recipe, b1_fused_adamw, b2_compiled_adamw, b3_cudagraphs,  
                      b8_max_autotune, kernel_report)
 from .ddp import ddp_tokens  # noqa: E402
 from .gates import CorrectnessError, GateError, MirrorError, PrecisionError  # noqa: E402
+from .idiom import TimeMachine, num_gpus, try_gpu  # noqa: E402
 from .kernels import kernel_breakdown  # noqa: E402
 from .ladder import Ladder  # noqa: E402
 from .model import GPT  # noqa: E402
@@ -32,4 +33,11 @@ __all__ = [
     "b6_batch_x4", "b7_attention_backend", "b8_max_autotune", "Recipe", "kernel_report",
     "kernel_breakdown", "make_step", "TrainStep", "profile_table", "ddp_tokens",
     "GateError", "CorrectnessError", "MirrorError", "PrecisionError",
+    "TimeMachine", "try_gpu", "num_gpus",
 ]
+
+
+def __getattr__(name: str):
+    """``plt`` (the chapter's ``d2l.plt``): matplotlib.pyplot, imported on first use."""
+    from ..idiom import lazy_attribute
+    return lazy_attribute(__name__, name)
