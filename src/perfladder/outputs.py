@@ -50,6 +50,8 @@ def check_output_path(path, kind: str, option: str = "output") -> Path:
         raise OutputError(f"{option} is empty; give the file to write")
     shown = f"{option} {str(path)!r}"
     target = Path(path).expanduser()
+    if target.is_dir() or str(path).endswith(("/", os.sep)):
+        raise OutputError(f"{shown} is a directory; give a file name inside it")
     suffix = target.suffix.lower().lstrip(".")
     if kind == "json":
         if suffix != "json":
@@ -62,8 +64,8 @@ def check_output_path(path, kind: str, option: str = "output") -> Path:
         elif suffix not in formats:
             raise OutputError(f"{shown}: matplotlib cannot write .{suffix} figures here; "
                               f"valid choices: {', '.join(formats)}")
-    if target.is_dir():
-        raise OutputError(f"{shown} is a directory; give a file name inside it")
+    if target.is_dir():                        # 'out' was free, but 'out.png' is a folder
+        raise OutputError(f"{shown}: {target} is a directory")
     if target.exists() and not os.access(target, os.W_OK):
         raise OutputError(f"{shown}: the existing file is not writable")
     _check_parent(target.parent, shown)
