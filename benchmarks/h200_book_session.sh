@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session that rebuilds the book with the full config and gathers the evidence.
+# Rebuild the book with the full config on a GPU machine, in the background, and gather the evidence.
 #
 #   benchmarks/h200_book_session.sh start    # launches the job in its own process session
 #   benchmarks/h200_book_session.sh wait N   # waits up to N seconds, then reports
@@ -8,16 +8,16 @@
 # The job (in order): the device probe (matmul and copy ceilings), the JAX bf16 anomaly
 # diagnostics (skip with ANOMALY=0), then `make book` (scripts/setup.sh installs the book's wheels from .whl/
 # offline; build_book.sh picks the full config because a GPU is present). It runs detached
-# (setsid) because a full build can outlast one command of the device tool; `wait` can be
-# called again from the next command. Everything lands in /tmp/perfladder-job.
+# (setsid), so it survives the shell or ssh connection that started it; `wait` can be called
+# again from a later one. Everything lands in /tmp/perfladder-job.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOB=/tmp/perfladder-job
 case "${1:-}" in
   start)
     rm -rf "$JOB"; mkdir -p "$JOB"
-    # Work on a copy: the device tool re-sends (replaces) the checkout at every command, which
-    # deleted the running notebook kernel's working directory in the first attempt.
+    # Work on a copy: if the checkout is replaced while the build runs (a fresh copy of the
+    # repository synced over it), the running notebook kernel loses its working directory.
     rm -rf /tmp/perfladder-tree && cp -a . /tmp/perfladder-tree && cd /tmp/perfladder-tree
     setsid bash -c '
       export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1

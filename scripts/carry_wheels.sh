@@ -2,16 +2,16 @@
 # Fill .whl/ with the wheels a GPU machine WITHOUT a package registry needs to build the book.
 #
 #   scripts/carry_wheels.sh            # here, where pip reaches a registry
-#   # carry .whl/ to the GPU machine with the working tree, then there:
+#   # copy .whl/ to the GPU machine with the working tree, then there:
 #   PYTHON=python3 make book           # setup.sh installs from .whl/ with --no-index
 #
 # The target is this project's H200 image: CPython 3.12 on x86-64 Linux, which already has
 # torch, jax, flax, optax, numpy, matplotlib, pytest, jinja2, pyyaml and more (the list in
 # BOX_HAS below, from the image's package list). What it lacks is Jupyter Book and its
-# tree (Sphinx, myst-nb, the theme, ...) and the Jupyter kernel (ipykernel, pyzmq,
-# tornado, jupyter-client, ...); those are downloaded here as cp312 manylinux / pure-python
-# wheels, at the versions this machine's .venv has (so the GPU build uses what the CPU
-# build tested), one version of each.
+# tree (Sphinx, myst-nb, the theme, the bundled MathJax of sphinx-mathjax-offline, ...) and
+# the Jupyter kernel (ipykernel, pyzmq, tornado, jupyter-client, ...); those are downloaded
+# here as cp312 manylinux / pure-python wheels, at the versions this machine's .venv has (so
+# the GPU build uses what the CPU build tested), one version of each.
 #
 # Environment: PYTHON (a python with pip; default python3), PERFLADDER_WHEELS (default .whl),
 # PERFLADDER_VENV (the venv whose versions to pin to; default .venv).
@@ -23,11 +23,12 @@ VENV=${PERFLADDER_VENV:-.venv}
 log() { echo "[carry_wheels] $*" >&2; }
 
 # What the book needs on top of the image (setup.sh installs perfladder with these extras).
-REQS=("jupyter-book==1.0.4.post1" "sphinx-design" "ipykernel>=6" "nbclient>=0.10" "nbformat>=5.9" "jsonschema>=4"
+REQS=("jupyter-book==1.0.4.post1" "sphinx-design" "sphinx-mathjax-offline==0.0.2" "ipykernel>=6"
+      "nbclient>=0.10" "nbformat>=5.9" "jsonschema>=4"
       # the editable install of perfladder builds in an isolated env: its build backend
       "setuptools>=68" "wheel")
 
-# Already in the image (KINDS.md, "Python packages already there"): not carried...
+# Already in the image (its `pip list`): not carried...
 BOX_HAS="attrs certifi charset-normalizer click filelock idna jinja2 markupsafe numpy matplotlib
 packaging pillow psutil pygments python-dateutil pyyaml requests six tabulate typing-extensions
 urllib3 zipp pytest pytest-timeout pluggy iniconfig"

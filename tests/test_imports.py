@@ -30,7 +30,8 @@ def loaded_after(*modules: str) -> list[str]:
 def test_framework_free_modules_import_neither():
     mods = ["perfladder", "perfladder.data", "perfladder.config", "perfladder.hardware",
             "perfladder.results", "perfladder.timing", "perfladder.plot", "perfladder.cli",
-            "perfladder.paths", "perfladder.report", "perfladder.driver"]
+            "perfladder.paths", "perfladder.report", "perfladder.driver", "perfladder.outputs",
+            "perfladder.checks", "perfladder.idiom"]
     assert loaded_after(*mods) == []
 
 

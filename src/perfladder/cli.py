@@ -5,6 +5,7 @@
     perfladder plot results/torch.json -o waterfall.png
     perfladder plot results/torch.json results/jax.json -o both.png   # side by side
     perfladder table results/torch.json results/jax.json
+    perfladder --version
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import shlex
 import sys
 import time
 
+from . import __version__
 from .config import CONFIG_NAMES, pick_config
+from .outputs import OutputError, check_output_path, write_all
 from .results import FRAMEWORKS, LadderResult, ResultsError
 
 
@@ -52,7 +55,32 @@ class Progress:
             print(f"[{self.done}/{self.total}] {name} done in {dt:.1f}s: {payload}", file=self.stream, flush=True)
 
 
+def run_outputs(out, png) -> tuple:
+    """``(json_path, figure_path)`` that ``run --out/--png`` will write (None where not asked),
+    checked before any work starts."""
+    return (None if out is None else check_output_path(out, "json", "--out"),
+            None if png is None else check_output_path(png, "figure", "--png"))
+
+
+def write_run_outputs(result: LadderResult, json_path, figure_path) -> list:
+    """Write the results JSON and the waterfall together: both or neither."""
+    writers = []
+    if figure_path is not None:
+        def figure(tmp):
+            import matplotlib.pyplot as plt
+            from .plot import waterfall
+            plt.close(waterfall(result, tmp))
+        writers.append((figure_path, figure))
+    if json_path is not None:
+        writers.append((json_path, result.write))
+    try:
+        return write_all(writers)
+    except (OSError, ValueError) as e:   # e.g. a disk that filled up, a ladder with no bars
+        raise CLIError(f"nothing written: {e}") from e
+
+
 def cmd_run(args) -> int:
+    json_path, figure_path = run_outputs(args.out, args.png)
     if args.framework not in FRAMEWORKS:
         raise CLIError(f"framework {args.framework!r} is not valid; valid choices: {FRAMEWORKS}")
     if args.config is not None and args.config not in CONFIG_NAMES:
@@ -74,13 +102,8 @@ def cmd_run(args) -> int:
     result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=progress, command=command)
     print(result.table())
     failed = result.learning is not None and not result.learning.passed
-    if args.out:
-        path = result.write(args.out)
+    for path in write_run_outputs(result, json_path, figure_path):
         print(f"wrote {path}")
-    if args.png:
-        from .plot import waterfall
-        waterfall(result, args.png)
-        print(f"wrote {args.png}")
     if failed:
         print(f"perfladder: error: the learning check failed: {result.learning}", file=sys.stderr)
         return 1
@@ -92,17 +115,20 @@ def _read_all(paths) -> list[LadderResult]:
 
 
 def cmd_plot(args) -> int:
+    target = check_output_path(args.output, "figure", "-o")
     import matplotlib
     matplotlib.use("Agg")
     from .plot import compare, waterfall
     import matplotlib.pyplot as plt
     results = _read_all(args.results)
+
+    def figure(tmp):
+        plt.close(waterfall(results[0], tmp) if len(results) == 1 else compare(results, tmp))
     try:
-        fig = waterfall(results[0], args.output) if len(results) == 1 else compare(results, args.output)
-    except ValueError as e:          # e.g. a ladder with no measured rung
+        [path] = write_all([(target, figure)])
+    except (OSError, ValueError) as e:          # e.g. a ladder with no measured rung
         raise CLIError(str(e)) from e
-    plt.close(fig)
-    print(f"wrote {args.output}")
+    print(f"wrote {path}")
     return 0
 
 
@@ -119,6 +145,7 @@ def cmd_table(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perfladder", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"perfladder {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a ladder and write results JSON")
     r.add_argument("framework", help=f"one of {', '.join(FRAMEWORKS)}")
@@ -126,14 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one of {', '.join(CONFIG_NAMES)} (default: full on a GPU, smoke on CPU)")
     r.add_argument("--rungs", default=None,
                    help="comma-separated rung names (default: all but the optional ones, e.g. torch B8)")
-    r.add_argument("--out", default=None, help="results JSON path")
-    r.add_argument("--png", default=None, help="also save the waterfall PNG here")
+    r.add_argument("--out", default=None, help="results JSON path (.json)")
+    r.add_argument("--png", default=None,
+                   help="also save the waterfall here (.png, .pdf, .svg, ...: the suffix picks the format)")
     r.add_argument("--no-learn", action="store_true", help="skip the learning check")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plot", help="waterfall PNG from results JSON (two files: side by side)")
     pl.add_argument("results", nargs="+")
-    pl.add_argument("-o", "--output", required=True)
+    pl.add_argument("-o", "--output", required=True,
+                    help="figure file (.png, .pdf, .svg, ...; no suffix: .png is added)")
     pl.set_defaults(func=cmd_plot)
     t = sub.add_parser("table", help="print results JSON as tables")
     t.add_argument("results", nargs="+")
@@ -146,7 +175,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (CLIError, ResultsError) as e:
+    except (CLIError, ResultsError, OutputError) as e:
         print(f"perfladder: error: {e}", file=sys.stderr)
         return 2
 

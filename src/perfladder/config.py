@@ -13,6 +13,7 @@ unless the caller or ``$PERFLADDER_CONFIG`` names one; it always says which.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from dataclasses import dataclass
 
@@ -52,6 +53,27 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.num_hiddens // self.num_heads
+
+
+def gpt_config(config, **arch) -> GPTConfig:
+    """What both ``GPT`` constructors are built from: ``config`` itself if it is a
+    ``GPTConfig``, else the chapter's call ``GPT(vocab_size, num_hiddens=512, num_blks=6)``
+    turned into one (``GPTConfig(vocab_size=..., **arch)``), so both spellings build the
+    same model."""
+    fields = tuple(f for f in GPTConfig.__dataclass_fields__ if f != "vocab_size")
+    if isinstance(config, GPTConfig):
+        if arch:
+            raise TypeError(f"pass either a GPTConfig or a vocab_size with keywords, not both "
+                            f"(got a GPTConfig and {', '.join(sorted(arch))})")
+        return config
+    if isinstance(config, bool) or not isinstance(config, numbers.Integral):
+        raise TypeError(f"config must be a perfladder.config.GPTConfig or a vocab_size (int), "
+                        f"got {type(config).__name__} {config!r}")
+    unknown = sorted(set(arch) - set(fields))
+    if unknown:
+        raise TypeError(f"unknown GPT argument(s) {', '.join(unknown)}; valid choices: "
+                        f"{', '.join(fields)}")
+    return GPTConfig(vocab_size=int(config), **arch)
 
 
 def expected_num_params(cfg: GPTConfig) -> int:
@@ -151,7 +173,9 @@ def pick_config(name: str | None = None, has_gpu: bool | None = None,
     if name is None:
         name = os.environ.get("PERFLADDER_CONFIG")
         # scripts/build_book.sh says why it chose the config it exports
-        source = os.environ.get("PERFLADDER_CONFIG_SOURCE") or "$PERFLADDER_CONFIG"
+        why = os.environ.get("PERFLADDER_CONFIG_SOURCE")
+        source = (f"$PERFLADDER_CONFIG={name!r}" + (f", {why}" if why else "")
+                  if name and name not in PRESETS else why or "$PERFLADDER_CONFIG")
     if not name:
         if has_gpu is None:
             has_gpu = gpu_present()

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .checks import check_int
+
 SHA1 = "090b5e7e70c295757f55df93cb0a180b9691891a"
 TOKENIZATIONS = ("char",)
 
@@ -93,6 +95,8 @@ class TimeMachine:
 
     ``X[i]`` / ``Y[i]`` are int32 arrays of shape ``(num_steps,)``; the first
     ``num_train`` windows are the training split, the next ``num_val`` validation.
+    ``X`` and ``Y`` are read-only views of the corpus (every window, as in d2l, but none
+    of them copied); index or slice them to get arrays of your own.
     """
 
     def __init__(self, batch_size: int, num_steps: int, num_train: int = 10000,
@@ -100,28 +104,34 @@ class TimeMachine:
         if tokenization not in TOKENIZATIONS:
             raise ValueError(f"tokenization={tokenization!r} is not supported; "
                              f"valid choices: {TOKENIZATIONS}")
-        for name, value, lo in (("batch_size", batch_size, 1), ("num_steps", num_steps, 1),
-                                ("num_train", num_train, 1), ("num_val", num_val, 0)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
-                raise ValueError(f"{name}={value!r} must be an integer >= {lo}")
-        self.batch_size, self.num_steps = int(batch_size), int(num_steps)
-        self.num_train, self.num_val = int(num_train), int(num_val)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.num_steps = check_int("num_steps", num_steps, 1)
+        self.num_train = check_int("num_train", num_train, 1)
+        self.num_val = check_int("num_val", num_val, 0)
+        num_steps, num_train, num_val = self.num_steps, self.num_train, self.num_val
         tokens = list(preprocess(read_corpus(path)))
         self.vocab = Vocab(tokens)
         corpus = np.asarray(self.vocab[tokens], dtype=np.int32)
+        if num_steps + 1 > len(corpus):
+            raise ValueError(f"num_steps={num_steps} is longer than the corpus: a window holds "
+                             f"num_steps + 1 = {num_steps + 1} tokens and the corpus has "
+                             f"{len(corpus)}")
         n_windows = len(corpus) - num_steps
         if num_train + num_val > n_windows:
             raise ValueError(
                 f"num_train + num_val = {num_train + num_val} exceeds the "
-                f"{n_windows} windows of length {num_steps + 1} in the corpus")
-        # (n_windows, num_steps + 1) view of every window, then copied
-        idx = np.arange(num_steps + 1)[None, :] + np.arange(n_windows)[:, None]
-        windows = corpus[idx]
-        self.X, self.Y = windows[:, :-1], windows[:, 1:]  # (n, T) each
-        if batch_size > num_train:
+                f"{n_windows} windows of length {num_steps + 1} in the corpus "
+                f"({len(corpus)} tokens)")
+        if self.batch_size > num_train:
             raise ValueError(
-                f"batch_size={batch_size} is larger than the {num_train} training "
+                f"batch_size={self.batch_size} is larger than the {num_train} training "
                 "windows; not even one whole batch fits")
+        # Window i is corpus[i : i + num_steps + 1]. A strided, read-only view of the corpus,
+        # not a copy: the windows overlap, so materialising them all would take
+        # (len(corpus) - num_steps) * (num_steps + 1) * 4 bytes -- 46 GiB at num_steps=50000.
+        # Only what is gathered from it (a batch, a split) is ever copied.
+        windows = np.lib.stride_tricks.sliding_window_view(corpus, num_steps + 1)  # (n, T + 1)
+        self.X, self.Y = windows[:, :-1], windows[:, 1:]  # (n, T) each, views
 
     def train_arrays(self):
         """(X, Y) of the training split."""
@@ -138,7 +148,7 @@ class TimeMachine:
 
 def check_batch_size(batch_size: int, num_examples: int) -> int:
     """Whole batches available per epoch; a clear error if there are none."""
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
     if batch_size > num_examples:
         raise ValueError(f"batch_size={batch_size} is larger than the data "

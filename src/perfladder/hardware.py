@@ -18,6 +18,9 @@ An unknown device gets ``None`` -- no MFU -- rather than a guess.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import re
 from dataclasses import dataclass
 
 PRECISIONS = ("bf16", "tf32")
@@ -36,34 +39,62 @@ class Peak:
         return getattr(self, precision)
 
 
-# Ordered: the first pattern that occurs in the (lowercased) device name wins, so the
-# more specific names come first.
-PEAKS: list[tuple[str, Peak]] = [
+# A device name is matched as a whole model name: after the vendor words, its first words
+# must be one of the models below, and any words after them only a memory size, form
+# factor or memory type ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"). So a different
+# card whose name merely contains a known one ("NVIDIA RTX A1000", "RTX 4090 D", a MIG
+# slice "A100-SXM4-40GB MIG 1g.5gb") gets no peak rather than the wrong one. Ordered: the
+# more specific names (NVL, PCIe variants) come first.
+PEAKS: list[tuple[tuple[str, ...], Peak]] = [
     # NVL (PCIe-card) variants are clocked lower: datasheet 1,671 / 835 TFLOP/s with sparsity.
-    ("h200 nvl", Peak("NVIDIA H200 NVL", bf16=835.5, tf32=417.5)),
-    ("h100 nvl", Peak("NVIDIA H100 NVL", bf16=835.5, tf32=417.5)),
-    ("h200", Peak("NVIDIA H200", bf16=989.5, tf32=494.7, measured_bf16=790.0)),
-    ("h100 pcie", Peak("NVIDIA H100 PCIe", bf16=756.5, tf32=378.0)),
-    ("h100", Peak("NVIDIA H100 SXM", bf16=989.5, tf32=494.7)),
-    ("a100", Peak("NVIDIA A100", bf16=312.0, tf32=156.0)),
-    ("rtx 4090", Peak("NVIDIA GeForce RTX 4090", bf16=165.2, tf32=82.6)),
+    (("h200", "nvl"), Peak("NVIDIA H200 NVL", bf16=835.5, tf32=417.5)),
+    (("h100", "nvl"), Peak("NVIDIA H100 NVL", bf16=835.5, tf32=417.5)),
+    (("h200",), Peak("NVIDIA H200", bf16=989.5, tf32=494.7, measured_bf16=790.0)),
+    (("h100", "pcie"), Peak("NVIDIA H100 PCIe", bf16=756.5, tf32=378.0)),
+    (("h100",), Peak("NVIDIA H100 SXM", bf16=989.5, tf32=494.7)),
+    (("a100",), Peak("NVIDIA A100", bf16=312.0, tf32=156.0)),
+    (("rtx", "4090"), Peak("NVIDIA GeForce RTX 4090", bf16=165.2, tf32=82.6)),
 ]
+VENDOR_WORDS = ("nvidia", "geforce", "tesla")
+# words that may follow the model: memory size, form factor, memory type
+DESCRIPTOR = re.compile(r"\d+gb|sxm\d*|pcie|hbm\d*e?")
+
+
+def model_words(device_name: str) -> list[str]:
+    """``'NVIDIA A100-SXM4-80GB'`` -> ``['a100', 'sxm4', '80gb']``: lowercase words, vendor dropped."""
+    words = [w for w in re.split(r"[^0-9a-z]+", device_name.lower()) if w]
+    while words and words[0] in VENDOR_WORDS:
+        words.pop(0)
+    return words
 
 
 def peak_for(device_name: str | None) -> Peak | None:
     """The peak table entry for a device name, or ``None`` if it is not a known GPU."""
-    if not device_name:
+    if device_name is None:
         return None
-    low = device_name.lower()
-    for pattern, peak in PEAKS:
-        if pattern in low:
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str or None, got {type(device_name).__name__} "
+                        f"{device_name!r}")
+    words = model_words(device_name)
+    for model, peak in PEAKS:
+        rest = words[len(model):]
+        if tuple(words[:len(model)]) == model and all(DESCRIPTOR.fullmatch(w) for w in rest):
             return peak
     return None
 
 
+def _positive(name: str, value) -> float:
+    """``value`` as a float if it is a finite number > 0; a ValueError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={value!r} must be a finite number > 0")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r} must be a finite number > 0")
+    return float(value)
+
+
 def achieved_tflops(tokens_per_s: float, flops_per_token: float) -> float:
     """Model FLOPs actually delivered per second, in TFLOP/s."""
-    return tokens_per_s * flops_per_token / 1e12
+    return _positive("tokens_per_s", tokens_per_s) * _positive("flops_per_token", flops_per_token) / 1e12
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
@@ -76,6 +107,7 @@ def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not valid; valid choices: {PRECISIONS}")
+    achieved = achieved_tflops(tokens_per_s, flops_per_token)   # refuses non-positive rates
     peak = peak_for(device_name)
     if peak is None:
         return None
@@ -85,4 +117,4 @@ def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
         denom = peak.measured_bf16
     else:
         denom = peak.tflops(precision)
-    return achieved_tflops(tokens_per_s, flops_per_token) / denom
+    return achieved / denom

@@ -22,9 +22,18 @@ def build_results_dir() -> Path:
     """
     env = os.environ.get("PERFLADDER_RESULTS_DIR")
     if env:
-        path = Path(env)
+        path, source = Path(env).expanduser(), f"$PERFLADDER_RESULTS_DIR={env!r}"
     else:
         root = repo_root()
         path = root / "_build" / "results" if root else Path("perfladder_results")
-    path.mkdir(parents=True, exist_ok=True)
+        source = f"the results folder {str(path)!r}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise ValueError(f"{source} cannot be a folder: {blocker} is a file") from None
+    except OSError as e:
+        raise ValueError(f"{source} cannot be created ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{source} is not writable")
     return path

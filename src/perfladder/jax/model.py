@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..config import GPTConfig, flops_per_token as _flops_per_token
+from ..config import GPTConfig, gpt_config, flops_per_token as _flops_per_token
 
 ATTN_IMPLS = (None, "xla", "cudnn")
 EMBEDS = ("gather", "onehot")   # how the token embedding is looked up (see GPT.embed)
@@ -154,13 +154,14 @@ class GPT(nnx.Module):
     adds on the same few addresses when V is small. ``'onehot'`` multiplies a one-hot
     (B, T, V) matrix by the table: the same rows (exactly), 2*V*D extra FLOPs per token, and
     a gradient that is a matmul (one_hot^T @ dH), with no scatter at all.
+    ``GPT(vocab_size, num_hiddens=512, num_blks=6, rngs=...)`` (any ``GPTConfig`` field as a
+    keyword) builds the same model as ``GPT(GPTConfig(vocab_size=..., ...), rngs=...)``.
     """
 
-    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs, dtype=jnp.float32,
+    def __init__(self, config: GPTConfig | int, *, rngs: nnx.Rngs, dtype=jnp.float32,
                  param_dtype=jnp.float32, attn_impl=None, checkpoint: bool = False,
-                 embed_fp32: bool = False, embed: str = "gather"):
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a perfladder.config.GPTConfig, got {type(config).__name__}")
+                 embed_fp32: bool = False, embed: str = "gather", **arch):
+        config = gpt_config(config, **arch)   # GPT(cfg) or the chapter's GPT(vocab_size, num_hiddens=...)
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl={attn_impl!r} is not valid; valid choices: {ATTN_IMPLS}")
         if embed not in EMBEDS:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 
+from ..checks import check_int
 from ..results import python_versions
 from ..timing import Throughput, measure
 
@@ -71,6 +72,8 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
 
     Raises ``perfladder.timing.RecompileError`` if XLA compiled anything inside a window.
     """
+    warmup, timed, windows = (check_int("warmup", warmup, 0), check_int("timed", timed, 1),
+                              check_int("windows", windows, 1))
     _verify_counter()
     return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
                    sync=jax.block_until_ready, compile_count=compile_count,

@@ -17,6 +17,7 @@ from ..ladder import LadderRun, registry  # noqa: E402
 from ..ladder import run_ladder as _run_ladder  # noqa: E402
 from .beyond import BEYOND  # noqa: E402
 from .gates import CorrectnessError, GateError, MirrorError, PrecisionError  # noqa: E402
+from .idiom import TimeMachine, num_gpus, try_gpu  # noqa: E402
 from .kernels import kernel_breakdown  # noqa: E402
 from .lab import TorchLab  # noqa: E402
 from .model import GPT  # noqa: E402
@@ -46,4 +47,11 @@ def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: s
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
            "RUNGS", "Ladder", "run_ladder", "TorchLab", "kernel_breakdown", "make_step",
-           "TrainStep", "GateError", "CorrectnessError", "MirrorError", "PrecisionError"]
+           "TrainStep", "GateError", "CorrectnessError", "MirrorError", "PrecisionError",
+           "TimeMachine", "try_gpu", "num_gpus"]
+
+
+def __getattr__(name: str):
+    """``plt`` (the chapter's ``d2l.plt``): matplotlib.pyplot, imported on first use."""
+    from ..idiom import lazy_attribute
+    return lazy_attribute(__name__, name)

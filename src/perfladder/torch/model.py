@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-from ..config import GPTConfig
+from ..config import GPTConfig, gpt_config
 from ..config import flops_per_token as _flops_per_token
 
 # Which scaled-dot-product-attention kernel to pin (None: let PyTorch choose).
@@ -174,13 +174,14 @@ class GPT(nn.Module):
     ``embed``: ``'gather'`` (an ``nn.Embedding`` lookup) or ``'onehot'`` (``one_hot(X) @ W``
     in fp32, see ``embed_tokens``): same parameter, the same rows in fp32, a different
     gradient kernel.
+    ``GPT(vocab_size, num_hiddens=512, num_blks=6)`` (any ``GPTConfig`` field as a keyword)
+    builds the same model as ``GPT(GPTConfig(vocab_size=..., num_hiddens=512, num_blks=6))``.
     """
 
-    def __init__(self, config: GPTConfig, attn_backend=None, checkpoint: bool = False,
-                 embed: str = "gather"):
+    def __init__(self, config: GPTConfig | int, attn_backend=None, checkpoint: bool = False,
+                 embed: str = "gather", **arch):
         super().__init__()
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        config = gpt_config(config, **arch)   # GPT(cfg) or the chapter's GPT(vocab_size, num_hiddens=...)
         check_attn_backend(attn_backend)
         self.config = config
         self.attn_backend = attn_backend

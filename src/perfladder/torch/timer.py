@@ -6,6 +6,7 @@ import platform
 import numpy as np
 import torch
 
+from ..checks import check_int
 from ..results import python_versions
 from ..timing import Throughput, measure
 
@@ -73,6 +74,8 @@ def throughput(step, stream, warmup: int = WARMUP, timed: int = TIMED,
     counters as the recompile guard (a compile inside a window raises ``RecompileError``).
     ``settle``: ``target_spread`` / ``max_windows`` of ``perfladder.timing.measure``.
     """
+    warmup, timed, windows = (check_int("warmup", warmup, 0), check_int("timed", timed, 1),
+                              check_int("windows", windows, 1))
     return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
                    sync=sync, compile_count=compile_count, fingerprint=fingerprint,
                    num_tokens=lambda X: X.numel(), shape_of=lambda X: tuple(X.shape), **settle)
