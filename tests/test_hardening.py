@@ -81,8 +81,9 @@ def fake_framework(calls: list):
     def run_ladder(cfg, **kw):
         calls.append(kw)
         return make_result("torch", config_name=cfg.name)
-    return types.SimpleNamespace(RUNGS={"R0": None, "R1": None}, has_gpu=lambda: False,
-                                 run_ladder=run_ladder)
+    from perfladder.ladder import Rung, registry
+    rungs = registry([Rung("R0", "eager", "eager", None), Rung("R1", "compile", "compile", None)])
+    return types.SimpleNamespace(RUNGS=rungs, has_gpu=lambda: False, run_ladder=run_ladder)
 
 
 @pytest.fixture
