@@ -11,10 +11,11 @@ datasheets / architecture whitepapers:
 * H100 NVL / H200 NVL: their datasheets (BF16 1,671 and TF32 835 with sparsity, so
   835.5 / 417.5 dense).
 * H200 (SXM): NVIDIA H200 datasheet -- the same compute as H100 SXM (989.5 / 494.7),
-  with 141 GB HBM3e at 4.8 TB/s. ``measured_bf16`` is an 8192^3 bf16 matmul on random
-  data measured on this project's H200 (788-798 TFLOP/s, see benchmarks/results).
+  with 141 GB HBM3e at 4.8 TB/s.
 
-An unknown device gets ``None`` -- no MFU -- rather than a guess.
+An unknown device gets ``None`` -- no MFU -- rather than a guess. The datasheet peak is the
+MFU denominator; a rate "against the measured roof" uses the ceilings the same run probed
+(``LadderResult.roofs``), never a number from this table.
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ class Peak:
     name: str
     bf16: float            # dense TFLOP/s
     tf32: float            # dense TFLOP/s
-    measured_bf16: float | None = None   # TFLOP/s measured with a large matmul
 
     def tflops(self, precision: str) -> float:
         if precision not in PRECISIONS:
@@ -49,7 +49,7 @@ PEAKS: list[tuple[tuple[str, ...], Peak]] = [
     # NVL (PCIe-card) variants are clocked lower: datasheet 1,671 / 835 TFLOP/s with sparsity.
     (("h200", "nvl"), Peak("NVIDIA H200 NVL", bf16=835.5, tf32=417.5)),
     (("h100", "nvl"), Peak("NVIDIA H100 NVL", bf16=835.5, tf32=417.5)),
-    (("h200",), Peak("NVIDIA H200", bf16=989.5, tf32=494.7, measured_bf16=790.0)),
+    (("h200",), Peak("NVIDIA H200", bf16=989.5, tf32=494.7)),
     (("h100", "pcie"), Peak("NVIDIA H100 PCIe", bf16=756.5, tf32=378.0)),
     (("h100",), Peak("NVIDIA H100 SXM", bf16=989.5, tf32=494.7)),
     (("a100",), Peak("NVIDIA A100", bf16=312.0, tf32=156.0)),
@@ -98,23 +98,14 @@ def achieved_tflops(tokens_per_s: float, flops_per_token: float) -> float:
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
-        precision: str = "bf16", measured: bool = False) -> float | None:
-    """Model-FLOPs utilisation as a fraction of the device's peak, or ``None`` if unknown.
-
-    ``precision`` picks the peak the rung computes at (``'tf32'`` for fp32 matmuls with
-    TF32 allowed, ``'bf16'`` for bf16). ``measured=True`` divides by the measured bf16
-    matmul rate instead of the datasheet (only where one is recorded).
-    """
+        precision: str = "bf16") -> float | None:
+    """Model-FLOPs utilisation as a fraction of the device's datasheet peak, or ``None`` if
+    unknown. ``precision`` picks the peak the rung computes at (``'tf32'`` for fp32 matmuls
+    with TF32 allowed, ``'bf16'`` for bf16)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not valid; valid choices: {PRECISIONS}")
     achieved = achieved_tflops(tokens_per_s, flops_per_token)   # refuses non-positive rates
     peak = peak_for(device_name)
     if peak is None:
         return None
-    if measured:
-        if precision != "bf16" or peak.measured_bf16 is None:
-            return None
-        denom = peak.measured_bf16
-    else:
-        denom = peak.tflops(precision)
-    return achieved / denom
+    return achieved / peak.tflops(precision)
