@@ -137,3 +137,21 @@ def test_read_run_takes_roofs_from_the_same_runs_probe(tmp_path):
     lone = tmp_path / "jax.json"
     lone.write_text((H200 / "jax.json").read_text())
     assert read_run(lone).roofs is None
+
+
+# -- the notebooks call declared rungs, each once, in ladder order ---------------------------------
+def _rung_cells(notebook: str) -> list[str]:
+    import re
+    nb = json.loads((ROOT / "notebooks" / notebook).read_text())
+    return [m for c in nb["cells"] if c["cell_type"] == "code"
+            for m in re.findall(r'page\.rung\("([^"]+)"\)', "".join(c["source"]))]
+
+
+@pytest.mark.parametrize("framework,notebook", [("torch", "01_pytorch_ladder.ipynb"),
+                                                ("jax", "02_jax_ladder.ipynb")])
+def test_notebook_runs_every_declared_rung_once(framework, notebook):
+    from perfladder.ladder import Rung
+    fw = pytest.importorskip(f"perfladder.{framework}", reason=f"perfladder.{framework} does not import here")
+    if not all(isinstance(r, Rung) for r in getattr(fw, "RUNGS", {}).values()):
+        pytest.skip(f"perfladder.{framework}.RUNGS is not yet a registry of perfladder.ladder.Rung")
+    assert _rung_cells(notebook) == [n for n, r in fw.RUNGS.items() if not r.optional]
