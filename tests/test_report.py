@@ -195,7 +195,9 @@ def test_evidence_card_profile_is_device_time_first(h200):
 
 def test_evidence_card_of_a_skipped_rung_and_receipt(h200):
     card = cards.evidence_card_text(h200["torch"], "R5")
-    assert "not measured" in card and "error" in card and "2 GPUs" in card
+    assert "R5 DDP: not measured" in card and "was not measured: data parallelism needs at least 2 GPUs" in card
+    bare = cards.evidence_card_text(h200["torch"], "R5", sentences=False)   # the error, said once either way
+    assert "error" in bare and "2 GPUs" in bare and "What it did" not in bare
     receipt = dict(cards.card_rows(h200["torch"], h200["torch"].rung("R2")))["receipt"]
     assert "claimed bf16" in receipt and "(matches)" in receipt     # torch.bfloat16 is bf16
 

@@ -68,10 +68,11 @@ def _flat(d: dict, depth: int = 0) -> str:
     return ", ".join(parts)
 
 
-def card_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
-    """``[(slot, text)]`` of everything ``r`` recorded (what the card shows)."""
+def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[tuple[str, str]]:
+    """``[(slot, text)]`` of everything ``r`` recorded (what the card shows; ``error``: include
+    a skipped rung's error, which its sentences otherwise already say)."""
     out: list[tuple[str, str]] = []
-    if not r.measured:
+    if not r.measured and error:
         out.append(("error", r.error or "; ".join(r.notes) or "not measured"))
     t = r.timing
     if t is not None:
@@ -142,12 +143,14 @@ def evidence_card_html(result: LadderResult, name: str, sentences: bool = True, 
     r = result.rung(name)
     title = f"<strong>{esc(r.name)} · {esc(r.label)}</strong>" + (
         f" — {esc(rate(r.tokens_per_s))} tokens/s" if r.measured else " — not measured")
-    rows = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)] for k, v in card_rows(result, r)]
+    rows = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)]
+            for k, v in card_rows(result, r, error=not sentences)]
     out = [f'<div class="perfladder-card" style="border: 1px solid #ddd; border-radius: 4px; '
            f'padding: 0.4em 0.8em; margin: 0.5em 0;"><p style="margin: 0.2em 0;">{title}</p>']
     if sentences:
         out.append(story_html(result, name, plan))
-    out.append(table_html(["evidence", "value"], rows))
+    if rows:
+        out.append(table_html(["evidence", "value"], rows))
     prof = profile_rows(r)
     if prof:
         out.append(f'<p style="margin: 0.2em 0; font-size: 0.85em;">Top of the profile, per step, '
@@ -165,7 +168,7 @@ def evidence_card_text(result: LadderResult, name: str, sentences: bool = True, 
     lines = [f"{r.name} {r.label}: " + (f"{rate(r.tokens_per_s)} tokens/s" if r.measured else "not measured")]
     if sentences:
         lines.append(story_text(result, name, plan))
-    lines += [f"  {k:<10} {v}" for k, v in card_rows(result, r)]
+    lines += [f"  {k:<10} {v}" for k, v in card_rows(result, r, error=not sentences)]
     for x in profile_rows(r):
         dev = "-" if x.get("device_ms") is None else f"{x['device_ms']:.3f}"
         lines.append(f"  device {dev:>8} ms  {x['name'][:70]}")

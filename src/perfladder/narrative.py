@@ -285,7 +285,8 @@ def smoke_check(r: RungResult) -> str:
 def learning_text(check) -> str:
     if check is None:
         return "No learning check was recorded."
-    out = (f"{check.configuration or 'The fastest'} configuration trained {check.steps} steps from a fresh "
+    who = f"{check.configuration}'s" if check.configuration else "The fastest"
+    out = (f"{who} configuration trained {check.steps} steps from a fresh "
            f"initialisation: mean training loss {check.first:.3f} over the first {check.window} steps, "
            f"{check.last:.3f} over the last {check.window}")
     if check.val_after is not None:
