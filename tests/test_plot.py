@@ -113,9 +113,12 @@ def test_committed_h200_waterfalls_render(tmp_path):
         assert ceiling_lines(waterfall(bare).axes[0]) == []
 
 
-def test_smoke_results_are_labelled():
-    ax = waterfall(seed_ladder("smoke")).axes[0]
+def test_smoke_results_are_labelled_and_read_nothing():
+    r = seed_ladder("smoke")
+    ax = waterfall(r).axes[0]
     assert "SMOKE" in ax.get_title()
+    assert [t.get_text() for t in ax.texts] == ["base", "", "", "", "", "did not\nsettle"]   # no ratio, no verdict
+    assert set(bar_colors(r)[1:]) == {NOISE_COLOR}
 
 
 def test_nothing_to_plot():

@@ -161,6 +161,8 @@ def test_smoke_ladder_is_a_code_check():
     summary = " ".join(reading.summary(r))
     assert "check of the code" in summary and "No number of this run is a performance result" in summary
     assert "Smoke run" in report.ladder_table_html(r)
+    assert call(r, r.rung("R1")).word == "smoke" and call(r, r.rung("R1")).ratio is None
+    assert "2.00x" not in report.ladder_table_html(r) and "faster" not in report.text_table(r)
 
 
 def test_short_reason_cuts_at_a_clause():

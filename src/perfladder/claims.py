@@ -122,7 +122,7 @@ def regime_of(r: RungResult) -> str:
 @dataclass(frozen=True)
 class Call:
     """What a page may say about a rung against the rung it builds on."""
-    word: str                 # faster | slower | within noise | unsettled | start | skipped
+    word: str                 # faster | slower | within noise | unsettled | start | skipped | smoke
     against: str | None = None
     ratio: float | None = None        # printed only when not None
     credited: bool = False            # a speedup the page may credit
@@ -161,8 +161,10 @@ def rung_or_none(result: LadderResult, name: str | None) -> RungResult | None:
 
 
 def call(result: LadderResult, r: RungResult) -> Call:
-    """``r``'s verdict against its base, with the crediting rules of this module."""
-    return call_of(r.verdict, r, rung_or_none(result, r.builds_on))
+    """``r``'s verdict against its base, with the crediting rules of this module. A smoke run's
+    comparisons are 'smoke': its numbers check the code, so nothing is read from them."""
+    c = call_of(r.verdict, r, rung_or_none(result, r.builds_on))
+    return Call("smoke", c.against) if is_smoke(result) and c.word not in ("skipped", "start") else c
 
 
 def against(r: RungResult, other: RungResult) -> Call:

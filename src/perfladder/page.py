@@ -116,8 +116,8 @@ class LadderPage:
         else:
             shows = (f"No committed reference run could be read ({self.reference_error}), so the page shows "
                      "the smoke run itself: its numbers are not performance results.")
-        text = (f"This build found no GPU ({device}). Each cell below runs its rung live in the tiny smoke "
-                "configuration, as a check that the code runs and its gates pass; the grey boxes report "
+        text = (f"This build runs the tiny smoke configuration on {device}. Each cell below runs its rung "
+                "live, as a check that the code runs and its gates pass; the grey boxes report "
                 f"that check, and its numbers are NOT performance results. {shows}")
         display_html(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
                               "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
