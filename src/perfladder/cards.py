@@ -45,8 +45,14 @@ def profile_rows(r: RungResult, limit: int = PROFILE_ROWS) -> list[dict]:
             rows.append({"name": row["Name"], "device_ms": None if dev is None else dev / steps,
                          "host_ms": None if host is None else host / steps,
                          "calls": int(calls) / steps if calls.isdigit() else None})
-    key = lambda x: (x.get("device_ms") is None, -(x.get("device_ms") or 0), -(x.get("host_ms") or 0))  # noqa: E731
-    return sorted(rows, key=key)[:limit]
+    def device_first(x):
+        return x.get("device_ms") is None, -(x.get("device_ms") or 0), -(x.get("host_ms") or 0)
+    return sorted(rows, key=device_first)[:limit]
+
+
+def _code(name: str) -> str:
+    """A kernel or operator name: monospace, allowed to break anywhere (they are long)."""
+    return f'<code style="word-break: break-all;">{esc(name)}</code>'
 
 
 def _num(v) -> str:
@@ -106,7 +112,8 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         out.append(("receipt", f"claimed {rc.claimed}; observed {seen} "
                     f"({'matches' if receipt_ok(rc) else 'does NOT match'}); read in {rc.where}"))
     if r.memory is not None and r.memory.bytes is not None:
-        out.append(("memory", f"{gib(r.memory.bytes)} {r.memory.kind}" + (f" ({r.memory.note})" if r.memory.note else "")))
+        note = f" ({r.memory.note})" if r.memory.note else ""
+        out.append(("memory", f"{gib(r.memory.bytes)} {r.memory.kind}{note}"))
     if r.compile is not None:
         out.append(("compile", f"first call {r.compile.first_call_s:.1f} s"
                     + ("" if r.compile.compilations is None else f", {r.compile.compilations} compilation(s)")))
@@ -124,10 +131,11 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         out.append(("prediction", line))
     if r.profile is not None:
         pr = r.profile
-        shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(pr.shares.items(), key=lambda kv: -kv[1]) if v >= 0.005)
-        out.append(("profile", f"{pr.tool}, {pr.steps} steps: device "
-                    f"{'-' if pr.device_ms is None else f'{pr.device_ms:.2f}'} ms/step, host "
-                    f"{'-' if pr.host_ms is None else f'{pr.host_ms:.2f}'} ms/step" + (f"; {shares}" if shares else "")))
+        by_share = sorted(pr.shares.items(), key=lambda kv: -kv[1])
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in by_share if v >= 0.005)
+        ms = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        out.append(("profile", f"{pr.tool}, {pr.steps} steps: device {ms(pr.device_ms)} ms/step, host "
+                    f"{ms(pr.host_ms)} ms/step" + (f"; {shares}" if shares else "")))
     details = {k: v for k, v in r.details.items() if k not in _SKIP_DETAILS}
     if details:
         out.append(("details", _flat(details)))
@@ -158,7 +166,7 @@ def evidence_card_html(result: LadderResult, name: str, sentences: bool = True, 
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         out.append(table_html(["device ms", "host ms", "calls", "operator / kernel"],
                               [[fmt(x.get("device_ms"), ".3f"), fmt(x.get("host_ms"), ".3f"),
-                                fmt(x.get("calls"), "g"), f'<code style="word-break: break-all;">{esc(x["name"])}</code>']
+                                fmt(x.get("calls"), "g"), _code(x["name"])]
                                for x in prof], numeric={0, 1, 2}))
     return "".join(out) + "</div>"
 
@@ -187,15 +195,16 @@ def kernel_html(kb: dict, title: str = "") -> str:
     steps = kb.get("steps") or 1
     ms = lambda us: us / steps / 1000.0  # noqa: E731
     busy = kb.get("busy")
-    head = (f"{title + ': ' if title else ''}{kb.get('framework', '')} {'kernels' if kb.get('device') == 'gpu' else 'CPU ops'} "
-            f"on {kb.get('device')}: {ms(kb.get('total_us', 0)):.2f} ms per step summed over {steps} profiled steps"
+    what = "kernels" if kb.get("device") == "gpu" else "CPU ops"
+    head = (f"{title + ': ' if title else ''}{kb.get('framework', '')} {what} on {kb.get('device')}: "
+            f"{ms(kb.get('total_us', 0)):.2f} ms per step summed over {steps} profiled steps"
             + ("" if not kb.get("num_events") else f", {kb['num_events'] / steps:.0f} launches per step")
             + ("" if busy is None else f", {busy:.0%} of the profiled wall time"))
     cats = sorted(kb.get("category_us", {}).items(), key=lambda kv: -kv[1])
     shares = kb.get("category_share", {})
     cat_rows = [[f"{ms(us):.3f}", f"{shares.get(c, 0):.1%}", esc(c)] for c, us in cats if us > 0]
     top = [[f"{ms(k['total_us']):.3f}", f"{k['share']:.1%}", f"{k['calls'] / steps:g}", esc(k["category"]),
-            f'<code style="word-break: break-all;">{esc(k["name"])}</code>'] for k in kb.get("top", [])]
+            _code(k["name"])] for k in kb.get("top", [])]
     notes = "".join(f"<li>{esc(n)}</li>" for n in kb.get("notes", []))
     return (f'<div class="perfladder-kernels"><p style="margin: 0.2em 0;"><strong>{esc(head)}</strong></p>'
             + table_html(["ms/step", "share", "category"], cat_rows, numeric={0, 1})

@@ -130,7 +130,8 @@ def _base_why(r: RungResult, base: RungResult, c: Call) -> str:
         return out + f" {r.name} {t.does}: that goes after what binds a {word} step." + _AGREES.get(c.word, "")
     if word in _MISMATCH:
         return out + f" {r.name} {t.does}, {_MISMATCH[word]}." + _DISAGREES.get(c.word, "")
-    return out + f" {r.name} {t.does}; with no single cost dominating, only the measurement can say whether that pays."
+    return (out + f" {r.name} {t.does}; with no single cost dominating, only the measurement can say "
+            "whether that pays.")
 
 
 def _memory_trade(r: RungResult, base: RungResult | None, c: Call) -> str:
@@ -274,7 +275,8 @@ def smoke_check(r: RungResult) -> str:
         parts.append(f"{ok} of {len(r.gates)} gate(s) passed ({', '.join(g.name for g in r.gates)})")
     if r.receipt is not None:
         seen = ", ".join(f"{k} {v}" for k, v in r.receipt.observed.items())
-        parts.append(f"receipt {seen} ({'matches' if receipt_ok(r.receipt) else 'does not match'} {r.receipt.claimed})")
+        verdict = "matches" if receipt_ok(r.receipt) else "does not match"
+        parts.append(f"receipt {seen} ({verdict} {r.receipt.claimed})")
     if r.compile is not None:
         parts.append(f"first call {r.compile.first_call_s:.1f} s")
     if r.timing is not None:

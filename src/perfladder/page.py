@@ -142,7 +142,8 @@ class LadderPage:
                     f"this technique ({decl.key if decl else name}): it was recorded before the rung existed.")
             display_html(paragraphs_html([text]), text)
             return
-        label = f"Reference run: {self.reference.framework} on {self.reference.device}, {self.reference.created[:10]}"
+        other = self.reference
+        label = f"Reference run: {other.framework} on {other.device}, {other.created[:10]}"
         display_html(f'<p style="margin: 0.4em 0 0 0; font-size: 0.85em; color: #666;">{esc(label)}</p>'
                      + cards.evidence_card_html(self.reference, ref.name),
                      label + "\n" + cards.evidence_card_text(self.reference, ref.name))

@@ -127,7 +127,8 @@ def table_html(head: list[str], rows: list[list[str]], numeric: set[int] = froze
 
 
 def paragraphs_html(sentences: list[str], cls: str = "perfladder-text") -> str:
-    return f'<div class="{cls}">' + "".join(f'<p style="margin: 0.3em 0;">{esc(s)}</p>' for s in sentences) + "</div>"
+    body = "".join(f'<p style="margin: 0.3em 0;">{esc(s)}</p>' for s in sentences)
+    return f'<div class="{cls}">{body}</div>'
 
 
 def bullets_html(sentences: list[str], cls: str = "perfladder-text") -> str:
@@ -167,7 +168,8 @@ def _regime_cell(r: RungResult) -> tuple[str, str]:
         return "", ""
     if word == "host-bound":
         return word, f"busy {reg['busy']:.0%}"
-    if word in ("compute-bound", "memory-bound", "mixed") and (reg.get("compute_share") or reg.get("memory_share")):
+    shares = reg.get("compute_share") or reg.get("memory_share")
+    if word in ("compute-bound", "memory-bound", "mixed") and shares:
         return word, f"matmul+attn {reg.get('compute_share', 0):.0%}, memory {reg.get('memory_share', 0):.0%}"
     if word == "mixed":
         return word, "no breakdown"
@@ -177,7 +179,8 @@ def _regime_cell(r: RungResult) -> tuple[str, str]:
 def ladder_rows(result: LadderResult) -> list[list[str]]:
     rows = []
     for r in result.rungs:
-        name = f"<strong>{esc(r.name)}</strong>" + small(esc(r.label) + ("" if r.kind in ("rung",) else f" ({esc(r.kind)})"))
+        kind = "" if r.kind == "rung" else f" ({esc(r.kind)})"
+        name = f"<strong>{esc(r.name)}</strong>" + small(esc(r.label) + kind)
         if not r.measured:
             rows.append([name, "skipped" + small(esc(short_reason(r.error, 90))), "", "", "", ""])
             continue
