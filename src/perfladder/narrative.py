@@ -14,11 +14,11 @@ waterfall's reading and the ladder's summary in ``perfladder.reading``.
 """
 from __future__ import annotations
 
-from .claims import (Call, against, call, gib, is_smoke, rate, receipt_ok, regime_of, rung_or_none, settled,
-                     unsettled_clause, windows_text)
+from .claims import (Call, against, call, gib, is_smoke, rate, receipt_ok, regime_of, rung_or_none,
+                     settled, unsettled_clause, windows_text)
 from .results import LadderResult, RungResult
-from .verdict import MIN_EFFECT
 from .techniques import COMPUTE, CONTROLS, DIAGNOSES, HOST, MEMORY, NEXT_MOVES, technique
+from .verdict import MIN_EFFECT
 
 
 # -- per rung ------------------------------------------------------------------------------------
@@ -118,13 +118,12 @@ _DISAGREES = {"faster": " Yet it measured faster: the regime reading missed part
 
 def _base_why(r: RungResult, base: RungResult, c: Call) -> str:
     t = technique(r.key)
-    reg = base.regime or {}
-    word = reg.get("regime", "not profiled")
+    reg, word = base.regime or {}, regime_of(base)
     if word == "not profiled":
         return (f"{base.name}, which {r.name} builds on, was not profiled, so no regime reading "
                 "backs or doubts this step: the measurement alone decides.")
     out = f"{base.name}, the configuration {r.name} builds on, was {regime_phrase(reg)}."
-    if t is None or t.memory_trade or word not in _MISMATCH and word != "mixed" and word not in t.attacks:
+    if t is None or t.memory_trade:          # a memory trade is read against memory, below
         return out
     if word in t.attacks:
         return out + f" {r.name} {t.does}: that goes after what binds a {word} step." + _AGREES.get(c.word, "")
@@ -207,9 +206,8 @@ def why(result: LadderResult, r: RungResult) -> str:
     base = rung_or_none(result, r.builds_on)
     c = call(result, r)
     if base is None or not base.measured:
-        own = r.regime or {}
-        return ("It is where the ladder starts" + ("" if own.get("regime", "not profiled") == "not profiled"
-                else f"; its step is {regime_phrase(own)}") + ".")
+        return ("It is where the ladder starts" + ("" if regime_of(r) == "not profiled"
+                else f"; its step is {regime_phrase(r.regime)}") + ".")
     parts = [_base_why(r, base, c)]
     if t is not None and t.memory_trade:
         parts.append(_memory_trade(r, base, c))
@@ -230,11 +228,10 @@ def next_move(result: LadderResult, r: RungResult, plan=None) -> str:
     order = [x.name for x in result.rungs]
     plan = list(result.rungs if plan is None else plan)
     names = [x.name for x in plan]
-    word = (r.regime or {}).get("regime", "not profiled")
+    word = regime_of(r)
     who, prefix = r, ""
     if word == "not profiled":
-        earlier = [x for x in result.rungs[: order.index(r.name)]
-                   if (x.regime or {}).get("regime", "not profiled") != "not profiled"]
+        earlier = [x for x in result.rungs[: order.index(r.name)] if regime_of(x) != "not profiled"]
         if not earlier:
             return f"{r.name} was not profiled, and no step before it was: its regime is not known."
         who = earlier[-1]
