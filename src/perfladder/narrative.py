@@ -21,6 +21,9 @@ from .techniques import COMPUTE, CONTROLS, DIAGNOSES, HOST, MEMORY, NEXT_MOVES, 
 from .verdict import MIN_EFFECT
 
 
+BASELINE = "the baseline, against which the ladder's cumulative factor is taken"
+
+
 # -- per rung ------------------------------------------------------------------------------------
 def _comparison(c: Call, r: RungResult, base: RungResult | None) -> str:
     a = c.against
@@ -65,13 +68,15 @@ def did(result: LadderResult, r: RungResult) -> str:
     if r.kind == "control" or (t is not None and t.control):
         out = f"{head} (windows {windows_text(r)}). It is a control, not a step of the waterfall."
     elif c.word == "start":
-        role = ("the baseline every ratio on this page is taken against" if r.name == result.baseline
-                else f"the floor the ladder starts from (ratios on this page are to {result.baseline})")
+        role = (BASELINE if r.name == result.baseline
+                else f"the floor the ladder starts from, left of its baseline {result.baseline}")
         out = f"{head} (windows {windows_text(r)}): {role}."
         if settled(r) is False:
             out += f" {unsettled_clause(r)}."
     else:
         out = f"{head}, {_comparison(c, r, base)}."
+        if r.name == result.baseline:
+            out += f" {r.name} is {BASELINE}."
     p = r.prediction
     if p is not None:
         meas = p.measured_tokens_per_s or r.tokens_per_s
