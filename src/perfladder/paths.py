@@ -37,3 +37,31 @@ def build_results_dir() -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"{source} is not writable")
     return path
+
+
+REFERENCE_FILE = Path("benchmarks") / "results" / "reference.txt"
+
+
+def reference_run(root: str | Path | None = None) -> Path:
+    """The committed run a page shows when this build cannot measure one itself: the folder
+    under ``benchmarks/results/`` named by the first line of ``benchmarks/results/reference.txt``
+    that is neither blank nor a ``#`` comment. ``root``: the repository (default: the book root
+    above the working directory, else above this package)."""
+    base = Path(root) if root is not None else (repo_root() or repo_root(Path(__file__).parent))
+    if base is None:
+        raise FileNotFoundError(f"no book root (_config.yml + _toc.yml) above {Path.cwd()} or "
+                                f"{Path(__file__).parent}: cannot find {REFERENCE_FILE}")
+    pointer = base / REFERENCE_FILE
+    if not pointer.is_file():
+        raise FileNotFoundError(f"{pointer} is missing: it names the committed reference run "
+                                "(a folder under benchmarks/results/)")
+    names = [ln.strip() for ln in pointer.read_text().splitlines()
+             if ln.strip() and not ln.strip().startswith("#")]
+    if not names:
+        raise ValueError(f"{pointer} names no run folder")
+    folder = pointer.parent / names[0]
+    if not folder.is_dir() or "/" in names[0] or names[0] in (".", ".."):
+        choices = sorted(p.name for p in pointer.parent.iterdir() if p.is_dir())
+        raise ValueError(f"{pointer} names {names[0]!r}, which is not a run folder; "
+                         f"valid choices: {', '.join(choices)}")
+    return folder
