@@ -125,7 +125,8 @@ class Receipt(Record):
     @property
     def ok(self) -> bool:
         want = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}[self.claimed]
-        return bool(self.observed) and all(v == want for v in self.observed.values())
+        return bool(self.observed) and all(str(v).removeprefix("torch.") == want
+                                           for v in self.observed.values())
 
 
 @dataclass

@@ -8,7 +8,7 @@ the decision and its reasons side by side.
 from __future__ import annotations
 
 VERDICTS = ("faster", "slower", "within noise", "unsettled")
-REGIMES = ("host-bound", "compute-bound", "memory-bound", "mixed", "not profiled")
+REGIMES = ("host-bound", "compute-bound", "memory-bound", "mixed", "device-bound", "not profiled")
 
 # A window range is the settled windows' [min, max]. Two ranges that overlap cannot be told
 # apart; ranges that do not are a real difference. An effect under MIN_EFFECT is called noise
@@ -82,6 +82,9 @@ def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) 
     if busy is not None and busy < HOST_BOUND:
         out.update(regime="host-bound", why=f"kernels are busy {100 * busy:.0f}% of the "
                    f"{step_ms:.1f} ms step; the rest the device waits for the host")
+    elif not shares:
+        out.update(regime="device-bound", why="the kernels keep the device busy; the profile has "
+                   "no kernel categories to say which kind")
     elif compute >= COMPUTE_SHARE and (frac is None or frac >= COMPUTE_ROOF):
         out.update(regime="compute-bound", why=f"matmul and attention take {100 * compute:.0f}% of "
                    "kernel time" + ("" if frac is None else f" at {100 * frac:.0f}% of the matmul roof"))
