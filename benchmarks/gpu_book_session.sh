@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Rebuild the book with the full config on a GPU machine, in the background, and gather the evidence.
 #
-#   benchmarks/h200_book_session.sh start    # launches the job in its own process session
-#   benchmarks/h200_book_session.sh wait N   # waits up to N seconds, then reports
-#   benchmarks/h200_book_session.sh collect DIR   # packs logs, results and HTML into DIR
+#   benchmarks/gpu_book_session.sh start    # launches the job in its own process session
+#   benchmarks/gpu_book_session.sh wait N   # waits up to N seconds, then reports
+#   benchmarks/gpu_book_session.sh collect DIR   # packs logs, results and HTML into DIR
 #
-# The job (in order): the device probe (matmul and copy ceilings), the JAX bf16 anomaly
-# diagnostics (skip with ANOMALY=0), then `make book` (scripts/setup.sh installs the book's wheels from .whl/
-# offline; build_book.sh picks the full config because a GPU is present). It runs detached
+# The job: the device probe (matmul and copy ceilings) and `make book` (scripts/setup.sh
+# installs the book's wheels from .whl/ offline; build_book.sh picks the full config because a
+# GPU is present). With two or more GPUs, the GPU-only tests run on the last GPU alongside the
+# first minutes of the build (the ladders use every GPU only at their multi-GPU rungs, last).
+# ANOMALY=1 adds the JAX bf16 anomaly diagnostics first. It runs detached
 # (setsid), so it survives the shell or ssh connection that started it; `wait` can be called
 # again from a later one. Everything lands in /tmp/perfladder-job.
 set -uo pipefail
@@ -24,7 +26,12 @@ case "${1:-}" in
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       date +%s > '"$JOB"'/t0
       timeout 90 python3 benchmarks/device_probe.py --out '"$JOB"'/device.json > '"$JOB"'/probe.log 2>&1
-      if [ "${ANOMALY:-1}" = 1 ]; then
+      ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+      if [ "$ngpu" -ge 2 ]; then
+        (CUDA_VISIBLE_DEVICES=$((ngpu - 1)) timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests \
+          > '"$JOB"'/gpu_tests.log 2>&1; echo "gpu tests exit $?" >> '"$JOB"'/status) &
+      fi
+      if [ "${ANOMALY:-0}" = 1 ]; then
         timeout 300 python3 benchmarks/jax_bf16_anomaly.py --config full --out '"$JOB"'/anomaly.json > '"$JOB"'/anomaly.log 2>&1
         echo "anomaly exit $?" >> '"$JOB"'/status
       fi
@@ -46,7 +53,8 @@ case "${1:-}" in
     out=${2:?collect DIR}; mkdir -p "$out"
     cp "$JOB"/device.json "$JOB"/status "$out"/ 2>/dev/null
     tar czf "$out/evidence.tgz" -C "$JOB" . 2>/dev/null
-    [ -d /tmp/perfladder-tree/_build/html ] && tar czf "$out/html.tgz" -C /tmp/perfladder-tree/_build html results
+    [ -d /tmp/perfladder-tree/_build/html ] && tar czf "$out/html.tgz" -C /tmp/perfladder-tree/_build html
+    [ -d /tmp/perfladder-tree/_build/results ] && tar czf "$out/results.tgz" -C /tmp/perfladder-tree/_build results jupyter_execute
     ls -la "$out"
     ;;
   *) echo "usage: $0 start | wait SECONDS | collect DIR" >&2; exit 2 ;;
