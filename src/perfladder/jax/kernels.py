@@ -22,9 +22,9 @@ import time
 
 import jax
 
-from ..kernels import (KernelBreakdown, KernelEvents, breakdown, hlo_module_name, hlo_op_categories,
-                       parse_chrome_trace, refine, select_kernel_events)
+from ..kernels import KernelBreakdown, KernelEvents, breakdown, parse_chrome_trace, select_kernel_events
 from ..timing import RecompileError
+from .hlo import hlo_module_name, hlo_op_categories, refine
 from .timer import compile_count, has_gpu
 
 TRACE_FILES = ("perfetto_trace.json.gz", "*.trace.json.gz", "*.trace.json")
