@@ -33,8 +33,11 @@ from .trainstep import TrainStep
 
 EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
 EAGER_MAX_WINDOWS = 4    # ... and it gives up early (an un-jitted step is slow)
-PROFILE_STEPS = {"smoke": 2}   # steps under the profiler; others: DEFAULT_PROFILE_STEPS
+PROFILE_STEPS = {"smoke": 2}   # steps under the profiler per rung; other configs: the default
 DEFAULT_PROFILE_STEPS = 5
+REPORT_STEPS = {"smoke": 2}    # ... and for the kernel report of the fastest configuration
+DEFAULT_REPORT_STEPS = 5
+REPORT_WARMUP, REPORT_TOP = 3, 12
 PLAN_NOTE = "lower(...).compile().memory_analysis().temp_size_in_bytes"
 
 
@@ -93,11 +96,21 @@ class JaxLab:
         gc.collect()     # a rung's models and steps go before the next one builds its own
 
     def kernel_report(self, name: str, recipe: Recipe) -> dict:
-        from .learning import kernel_report
-        return kernel_report(self, recipe)
+        """The kernel breakdown (``KernelBreakdown.to_dict()``) of ``recipe``'s compiled step,
+        profiled outside any timed window. Raises on failure (the engine records it)."""
+        from .kernels import kernel_breakdown
+        step = self.build_step(recipe)
+        stream = self.stream(recipe.batch_size)
+        X, Y = next(stream)
+        self.first_call(step, X, Y)
+        kb = kernel_breakdown(step, stream, steps=REPORT_STEPS.get(self.config.name, DEFAULT_REPORT_STEPS),
+                              warmup=REPORT_WARMUP, top=REPORT_TOP,
+                              hlo_text=step.lower(X, Y).compile().as_text())
+        step.commit()
+        return kb.to_dict()
 
     def learning_check(self, name: str, recipe: Recipe) -> LearningCheck:
-        from .learning import learning_check
+        from .learning import learning_check     # one function: a stronger check can replace it
         return learning_check(self, recipe)
 
     # -- building blocks --------------------------------------------------------------------
@@ -156,7 +169,10 @@ class JaxLab:
 
     def profile(self, step, stream, hlo_text: str | None = None, devices: int = 1) -> ProfileSummary:
         from .profile import profile_step
-        return profile_step(step, stream, steps=self.profile_steps, hlo_text=hlo_text, devices=devices)
+        # CPU: the raw trace (tests/test_jax_kernels.py checks it agrees with the Perfetto JSON)
+        # saves most of the second it takes to stop the profiler; a GPU keeps the JSON path
+        return profile_step(step, stream, steps=self.profile_steps, hlo_text=hlo_text,
+                            devices=devices, perfetto=self.on_gpu)
 
     def precision(self, recipe: Recipe) -> str:
         """What the matmuls run in: 'bf16', or 'tf32' (fp32 on a GPU), or 'fp32' (CPU)."""

@@ -1,4 +1,4 @@
-"""What the ladder does with its fastest configuration: the kernel report and the learning check.
+"""The learning check of the fastest configuration: speed that breaks the model is not speed.
 
 ``learning_check`` trains the configuration from a fresh init on the training split and
 reads the held-out validation loss before and after with the plain reference model (fp32,
@@ -15,7 +15,6 @@ import numpy as np
 from flax import nnx
 
 from ..results import LearningCheck, smoothed_check
-from .kernels import kernel_breakdown
 from .lab import JaxLab
 from .recipe import Recipe
 from .steps import loss_fn
@@ -24,8 +23,6 @@ from .stream import batches
 LEARN_SEED_OFFSET = 1000   # the learning check's stream, away from the timed streams
 VAL_FRACTION = 0.8         # trained validation loss must be under 0.8 ln(V); a uniform guess scores ln(V)
 VAL_WINDOWS = 1024         # held-out windows evaluated, at most
-REPORT_STEPS = {"smoke": 2}
-DEFAULT_REPORT_STEPS = 5
 
 _val_loss = nnx.jit(loss_fn)
 
@@ -55,33 +52,18 @@ def learning_check(lab: JaxLab, recipe: Recipe, steps: int | None = None,
     Xv, Yv = lab.data.val_arrays()
     Xv, Yv = Xv[:VAL_WINDOWS], Yv[:VAL_WINDOWS]
     chunk = min(len(Xv), recipe.batch_size)
-    reference = reference_model(lab)
-    before = val_loss(reference, Xv, Yv, chunk)
     step = lab.build_step(recipe)
     stream = batches(lab.data, recipe.batch_size, seed=lab.config.seed + LEARN_SEED_OFFSET)
     losses = [step(*next(stream)) for _ in range(steps)]
-    losses = jax.device_get(jnp.stack(losses))
+    check = smoothed_check(jax.device_get(jnp.stack(losses)), window=window)   # raises: no fall
+    reference = reference_model(lab)                          # the same init as the trained model
+    check.val_before = val_loss(reference, Xv, Yv, chunk)
     model, _ = step.commit()
     nnx.update(reference, nnx.state(model, nnx.Param))       # the trained weights, plain model
-    check = smoothed_check(losses, window=window)
-    check.val_before, check.val_after = before, val_loss(reference, Xv, Yv, chunk)
+    check.val_after = val_loss(reference, Xv, Yv, chunk)
     check.threshold = VAL_FRACTION * math.log(lab.gpt_config.vocab_size)
     check.evaluated_with = (f"reference model (fp32, nnx.jit, gather embedding, xla attention) with "
                             f"the trained weights; {len(Xv) // chunk * chunk} held-out windows")
     if not check.passed:
         raise AssertionError(f"speed that breaks the model is not speed: {check}")
     return check
-
-
-def kernel_report(lab: JaxLab, recipe: Recipe, warmup: int = 3, top: int = 12) -> dict:
-    """The kernel breakdown (``KernelBreakdown.to_dict()``) of ``recipe``'s compiled step,
-    profiled outside any timed window. Raises on failure (the engine records it)."""
-    step = lab.build_step(recipe)
-    stream = lab.stream(recipe.batch_size)
-    X, Y = next(stream)
-    lab.first_call(step, X, Y)
-    text = step.lower(X, Y).compile().as_text()
-    kb = kernel_breakdown(step, stream, steps=REPORT_STEPS.get(lab.config.name, DEFAULT_REPORT_STEPS),
-                          warmup=warmup, top=top, hlo_text=text)
-    step.commit()
-    return kb.to_dict()

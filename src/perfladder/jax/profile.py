@@ -30,15 +30,17 @@ def issue_ms(step, stream, n: int) -> float:
     return 1e3 * issued / n
 
 
-def profile_step(step, stream, *, steps: int, hlo_text: str | None = None,
-                 devices: int = 1) -> ProfileSummary:
+def profile_step(step, stream, *, steps: int, hlo_text: str | None = None, devices: int = 1,
+                 perfetto: bool = True) -> ProfileSummary:
     """``ProfileSummary`` of a compiled, warmed-up ``step(X, Y)``.
 
     ``hlo_text`` (the step's compiled module) lets the kernels be categorized by what they
-    hold; ``devices`` > 1 (a sharded step) divides the summed kernel time per device.
+    hold; ``devices`` > 1 (a sharded step) divides the summed kernel time per device;
+    ``perfetto=False`` reads the raw trace instead of converting it (faster to stop).
     """
     host = issue_ms(step, stream, steps)
-    kb = kernel_breakdown(step, stream, steps=steps, warmup=0, top=ROWS, hlo_text=hlo_text)
+    kb = kernel_breakdown(step, stream, steps=steps, warmup=0, top=ROWS, hlo_text=hlo_text,
+                          perfetto=perfetto)
     per = 1.0 / (steps * devices * 1e3)            # summed µs -> ms per step per device
     rows = [{"name": k.name, "category": k.category, "device_ms": k.total_us * per,
              "calls": k.calls / steps} for k in kb.top]

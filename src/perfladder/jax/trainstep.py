@@ -7,8 +7,6 @@ not from a second call beside it. (Un-jitted, every call writes them.)
 """
 from __future__ import annotations
 
-from functools import partial
-
 from flax import nnx
 
 from .recipe import Recipe
@@ -28,7 +26,11 @@ class TrainStep:
         self.model, self.optimizer, self.jit = model, optimizer, jit
         self.observed: dict[str, str] = {}
         self._split = None
-        body = partial(train_step, view=view, observe=self.observed)
+        observed = self.observed
+
+        def body(model, optimizer, X, Y):
+            return train_step(model, optimizer, X, Y, view, observed)
+        body.__name__ = body.__qualname__ = "train_step"     # the compiled module: jit_train_step
         if jit == "none":
             self._call = lambda X, Y: body(model, optimizer, X, Y)
         elif jit == "nnx":
