@@ -134,3 +134,13 @@ def test_bad_arguments(kw, match):
 def test_compiled_hlo_text_needs_the_jitted_function():
     with pytest.raises(TypeError, match="lower"):
         jk.compiled_hlo_text(lambda x: x, 1.0)
+
+
+def test_device_probe_runs_small_on_cpu():
+    """The probe JaxLab runs on a GPU (roofs), at a toy size: every key, positive rates."""
+    from perfladder.jax.probe import probe_roofs
+    roofs = probe_roofs(n=64, copy_mib=1, inner=2, reps=2)
+    assert set(roofs) == {"matmul_bf16_tflops", "matmul_tf32_tflops", "copy_gbps", "source", "method"}
+    assert roofs["matmul_bf16_tflops"] > 0 and roofs["matmul_tf32_tflops"] > 0 and roofs["copy_gbps"] > 0
+    with pytest.raises(ValueError, match="reps=0 must be a positive integer"):
+        probe_roofs(reps=0)

@@ -48,8 +48,7 @@ def rope_tables(T: int, Dh: int, base: float = 10000.0) -> tuple[np.ndarray, np.
     They depend on shapes only, so they are worked out once, on the host, while the step is
     traced, and enter the XLA program as constants. Computed with ``jnp`` inside the traced
     function instead, XLA fuses ``cos``/``sin`` into the elementwise kernel that rotates q
-    and k and evaluates them for every element of (B, T, H, Dh): B*H times the work (the
-    PyTorch side lost 30% of a step to exactly that on the H200, run 1).
+    and k and evaluates them for every element of (B, T, H, Dh): B*H times the work.
     """
     half = Dh // 2
     inv_freq = np.float32(base) ** (-np.arange(half, dtype=np.float32) / np.float32(half))  # (Dh/2,)

@@ -43,25 +43,29 @@ def _median_s(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def matmul_tflops(dtype, n: int, inner: int, reps: int) -> float:
+    kx, ky = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (n, n), jnp.float32).astype(dtype)
+    y = (jax.random.normal(ky, (n, n), jnp.float32) / jnp.sqrt(jnp.float32(n))).astype(dtype)
+    return 2 * n ** 3 * inner / _median_s(lambda: _matmuls(x, y, inner=inner), reps) / 1e12
+
+
+def copy_gbps(mib: int, inner: int, reps: int) -> float:
+    elems = mib * 2 ** 20 // 4
+    a = jax.random.normal(jax.random.key(1), (elems,), jnp.float32)
+    return 2 * 4 * elems * inner / _median_s(lambda: _passes(a, inner=inner), reps) / 1e9
+
+
 def probe_roofs(n: int = MATMUL_N, copy_mib: int = COPY_MIB, inner: int = INNER,
                 reps: int = REPS) -> dict:
     """``{"matmul_bf16_tflops", "matmul_tf32_tflops", "copy_gbps", "source", "method"}``."""
     for name, v in (("n", n), ("copy_mib", copy_mib), ("inner", inner), ("reps", reps)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive integer")
-    kx, ky, kc = jax.random.split(jax.random.key(0), 3)
-    x32 = jax.random.normal(kx, (n, n), jnp.float32)
-    y32 = jax.random.normal(ky, (n, n), jnp.float32) / jnp.sqrt(jnp.float32(n))
-    x16, y16 = x32.astype(jnp.bfloat16), y32.astype(jnp.bfloat16)
-    flops = 2 * n ** 3 * inner
-    bf16 = flops / _median_s(lambda: _matmuls(x16, y16, inner=inner), reps) / 1e12
-    fp32 = flops / _median_s(lambda: _matmuls(x32, y32, inner=inner), reps) / 1e12
-    del x32, y32, x16, y16
-    elems = copy_mib * 2 ** 20 // 4
-    a = jax.random.normal(kc, (elems,), jnp.float32)
-    copy = 2 * 4 * elems * inner / _median_s(lambda: _passes(a, inner=inner), reps) / 1e9
     device = jax.devices()[0]
-    return {"matmul_bf16_tflops": bf16, "matmul_tf32_tflops": fp32, "copy_gbps": copy,
+    return {"matmul_bf16_tflops": matmul_tflops(jnp.bfloat16, n, inner, reps),
+            "matmul_tf32_tflops": matmul_tflops(jnp.float32, n, inner, reps),
+            "copy_gbps": copy_gbps(copy_mib, inner, reps),
             "source": f"perfladder.jax.probe on {device.device_kind} (this run)",
             "method": f"median of {reps} synced repeats after a warm-up, each a jitted loop of "
                       f"{inner}: {n}x{n} matmuls (2n^3 FLOPs, random data; fp32 at JAX's default "

@@ -281,9 +281,8 @@ def traced_flops(model, X, Y) -> int:
     formula leaves out (the forward that activation checkpointing recomputes, the one-hot
     embedding's extra matmul). It leaves out elementwise work, and anything hidden in a custom
     call (cuDNN attention). Why not XLA's ``cost_analysis()``: on a GPU the optimized program
-    hands its matmuls to cuBLAS custom calls that the analysis does not count (the H200 book
-    build counted 45 of 969 GFLOP for the fp32 step), and jax 0.11's GPU backend gives no
-    count for the lowered, pre-optimization program at all.
+    hands its matmuls to cuBLAS custom calls that the analysis does not count, and jax 0.11's
+    GPU backend gives no count for the lowered, pre-optimization program at all.
     """
     graphdef, state = nnx.split(model)
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (state, X, Y))
