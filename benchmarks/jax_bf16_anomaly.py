@@ -121,25 +121,22 @@ def summarize_ptx(files: list[Path]) -> dict:
 
 
 # -- one variant ------------------------------------------------------------------------------
-def run_variant(name, spec, ladder, args, hlo_dir: Path, dump_dir: Path | None, jax, jnp):
-    from perfladder.jax.beyond import (embedding_scatters, per_step_times, scatters_in_hlo,
-                                       step_stats)
-    from perfladder.jax.steps import make_split_step, planned_temp_bytes, scatter_add_dtypes, traced_flops
+def run_variant(name, spec, lab, args, hlo_dir: Path, dump_dir: Path | None, jax, jnp):
+    from perfladder.jax import Recipe
+    from perfladder.jax.diagnosis import per_step_times, step_stats
+    from perfladder.jax.hlo import embedding_scatters, scatters_in_hlo
+    from perfladder.jax.steps import planned_temp_bytes, scatter_add_dtypes, traced_flops
     from perfladder.jax.timer import compile_count, throughput
     from perfladder.timing import RecompileError
-    cfg = ladder.config
-    dtype = getattr(jnp, spec["dtype"])
-    kw = {k: v for k, v in spec.items() if k not in ("dtype", "split")}
-    model, opt = ladder.build(dtype, **kw)
-    if spec.get("split"):
-        split = make_split_step(model, opt)
-        step, lower = split, split.lower
-    else:
-        step = lambda X, Y: ladder.step(model, opt, X, Y)  # noqa: E731
-        lower = lambda X, Y: ladder.step.lower(model, opt, X, Y)  # noqa: E731
-    stream = ladder.stream(cfg.big_batch)
+    cfg = lab.config
+    kw = {k: v for k, v in spec.items() if k != "split"}
+    recipe = Recipe(batch_size=cfg.big_batch, jit="split" if spec.get("split") else "nnx", **kw)
+    step = lab.build_step(recipe)
+    model, lower = step.model, step.lower
+    stream = lab.stream(cfg.big_batch)
     X, Y = next(stream)
-    rec = {"variant": name, "spec": spec, "batch_size": cfg.big_batch, "seq_len": cfg.num_steps}
+    rec = {"variant": name, "spec": spec, "recipe": recipe.to_dict(), "batch_size": cfg.big_batch,
+           "seq_len": cfg.num_steps}
     table = tuple(model.token_emb.embedding.shape)
     rec["jaxpr_embedding_scatter_add"] = scatter_add_dtypes(model, X, Y)   # before any donation
 
@@ -176,7 +173,8 @@ def run_variant(name, spec, ladder, args, hlo_dir: Path, dump_dir: Path | None, 
     rec["per_step"] = step_stats(times)
     rec["per_step_ms_all"] = [1e3 * t for t in times]
     rec["tokens_per_s_at_median"] = cfg.big_batch * cfg.num_steps / (rec["per_step"]["median_ms"] / 1e3)
-    t = throughput(step, stream, warmup=2, timed=args.window, windows=3)
+    t = throughput(step, stream, warmup=2, timed=args.window, windows=3,
+                   target_spread=cfg.target_spread, max_windows=cfg.max_windows)
     rec["windowed"] = {"tokens_per_s": t.tokens_per_s, "spread": t.spread,
                        "step_ms": 1e3 * t.step_time_s, "windows": t.windows}
 
@@ -316,7 +314,7 @@ def main(argv=None) -> int:
         fast_cpu_compiles()
     import jax
     import jax.numpy as jnp
-    from perfladder.jax import Ladder, has_gpu, versions
+    from perfladder.jax import JaxLab, has_gpu, versions
     gpu = has_gpu()
     if not gpu:
         args.ptx_skip_reason = "CPU run: XLA:CPU generates host code, there is no PTX; run on a GPU"
@@ -328,12 +326,12 @@ def main(argv=None) -> int:
     args.window = args.window or (3 if smoke else 15)
     args.profile = gpu if args.profile is None else args.profile
 
-    ladder = Ladder(cfg, command="benchmarks/jax_bf16_anomaly.py " + " ".join(sys.argv[1:]))
-    summary = {"device": ladder.device, "config": cfg.to_dict(), "versions": versions(),
+    lab = JaxLab(cfg, command="benchmarks/jax_bf16_anomaly.py " + " ".join(sys.argv[1:]), probe=False)
+    summary = {"device": lab.device_name, "config": cfg.to_dict(), "versions": versions(),
                "settings": {"steps": args.steps, "warmup": args.warmup, "window": args.window,
                             "profile": args.profile, "ftz_atomics": args.ftz_atomics,
                             "dump_dir": None if dump_dir is None else str(dump_dir)},
-               "xla_flags": os.environ.get("XLA_FLAGS", ""), "notes": list(ladder.result.notes),
+               "xla_flags": os.environ.get("XLA_FLAGS", ""), "notes": list(lab.result.notes),
                "variants": {}, "skipped": {}}
     if args.ftz_atomics:   # did XLA take the option? (reading CompileOptions parses XLA_FLAGS)
         from jaxlib import xla_client
@@ -347,7 +345,7 @@ def main(argv=None) -> int:
             continue
         print(f"[{name}] ...", flush=True)
         try:
-            rec = run_variant(name, spec, ladder, args, hlo_dir, dump_dir, jax, jnp)
+            rec = run_variant(name, spec, lab, args, hlo_dir, dump_dir, jax, jnp)
         except Exception as e:   # one failing variant (e.g. cudnn refusing a shape) must not hide the rest
             summary["skipped"][name] = f"failed: {type(e).__name__}: {e}"[:2000]
             print(f"[{name}] FAILED: {type(e).__name__}: {e}", flush=True)
@@ -381,8 +379,8 @@ def main(argv=None) -> int:
 
 
 def scatters_in_hlo(text: str, table_shape: tuple[int, int]) -> list[dict]:
-    """``perfladder.jax.beyond.scatters_in_hlo`` (kept here for the script's readers and tests)."""
-    from perfladder.jax.beyond import scatters_in_hlo as parse
+    """``perfladder.jax.hlo.scatters_in_hlo`` (kept here for the script's readers and tests)."""
+    from perfladder.jax.hlo import scatters_in_hlo as parse
     return parse(text, table_shape)
 
 

@@ -36,26 +36,19 @@ def parse_cases(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def run_case(ladder, dtype: str, batch: int, n: int) -> dict:
-    import jax.numpy as jnp
+def run_case(lab, dtype: str, batch: int, n: int) -> dict:
+    from perfladder.jax import Recipe
+    from perfladder.jax.diagnosis import host_overhead
 
-    from perfladder.jax.beyond import host_overhead
-    from perfladder.jax.steps import make_split_step, make_train_step
-
-    dt = getattr(jnp, CASES[dtype])
-    stream = ladder.stream(batch)
-    model_a, opt_a = ladder.build(dt)
-    nnx_step = make_train_step()
-    model_b, opt_b = ladder.build(dt)
-    split = make_split_step(model_b, opt_b)
-    ways = {"nnx.jit": lambda X, Y: nnx_step(model_a, opt_a, X, Y), "split": split}
+    recipe = Recipe(batch_size=batch, dtype=CASES[dtype])
+    ways = {"nnx.jit": lab.build_step(recipe), "split": lab.build_step(recipe.replace(jit="split"))}
     out = {"dtype": dtype, "batch": batch}
     for name, step in ways.items():
-        t = ladder.time(step, stream)
-        h = host_overhead(step, stream, n)
-        out[name] = {"tokens_per_s": t.tokens_per_s, "spread": t.spread,
+        t, _ = lab.measure(step, batch)
+        h = host_overhead(step, lab.stream(batch), n)
+        out[name] = {"tokens_per_s": t.tokens_per_s, "spread": t.spread, "stable": t.stable,
                      "step_ms": 1e3 * t.step_time_s, **h}
-    split.commit()
+        step.commit()
     out["host_bound"] = {k: out[k]["dispatch_ms_per_step"] >= 0.8 * out[k]["step_ms"] for k in ways}
     return out
 
@@ -72,14 +65,14 @@ def main(argv=None) -> int:
         p.error(f"--n={args.n} must be at least 2")
 
     from perfladder.config import pick_config
-    from perfladder.jax import Ladder, device_name, versions
+    from perfladder.jax import JaxLab, device_name, versions
 
     cfg = pick_config(args.config)
-    ladder = Ladder(cfg)
+    lab = JaxLab(cfg, probe=False)
     t0 = time.perf_counter()
     results = []
     for dtype, batch in cases:
-        r = run_case(ladder, dtype, batch, args.n)
+        r = run_case(lab, dtype, batch, args.n)
         results.append(r)
         for k in ("nnx.jit", "split"):
             x = r[k]
@@ -88,8 +81,8 @@ def main(argv=None) -> int:
                   + ("  <- host-bound" if r["host_bound"][k] else ""), flush=True)
     data = {"device": device_name(), "config": cfg.name, "versions": versions(),
             "n_issued": args.n, "cases": results, "seconds": time.perf_counter() - t0,
-            "method": "ladder timer (warm-up, 3 synced windows, median); issue time = wall time to "
-                      "call the step n times without waiting, after a sync"}
+            "method": "ladder timer (warm-up, synced windows until they settle, median); issue time = "
+                      "wall time to call the step n times without waiting, after a sync"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -124,6 +124,24 @@ def torch_smoke_ladder():
     return result, events
 
 
+@pytest.fixture(scope="session")
+def jax_smoke_ladder():
+    """The JAX ladder in the smoke config -- every rung, the kernel report and the learning
+    check -- run once per session and shared by tests/test_jax_rungs.py and
+    tests/test_jax_beyond.py. Returns ``(LadderResult, events)``, ``events`` the ``progress``
+    calls in order. Treat both as read-only."""
+    pytest.importorskip("jax")
+    import shutil
+    from perfladder.jax.timer import fast_cpu_compiles
+    if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk cache
+        fast_cpu_compiles()
+    from perfladder.config import get_config
+    from perfladder.jax import run_ladder
+    events = []
+    result = run_ladder(get_config("smoke"), progress=lambda *e: events.append(e), command="pytest")
+    return result, events
+
+
 @pytest.fixture
 def synthetic_result():
     return make_result()

@@ -12,6 +12,7 @@ import optax  # noqa: E402
 
 from perfladder import kernels as K  # noqa: E402
 from perfladder.jax import kernels as jk  # noqa: E402
+from perfladder.jax.hlo import hlo_module_name  # noqa: E402
 from perfladder.timing import RecompileError  # noqa: E402
 
 D_IN, D_H, V, B = 32, 64, 16, 16
@@ -78,7 +79,7 @@ def test_breakdown_on_cpu_is_real_and_consistent(tiny):
 
 def test_hlo_text_resolves_fusions(tiny):
     _, hlo, b, by_name = tiny
-    assert K.hlo_module_name(hlo) == "jit__train"
+    assert hlo_module_name(hlo) == "jit__train"
     # the module text finds the dots (XLA:CPU hides some in ynn fusions) and the AdamW update
     assert b.category_us["matmul"] > 0
     assert b.category_us["optimizer"] > 0
@@ -86,6 +87,14 @@ def test_hlo_text_resolves_fusions(tiny):
     # names alone cannot see the optimizer inside XLA's fusions, and say so
     assert by_name.category_us["optimizer"] == 0
     assert any("no hlo_text" in n for n in by_name.notes)
+
+
+def test_breakdown_from_the_raw_trace(tiny):
+    """perfetto=False (the per-rung profiles on CPU) reads the xplane.pb: the same categories."""
+    step, hlo, b, _ = tiny
+    raw = jk.kernel_breakdown(step, stream(seed=3), steps=2, warmup=0, hlo_text=hlo, perfetto=False)
+    assert raw.device == "cpu" and raw.total_us > 0
+    assert {c for c, us in raw.category_us.items() if us} == {c for c, us in b.category_us.items() if us}
 
 
 def test_real_trace_files_agree(tmp_path):
@@ -125,3 +134,13 @@ def test_bad_arguments(kw, match):
 def test_compiled_hlo_text_needs_the_jitted_function():
     with pytest.raises(TypeError, match="lower"):
         jk.compiled_hlo_text(lambda x: x, 1.0)
+
+
+def test_device_probe_runs_small_on_cpu():
+    """The probe JaxLab runs on a GPU (roofs), at a toy size: every key, positive rates."""
+    from perfladder.jax.probe import probe_roofs
+    roofs = probe_roofs(n=64, copy_mib=1, inner=2, reps=2)
+    assert set(roofs) == {"matmul_bf16_tflops", "matmul_tf32_tflops", "copy_gbps", "source", "method"}
+    assert roofs["matmul_bf16_tflops"] > 0 and roofs["matmul_tf32_tflops"] > 0 and roofs["copy_gbps"] > 0
+    with pytest.raises(ValueError, match="reps=0 must be a positive integer"):
+        probe_roofs(reps=0)

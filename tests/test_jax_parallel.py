@@ -1,6 +1,7 @@
-"""R5 on four forced CPU host devices, in a subprocess (XLA reads the device count once, at
-backend start): sharded and FSDP steps give the unsharded step's losses on the same global
-batch, the stream lays batches out per device, and the R5 rung records its cost model."""
+"""The multi-GPU rungs on four forced CPU host devices, in a subprocess (XLA reads the device
+count once, at backend start): sharded and FSDP steps give the unsharded step's losses on the
+same global batch, the stream lays batches out per device, and R5 writes down the cost
+model's prediction before it measures."""
 import json
 import os
 import subprocess
@@ -14,24 +15,24 @@ SCRIPT = r'''
 import json
 from perfladder.jax.timer import fast_cpu_compiles
 fast_cpu_compiles()
-import jax, jax.numpy as jnp
+import jax
 from perfladder.config import get_config
-from perfladder.jax import Ladder, batches
+from perfladder.jax import JaxLab, Ladder, Recipe, batches
 from perfladder.jax.parallel import batch_sharding, make_data_mesh, place_state, shardings_of
-from perfladder.jax.rungs import r5_data_parallel
 
 cfg = get_config("smoke")
-ladder = Ladder(cfg)
+lab = JaxLab(cfg)
 mesh = make_data_mesh(4)
-X, Y = next(batches(ladder.data, 4 * cfg.batch_size))          # one global batch
+X, Y = next(batches(lab.data, 4 * cfg.batch_size))              # one global batch
 
 def losses(layout):
-    model, opt = ladder.build(jnp.float32)                       # same init every time
+    place = None if layout is None else (
+        lambda model, opt: place_state(mesh, model, opt, fsdp=layout == "fsdp"))
+    step = lab.build_step(Recipe(batch_size=4 * cfg.batch_size), place)   # same init every time
     x, y = X, Y
     if layout:
-        place_state(mesh, model, opt, fsdp=layout == "fsdp")
         x, y = jax.device_put(X, batch_sharding(mesh)), jax.device_put(Y, batch_sharding(mesh))
-    return [float(ladder.step(model, opt, x, y)) for _ in range(3)], model
+    return [float(step(x, y)) for _ in range(3)], step.model
 
 out = {"devices": jax.device_count()}
 out["single"], _ = losses(None)
@@ -39,9 +40,10 @@ out["dp"], m = losses("dp")
 out["dp_specs"] = sorted(set(shardings_of(m).values()))
 out["fsdp"], m = losses("fsdp")
 out["fsdp_specs"] = shardings_of(m)
-Xs, _ = next(batches(ladder.data, 8, sharding=batch_sharding(mesh)))
+Xs, _ = next(batches(lab.data, 8, sharding=batch_sharding(mesh)))
 out["stream_shards"] = sorted(tuple(s.data.shape) for s in Xs.addressable_shards)
-out["r5"] = r5_data_parallel(ladder, k=4).to_dict()
+run = Ladder(cfg)
+out["r5"] = run.run("R5").to_dict()
 print("RESULT" + json.dumps(out))
 '''
 
@@ -76,15 +78,21 @@ def test_layouts(four_devices):
     assert out["stream_shards"] == [[2, 16]] * 4                # batch 8 split four ways
 
 
-def test_r5_rung_records_the_cost_model_before_measuring(four_devices):
+def test_r5_measures_after_writing_down_its_prediction(four_devices):
+    """R5 runs R1's fp32 step at R1's batch per device; R5x / R5f take the same path
+    (``multigpu.sharded``) with another recipe, and R5f the FSDP layout of the test above."""
     out, stdout = four_devices
     r5 = out["r5"]
-    assert r5["kind"] == "multi-gpu" and r5["tokens_per_s"] > 0
-    assert r5["batch_size"] == 4 * 32 and r5["precision"] == "bf16"
-    cost = r5["extra"]["cost_model"]
-    assert cost["k"] == 4 and cost["floor_tokens_per_s"] <= cost["ceiling_tokens_per_s"]
-    printed = stdout.index("R5 cost model (k=4)")
-    assert printed < stdout.index("RESULT")
+    assert r5["kind"] == "multi-gpu" and r5["tokens_per_s"] > 0 and r5["builds_on"] == "R1"
+    assert r5["batch_size"] == 4 * 8 and r5["precision"] == "fp32" and r5["recipe"]["jit"] == "nnx"
+    assert r5["details"]["layout"] == "replicated" and r5["details"]["devices"] == 4
+    p = r5["prediction"]
+    assert [pt["k"] for pt in p["points"]] == [4]
+    assert p["points"][0]["floor_tokens_per_s"] <= p["points"][0]["ceiling_tokens_per_s"]
+    assert p["measured_tokens_per_s"] == r5["tokens_per_s"]
+    assert p["assumptions"]["single_device_source"] == "measured here on one device"
+    assert r5["profile"]["device_ms"] > 0 and r5["receipt"]["observed"]["logits"] == "float32"
+    assert stdout.index("R5 prediction for k=4") < stdout.index("RESULT")
 
 
 def test_cost_model_and_fsdp_spec_by_hand():

@@ -1,6 +1,8 @@
-"""The JAX ladder in the smoke config: one run of every rung, shared by the tests below
-(and by test_jax_beyond.py, which checks the B rungs of the same run)."""
+"""The JAX ladder in the smoke config: the seed rungs, the registry and the engine's rules on
+the JAX lab. The run is shared with test_jax_beyond.py (conftest.jax_smoke_ladder)."""
+import math
 import shutil
+import statistics
 import warnings
 
 from perfladder.jax.timer import fast_cpu_compiles
@@ -9,157 +11,233 @@ if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk c
     fast_cpu_compiles()
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 
 from perfladder.config import get_config  # noqa: E402
-from perfladder.jax import RUNGS, Ladder, learning_check, make_split_step, run_ladder  # noqa: E402
-from perfladder.jax.ladder import EAGER_WINDOWS  # noqa: E402
-from perfladder.jax.rungs import r5_data_parallel  # noqa: E402
-from perfladder.jax.steps import assert_fp32_masters  # noqa: E402
-from perfladder.results import KINDS, LadderResult, LearningCheck, RungResult, validate  # noqa: E402
-from _jax_smoke import smoke_run  # noqa: E402
+from perfladder.evidence import ProfileSummary  # noqa: E402
+from perfladder.jax import RUNGS, JaxLab, Ladder, Recipe, run_ladder  # noqa: E402
+from perfladder.jax.lab import EAGER_WINDOWS  # noqa: E402
+from perfladder.jax.learning import VAL_FRACTION, learning_check  # noqa: E402
+from perfladder.jax.multigpu import PREDICT_KS  # noqa: E402
+from perfladder.results import KINDS, LadderResult, LearningCheck, RungResult  # noqa: E402
+from perfladder.schema import validate  # noqa: E402
 
 CFG = get_config("smoke")
-SEED = ["R0", "R1", "R2a", "R2", "R3c", "R3", "R4", "R5"]
+SEED = ["R0", "R1", "R2a", "R2", "R3c", "R3", "R4"]
+MULTI = ["R5", "R5x", "R5f"]
+KEYS = {"R0": "eager", "R1": "compile", "R2a": "bf16_naive_cast", "R2": "bf16", "R3c": "fp32_control",
+        "R3": "batch_up", "R4": "checkpoint", "B1": "embed_fp32_lookup", "B2": "onehot_embedding",
+        "B3": "split_jit", "B4": "attention_kernel", "B5": "batch_x2", "B6": "batch_x4",
+        "R5": "data_parallel", "R5x": "data_parallel_fast", "R5f": "fsdp"}
 
 
 @pytest.fixture(scope="module")
-def run():
-    """(ladder, progress events) after every rung and the learning check."""
-    return smoke_run()
+def run(jax_smoke_ladder):
+    return jax_smoke_ladder
+
+
+def test_registry_names_keys_and_declarations():
+    assert {n: r.key for n, r in RUNGS.items()} == KEYS
+    assert list(RUNGS) == list(KEYS)                                  # ladder order
+    for r in RUNGS.values():
+        assert r.label and r.section and r.gate and r.attacks, r.name
+    assert [n for n, r in RUNGS.items() if r.alternative] == ["B2"]
+    assert [n for n, r in RUNGS.items() if r.needs_gpu] == ["B4"]
+    assert {n: r.builds_on for n, r in RUNGS.items() if r.stage == "seed"} == {
+        "R0": None, "R1": "R0", "R2a": "R1", "R2": "R1", "R3c": "R1", "R3": "R2", "R4": "R3"}
+    assert RUNGS["R5"].builds_on == "R1" and RUNGS["R5x"].builds_on is None
+    assert [n for n, r in RUNGS.items() if r.stage == "multi-gpu"] == MULTI
 
 
 def test_every_rung_is_a_well_formed_result(run):
-    ladder, _ = run
-    res = ladder.result
+    res, _ = run
     assert [r.name for r in res.rungs] == list(RUNGS)
     assert res.framework == "jax" and res.baseline == "R1" and res.device == "cpu"
-    assert [r.name for r in res.rungs][:len(SEED)] == SEED
-    for r in res.rungs[:len(SEED)]:            # the B rungs: test_jax_beyond.py
-        assert isinstance(r, RungResult) and r.kind in KINDS
-        if r.kind == "skipped":
-            assert r.tokens_per_s is None and r.notes
-            continue
-        assert r.tokens_per_s > 0 and len(r.windows) == (EAGER_WINDOWS if r.name == "R0" else CFG.windows)
+    assert res.peak_tflops is None and res.roofs is None and any("no device probe" in n for n in res.notes)
+    for r in (res.rung(n) for n in SEED):
+        assert isinstance(r, RungResult) and r.kind in KINDS and r.key == KEYS[r.name]
+        t = r.timing
+        assert r.tokens_per_s > 0 and t.settled == (EAGER_WINDOWS if r.name == "R0" else CFG.windows)
+        assert len(t.windows) >= t.settled and isinstance(r.stable, bool)
+        assert r.tokens_per_s == pytest.approx(statistics.median(t.settled_windows))
         assert r.seq_len == CFG.num_steps
         assert r.batch_size == (CFG.batch_size if r.name in ("R0", "R1", "R2a", "R2") else CFG.big_batch)
-        assert r.tflops > 0 and r.mfu is None                      # CPU: no peak known
-        assert any("MFU not applicable" in n for n in r.notes)
-        if r.name != "R0":
-            assert isinstance(r.peak_mem_bytes, int) and r.peak_mem_bytes > 0
-            assert any("planned temporaries" in n for n in r.notes)
-    kinds = {r.name: r.kind for r in res.rungs if r.name in SEED}
+        assert r.batch_size == r.recipe["batch_size"]
+        assert r.tflops > 0 and r.mfu is None                           # CPU: no peak known
+        if r.name == "R0":
+            assert r.memory.bytes is None and r.memory.kind == "n/a" and r.compile is None
+        else:
+            assert r.memory.kind == "planned temporaries" and r.memory.bytes > 0
+    kinds = {n: res.rung(n).kind for n in SEED + MULTI}
     assert kinds == {"R0": "rung", "R1": "rung", "R2a": "control", "R2": "rung", "R3c": "control",
-                     "R3": "rung", "R4": "rung", "R5": "skipped"}
-    precision = {r.name: r.precision for r in res.rungs if r.kind != "skipped" and r.name in SEED}
+                     "R3": "rung", "R4": "rung", "R5": "skipped", "R5x": "skipped", "R5f": "skipped"}
+    precision = {n: res.rung(n).precision for n in SEED}
     assert precision == {"R0": "fp32", "R1": "fp32", "R2a": "fp32", "R2": "bf16", "R3c": "fp32",
                          "R3": "bf16", "R4": "bf16"}
     validate(res.to_dict())
 
 
-def test_ratios_are_to_the_jitted_step(run):
-    res = run[0].result
-    r0, r1, r2 = res.rung("R0"), res.rung("R1"), res.rung("R2")
-    assert r1.ratio_base == 1.0
-    assert r0.ratio_base == pytest.approx(r0.tokens_per_s / r1.tokens_per_s)
-    assert r1.ratio_prev == pytest.approx(r1.tokens_per_s / r0.tokens_per_s)
-    assert r2.ratio_prev == pytest.approx(r2.tokens_per_s / r1.tokens_per_s)   # R2a is a control
-    assert res.rung("R3").ratio_prev == pytest.approx(res.rung("R3").tokens_per_s / r2.tokens_per_s)
-    assert res.rung("R3c").ratio_prev is None
+def test_stable_verdict_and_profile_on_every_measured_rung(run):
+    res, _ = run
+    for r in res.rungs:
+        if not r.measured:
+            continue
+        assert isinstance(r.stable, bool), r.name
+        if r.builds_on is not None:
+            assert r.verdict["verdict"] in ("faster", "slower", "within noise", "unsettled"), r.name
+            assert r.verdict["against"] == r.builds_on
+        if r.recipe["jit"] == "none":
+            assert r.profile is None and r.regime["regime"] == "not profiled"
+            continue
+        p = r.profile
+        assert isinstance(p, ProfileSummary) and p.tool == "jax.profiler" and p.steps == 2, r.name
+        assert p.host_ms > 0 and p.device_ms > 0 and p.rows
+        assert math.isclose(sum(p.shares.values()), 1.0, rel_tol=1e-6)
+        assert r.regime["regime"] in ("host-bound", "compute-bound", "memory-bound", "mixed")
+
+
+def test_ratios_are_derived_from_the_rungs_they_build_on(run):
+    res = run[0]
+    t = {r.name: r.tokens_per_s for r in res.rungs if r.measured}
+    assert res.rung("R1").ratio_base == 1.0
+    assert res.rung("R0").ratio_base == pytest.approx(t["R0"] / t["R1"])
+    for name, prev in (("R1", "R0"), ("R2a", "R1"), ("R2", "R1"), ("R3c", "R1"), ("R3", "R2"), ("R4", "R3")):
+        assert res.rung(name).builds_on == prev
+        assert res.rung(name).ratio_prev == pytest.approx(t[name] / t[prev])
+    assert [r.name for r in res.waterfall()][:5] == ["R0", "R1", "R2", "R3", "R4"]   # controls are not
 
 
 def test_r1_records_the_step_accounting(run):
-    r1 = run[0].result.rung("R1")
-    x = r1.extra
-    assert x["parity_rel_diff"] < 1e-4                         # CPU fp32: no TF32
-    assert x["first_call_s"] > 0 and x["first_call_compilations"] >= 1
+    r1 = run[0].rung("R1")
+    gate = r1.gate("jit parity")
+    assert gate.passed and gate.values["rel_diff"] < 1e-4 <= gate.tolerances["rel_diff"]   # CPU: no TF32
+    assert r1.compile.first_call_s > 0 and r1.compile.compilations >= 1
+    x = r1.details
     assert x["traced_tflops"] == pytest.approx(x["traced_flops_per_step"] / x["step_ms"] / 1e9)
-    assert x["planned_temp_bytes"] == r1.peak_mem_bytes
     # the traced step's matmuls and the 6N + 12LTD model agree; 6N also counts the norm and bias
     # parameters, a few % of N at the smoke width (0.2% at the full one: test_jax_model.py)
     assert 0.93 < x["traced_flops_per_step"] / x["model_flops_per_step"] <= 1.0
 
 
-def test_precision_receipts(run):
-    res = run[0].result
+def test_precision_receipts_are_read_from_the_timed_step(run):
+    res = run[0]
     r2a, r2 = res.rung("R2a"), res.rung("R2")
-    assert r2a.extra["receipt"] == "float32" and set(r2a.extra["matmul_dtypes"]) == {"float32"}
-    assert r2.extra["receipt"] == "bfloat16" and set(r2.extra["matmul_dtypes"]) == {"bfloat16"}
-    assert "silently computed in fp32" in " ".join(r2a.notes)
-    assert r2.extra["temp_bytes_R1"] == res.rung("R1").peak_mem_bytes
+    assert r2a.receipt.claimed == "bf16" and not r2a.receipt.ok                 # the lesson
+    assert r2a.receipt.observed == {"first_activation": "float32", "logits": "float32"}
+    assert set(r2a.details["matmul_dtypes"]) == {"float32"}
+    assert r2a.recipe["naive_cast"] and r2a.recipe["dtype"] == "float32"
+    assert r2.receipt.ok and r2.receipt.observed == {"first_activation": "bfloat16", "logits": "bfloat16"}
+    assert set(r2.details["matmul_dtypes"]) == {"bfloat16"}
+    assert "traced" in r2.receipt.where
+    for name in ("R2", "R3", "R4"):                      # fp32 masters after the timed steps
+        assert res.rung(name).gate("fp32 masters").passed
 
 
-def test_fp32_masters_survive_the_bf16_rungs(run):
-    model, opt = run[0].models["bf16"]
-    assert model.dtype == jnp.bfloat16
-    assert_fp32_masters(model, opt)          # raises if a parameter or Adam moment is not fp32
-
-
-def test_checkpoint_rung_gated_and_planned(run):
-    res = run[0].result
-    r4 = res.rung("R4")
-    assert r4.extra["mirror_rel_diff"] <= 1e-2
-    assert r4.extra["temp_bytes_R3"] == res.rung("R3").peak_mem_bytes
-    assert 1.2 < r4.extra["flops_ratio_vs_R3"] < 1.34         # the backward pass recomputes
-    assert res.rung("R3").extra["temp_bytes_R3c"] == res.rung("R3c").peak_mem_bytes
+def test_checkpoint_rung_gated_and_its_recomputation_counted(run):
+    res = run[0]
+    r3, r4 = res.rung("R3"), res.rung("R4")
+    assert r4.gate("checkpoint mirror").values["rel_diff"] <= 1e-2
+    assert r4.recipe == {**r3.recipe, "checkpoint": True}
+    ratio = r4.details["traced_flops_per_step"] / r3.details["traced_flops_per_step"]
+    assert 1.2 < ratio < 1.34                                # the backward pass recomputes
+    assert r3.memory.bytes > 0 and r4.memory.bytes > 0 and res.rung("R3c").memory.bytes > 0
 
 
 def test_learning_check_and_progress(run):
-    ladder, events = run
-    check = ladder.result.learning
+    res, events = run
+    check = res.learning
     assert isinstance(check, LearningCheck) and check.passed and check.steps == CFG.learn_steps
-    names = [n for e, n, _ in events if e == "start"]
-    assert names == list(RUNGS) + ["learning"]
+    assert check.val_after < check.val_before
+    assert check.threshold == pytest.approx(VAL_FRACTION * math.log(CFG.gpt().vocab_size))
+    assert "reference model" in check.evaluated_with and check.configuration in RUNGS
+    assert [n for e, n, _ in events if e == "start"] == list(RUNGS) + ["learning"]
     ends = {n: p for e, n, p in events if e == "end"}
-    assert ends["R3"] is ladder.result.rung("R3") and ends["learning"] is check
+    assert ends["R3"] is res.rung("R3") and ends["learning"] is check
 
 
 def test_results_round_trip(run, tmp_path):
-    res = run[0].result
+    res = run[0]
     back = LadderResult.read(res.write(tmp_path / "jax.json"))
     assert [r.name for r in back.rungs] == list(RUNGS)
     assert back.learning.passed and back.versions["jax"] == jax.__version__
+    assert back.rung("R2a").receipt == res.rung("R2a").receipt
+    assert back.rung("R1").profile == res.rung("R1").profile
 
 
-def test_r5_on_one_device_is_skipped_and_k_too_large_is_an_error(run):
-    ladder = run[0]
-    r5 = ladder.result.rung("R5")
-    assert r5.kind == "skipped" and "one device" in r5.notes[0]
-    with pytest.raises(ValueError, match=r"k=\d+ devices requested but only 1"):
-        r5_data_parallel(ladder, k=jax.device_count() + 1)
+def test_multi_gpu_rungs_on_one_device_store_their_prediction(run):
+    res = run[0]
+    for name in MULTI:
+        r = res.rung(name)
+        assert r.kind == "skipped" and r.tokens_per_s is None and "one device" in r.error
+        p = r.prediction
+        assert [pt["k"] for pt in p.points] == list(PREDICT_KS)
+        assert p.predicted_tokens_per_s == p.points[-1]["floor_tokens_per_s"] and p.measured_tokens_per_s is None
+        assert all(pt["floor_tokens_per_s"] <= pt["ceiling_tokens_per_s"] for pt in p.points)
+    assert res.rung("R5").builds_on == "R1" and res.rung("R5").recipe == res.rung("R1").recipe
+    assert res.rung("R5").prediction.assumptions["single_device_source"] == "R1"
+    assert res.rung("R5x").builds_on == res.rung("R5f").builds_on == res.learning.configuration
+    assert res.rung("R5f").prediction.assumptions["layout"] == "fsdp"
 
 
 def test_unknown_rung_is_an_error_listing_the_valid_names():
-    with pytest.raises(ValueError, match=r"'R9'.*valid choices: R0, R1, R2a, R2, R3c, R3, R4, R5"):
+    with pytest.raises(ValueError, match=r"'R9'.*valid choices: R0, R1, R2a, R2, R3c, R3, R4, B1"):
         run_ladder(CFG, rungs=["R1", "R9"])
 
 
-def test_big_batch_larger_than_the_data_is_a_clear_error():
-    ladder = Ladder(CFG.replace(big_batch=CFG.num_train + 1))
-    with pytest.raises(ValueError, match="larger than the data"):
-        RUNGS["R3"](ladder)
+def test_a_failing_rung_is_a_skipped_entry_and_the_ladder_goes_on():
+    run = Ladder(CFG.replace(big_batch=CFG.num_train + 1))
+    r = run.run("R3")
+    assert r.kind == "skipped" and r.tokens_per_s is None and "larger than the data" in r.error
+    assert r.builds_on == "R2" and r.recipe["batch_size"] == CFG.num_train + 1
+    assert "Traceback" in r.details["traceback"] and r.key == "batch_up"
+    assert run.result.rungs == [r]
+    with pytest.raises(ValueError, match="already ran"):
+        run.run("R3")
 
 
-def test_learning_check_fails_loudly_when_the_loss_does_not_fall(run):
-    ladder = Ladder(CFG.replace(lr=-CFG.lr))              # gradient ascent: the loss rises
-    ladder.step = run[0].step
+def test_learning_check_fails_loudly_when_the_loss_does_not_fall():
+    lab = JaxLab(CFG.replace(lr=-CFG.lr))                   # gradient ascent: the loss rises
     with pytest.raises(AssertionError, match="not speed"):
-        learning_check(ladder, steps=10, window=5)
+        learning_check(lab, Recipe(batch_size=CFG.batch_size), steps=10, window=5)
 
 
-def test_split_step_matches_the_nnx_jit_step(run):
+def test_split_step_matches_the_nnx_jit_step():
     """The split/merge step with donated state computes the same training trajectory."""
-    ladder = run[0]
-    X, Y = next(ladder.stream(CFG.batch_size))
-    m1, o1 = ladder.build(jnp.float32)
-    ref = [float(ladder.step(m1, o1, X, Y)) for _ in range(3)]
-    m2, o2 = ladder.build(jnp.float32)
-    step = make_split_step(m2, o2)
+    lab = JaxLab(CFG)
+    X, Y = next(lab.stream(CFG.batch_size))
+    ref = lab.build_step(Recipe(batch_size=CFG.batch_size))
+    want = [float(ref(X, Y)) for _ in range(3)]
+    split = lab.build_step(Recipe(batch_size=CFG.batch_size, jit="split"))
+    model_before = split.model
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
-        got = [float(step(X, Y)) for _ in range(3)]
-    assert got == pytest.approx(ref, rel=1e-5)
-    model, opt = step.commit()
-    assert model is m2 and opt is o2
-    assert jnp.allclose(model.norm.scale[...], m1.norm.scale[...], atol=1e-6)
+        got = [float(split(X, Y)) for _ in range(3)]
+    assert got == pytest.approx(want, rel=1e-5)
+    model, _ = split.commit()
+    assert model is model_before
+    assert jax.numpy.allclose(model.norm.scale[...], ref.model.norm.scale[...], atol=1e-6)
+    assert split.observed == ref.observed == {"first_activation": "float32", "logits": "float32"}
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"batch_size": 0}, "batch_size=0 must be a positive integer"),
+    ({"batch_size": 8, "jit": "pjit"}, r"jit='pjit' is not valid; valid choices: \('none', 'nnx', 'split'\)"),
+    ({"batch_size": 8, "dtype": "float16"}, "dtype='float16' is not valid"),
+    ({"batch_size": 8, "naive_cast": True, "dtype": "bfloat16"}, "naive_cast=True casts the fp32 model"),
+    ({"batch_size": 8, "attn_impl": "cudnn"}, "attn_impl='cudnn' needs dtype='bfloat16'"),
+    ({"batch_size": 8, "embed": "sparse"}, "embed='sparse' is not valid"),
+])
+def test_bad_recipes_are_clear_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Recipe(**kw)
+
+
+def test_recipe_round_trip_and_text():
+    r = Recipe(batch_size=32, dtype="bfloat16", embed="onehot", embed_fp32=True, jit="split")
+    assert Recipe.from_dict(r.to_dict()) == r and r.replace(batch_size=64).batch_size == 64
+    assert str(r) == ("bf16, batch 32, onehot embedding (fp32 lookup), xla attention, "
+                      "split/merge jax.jit step")
+    with pytest.raises(ValueError, match=r"no field\(s\) \['split'\]"):
+        Recipe.from_dict({**r.to_dict(), "split": True})
+    with pytest.raises(ValueError, match=r"no field\(s\) \['batch'\]"):
+        r.replace(batch=3)

@@ -22,9 +22,9 @@ import time
 
 import jax
 
-from ..kernels import (KernelBreakdown, KernelEvents, breakdown, hlo_module_name, hlo_op_categories,
-                       parse_chrome_trace, refine, select_kernel_events)
+from ..kernels import KernelBreakdown, KernelEvents, breakdown, parse_chrome_trace, select_kernel_events
 from ..timing import RecompileError
+from .hlo import hlo_module_name, hlo_op_categories, refine
 from .timer import compile_count, has_gpu
 
 TRACE_FILES = ("perfetto_trace.json.gz", "*.trace.json.gz", "*.trace.json")
@@ -83,18 +83,26 @@ def _files_under(log_dir: str) -> list[str]:
     return sorted(out)
 
 
-def _start(log_dir: str) -> None:
+def _start(log_dir: str, perfetto: bool) -> None:
+    if not perfetto:
+        jax.profiler.start_trace(log_dir)
+        return
     try:
         jax.profiler.start_trace(log_dir, create_perfetto_trace=True)
     except TypeError:           # a jax without the perfetto switch: the xplane/JSON files remain
         jax.profiler.start_trace(log_dir)
 
 
-def trace_kernels(step, stream, steps: int, expect: str) -> tuple[KernelEvents, float]:
-    """Run ``steps`` calls of ``step`` under the profiler; their kernel events and wall µs."""
+def trace_kernels(step, stream, steps: int, expect: str,
+                  perfetto: bool = True) -> tuple[KernelEvents, float]:
+    """Run ``steps`` calls of ``step`` under the profiler; their kernel events and wall µs.
+
+    ``perfetto=False`` skips writing the Perfetto JSON (the slowest part of stopping a trace);
+    the events are then read from the raw ``*.xplane.pb``.
+    """
     with tempfile.TemporaryDirectory(prefix="perfladder-trace-") as log_dir:
         try:
-            _start(log_dir)
+            _start(log_dir, perfetto)
         except Exception as e:
             raise ProfileError(f"jax.profiler.start_trace failed: {type(e).__name__}: {e}") from e
         try:
@@ -133,7 +141,7 @@ def trace_kernels(step, stream, steps: int, expect: str) -> tuple[KernelEvents, 
 
 
 def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 10,
-                     hlo_text: str | None = None) -> KernelBreakdown:
+                     hlo_text: str | None = None, perfetto: bool = True) -> KernelBreakdown:
     """Where the device time of ``step(X, Y)`` goes: a ``perfladder.kernels.KernelBreakdown``.
 
     ``warmup`` calls first (compilation, autotuning), then ``steps`` calls under the profiler;
@@ -154,7 +162,7 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
         jax.block_until_ready(out)
     expect = "gpu" if has_gpu() else "cpu"
     before = compile_count()
-    events, wall_us = trace_kernels(step, stream, steps, expect)
+    events, wall_us = trace_kernels(step, stream, steps, expect, perfetto)
     compiled = compile_count() - before
     if compiled:
         raise RecompileError(f"{compiled} compilation(s) happened while profiling {steps} steps; "

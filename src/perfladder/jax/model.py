@@ -48,8 +48,7 @@ def rope_tables(T: int, Dh: int, base: float = 10000.0) -> tuple[np.ndarray, np.
     They depend on shapes only, so they are worked out once, on the host, while the step is
     traced, and enter the XLA program as constants. Computed with ``jnp`` inside the traced
     function instead, XLA fuses ``cos``/``sin`` into the elementwise kernel that rotates q
-    and k and evaluates them for every element of (B, T, H, Dh): B*H times the work (the
-    PyTorch side lost 30% of a step to exactly that on the H200, run 1).
+    and k and evaluates them for every element of (B, T, H, Dh): B*H times the work.
     """
     half = Dh // 2
     inv_freq = np.float32(base) ** (-np.arange(half, dtype=np.float32) / np.float32(half))  # (Dh/2,)
@@ -218,12 +217,22 @@ class GPT(nnx.Module):
         precision = jax.lax.Precision.HIGHEST if lookup == jnp.float32 else None
         return jnp.matmul(onehot, table, precision=precision).astype(self.dtype)  # (B, T, D)
 
-    def __call__(self, X: jax.Array) -> jax.Array:
-        """Token ids (B, T) -> logits (B, T, V) in the compute dtype."""
+    def __call__(self, X: jax.Array, observe: dict | None = None) -> jax.Array:
+        """Token ids (B, T) -> logits (B, T, V) in the compute dtype.
+
+        ``observe`` (a dict) receives the dtypes of the first activation and of the logits,
+        written while this forward runs -- under ``jit``, once, while it is traced -- so a
+        jitted step reports what it computes in from the program itself.
+        """
         H = self.embed(X)                                                  # (B, T, D)
+        if observe is not None:
+            observe["first_activation"] = str(jnp.result_type(H))
         for blk in self.blks:
             H = _run_block_remat(blk, H) if self.checkpoint else blk(H)    # (B, T, D)
-        return self.token_emb.attend(self.norm(H))                         # (B, T, V) tied
+        logits = self.token_emb.attend(self.norm(H))                       # (B, T, V) tied
+        if observe is not None:
+            observe["logits"] = str(jnp.result_type(logits))
+        return logits
 
     def num_params(self) -> int:
         leaves = jax.tree.leaves(nnx.state(self, nnx.Param))

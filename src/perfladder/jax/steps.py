@@ -31,18 +31,22 @@ MIRROR_TOL = {"float32": 1e-5, "bfloat16": 1e-2}
 
 
 # -- loss and step -----------------------------------------------------------------------------
-def loss_fn(model, X, Y, view: Callable | None = None):
-    """Mean cross entropy, always in fp32 (logits are cast up before the softmax)."""
+def loss_fn(model, X, Y, view: Callable | None = None, observe: dict | None = None):
+    """Mean cross entropy, always in fp32 (logits are cast up before the softmax).
+
+    ``observe``: passed to ``GPT.__call__`` (the dtypes the forward computes in)."""
     net = model if view is None else view(model)
-    logits = net(X).astype(jnp.float32)                                   # (B, T, V) fp32
+    logits = net(X, observe=observe).astype(jnp.float32)                  # (B, T, V) fp32
     flat = logits.reshape(-1, logits.shape[-1])                           # (B*T, V)
     per_token = optax.softmax_cross_entropy_with_integer_labels(flat, Y.reshape(-1))  # (B*T,)
     return per_token.mean()
 
 
-def train_step(model, optimizer, X, Y, view: Callable | None = None):
+def train_step(model, optimizer, X, Y, view: Callable | None = None, observe: dict | None = None):
     """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters."""
-    value, grads = nnx.value_and_grad(loss_fn)(model, X, Y, view)
+    # view and observe ride in the closure: as arguments of the transformed function they
+    # would be flattened and rebuilt (a copy of ``observe`` would receive the dtypes)
+    value, grads = nnx.value_and_grad(partial(loss_fn, view=view, observe=observe))(model, X, Y)
     optimizer.update(model, grads)
     return value
 
@@ -72,10 +76,10 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
     return nnx.jit(step) if jit else step
 
 
-def _pure_step(graphdef, view, state, X, Y):
+def _pure_step(graphdef, view, state, X, Y, observe: dict | None = None):
     """One training step as a pure function of the split state: merge, step, split again."""
     model, optimizer = nnx.merge(graphdef, state)
-    loss = train_step(model, optimizer, X, Y, view)
+    loss = train_step(model, optimizer, X, Y, view, observe)
     return loss, nnx.state((model, optimizer))
 
 
@@ -89,19 +93,23 @@ class SplitStep:
 
     ``step = make_split_step(model, optimizer)``; ``loss = step(X, Y)`` advances the held
     state. The model's and optimizer's own arrays are donated on the first call, so call
-    ``step.commit()`` before using ``model`` / ``optimizer`` again.
+    ``step.commit()`` before using ``model`` / ``optimizer`` again. ``observe`` (a dict)
+    gives the step its own jitted function, which writes the forward's dtypes into it while
+    it is traced.
     """
 
-    def __init__(self, model, optimizer, view: Callable | None = None):
+    def __init__(self, model, optimizer, view: Callable | None = None, observe: dict | None = None):
         self.model, self.optimizer, self.view = model, optimizer, view
         self.graphdef, self.state = nnx.split((model, optimizer))
+        self._jit = _split_jit if observe is None else jax.jit(
+            partial(_pure_step, observe=observe), static_argnums=(0, 1), donate_argnums=2)
 
     def __call__(self, X, Y):
-        loss, self.state = _split_jit(self.graphdef, self.view, self.state, X, Y)
+        loss, self.state = self._jit(self.graphdef, self.view, self.state, X, Y)
         return loss
 
     def lower(self, X, Y):
-        return _split_jit.lower(self.graphdef, self.view, self.state, X, Y)
+        return self._jit.lower(self.graphdef, self.view, self.state, X, Y)
 
     def commit(self):
         """Write the held state back into the model and optimizer; returns them."""
@@ -273,9 +281,8 @@ def traced_flops(model, X, Y) -> int:
     formula leaves out (the forward that activation checkpointing recomputes, the one-hot
     embedding's extra matmul). It leaves out elementwise work, and anything hidden in a custom
     call (cuDNN attention). Why not XLA's ``cost_analysis()``: on a GPU the optimized program
-    hands its matmuls to cuBLAS custom calls that the analysis does not count (the H200 book
-    build counted 45 of 969 GFLOP for the fp32 step), and jax 0.11's GPU backend gives no
-    count for the lowered, pre-optimization program at all.
+    hands its matmuls to cuBLAS custom calls that the analysis does not count, and jax 0.11's
+    GPU backend gives no count for the lowered, pre-optimization program at all.
     """
     graphdef, state = nnx.split(model)
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (state, X, Y))

@@ -4,12 +4,13 @@ The whole split (a few MB of int32 token windows) is copied to the device once. 
 epoch draws a new ``jax.random.permutation``; each batch is one jitted gather of
 ``batch_size`` rows of that permutation, so producing a batch costs one dispatch and no
 host work. Only whole batches are yielded (the ragged tail of an epoch is dropped), so a
-jitted step sees one shape and compiles once.
+jitted step sees one shape and compiles once. ``Batches.position`` counts the batches
+yielded, so the timer can tell a fresh batch from a repeated one without reading it.
 """
 from __future__ import annotations
 
 from functools import partial
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,7 @@ def _gather(X, Y, perm, start, *, batch_size):
 
 
 def batches(data: TimeMachine, batch_size: int, seed: int = 0, split: str = "train",
-            sharding=None) -> Iterator[tuple[jax.Array, jax.Array]]:
+            sharding=None) -> "Batches":
     """Infinite stream of ``(X, Y)`` int32 batches of shape ``(batch_size, num_steps)``.
 
     ``sharding``: an optional ``jax.sharding.NamedSharding`` to lay every batch out with
@@ -54,14 +55,26 @@ def batches(data: TimeMachine, batch_size: int, seed: int = 0, split: str = "tra
         X, Y = jax.device_put(X, replicated), jax.device_put(Y, replicated)
         gather = jax.jit(partial(_gather.__wrapped__, batch_size=batch_size),
                          out_shardings=(sharding, sharding))
-    return _stream(X, Y, gather, per_epoch, batch_size, seed)
+    return Batches(X, Y, gather, per_epoch, batch_size, seed)
 
 
-def _stream(X, Y, gather, per_epoch, batch_size, seed):
-    root, n, epoch = jax.random.key(seed), X.shape[0], 0
-    while True:
-        order = jax.random.permutation(jax.random.fold_in(root, epoch), n)  # (N,) this epoch's
-        order = order.astype(jnp.int32)
-        epoch += 1
-        for b in range(per_epoch):
-            yield gather(X, Y, order, b * batch_size)
+class Batches(Iterator):
+    """The infinite ``(X, Y)`` stream of ``batches``; ``position`` = batches yielded so far."""
+
+    def __init__(self, X, Y, gather, per_epoch: int, batch_size: int, seed: int):
+        self._X, self._Y, self._gather = X, Y, gather
+        self.per_epoch, self.batch_size = per_epoch, batch_size
+        self._root, self._order = jax.random.key(seed), None
+        self.position = 0
+
+    def __next__(self) -> tuple[jax.Array, jax.Array]:
+        epoch, b = divmod(self.position, self.per_epoch)
+        if b == 0:   # a fresh permutation of the split every epoch, (N,)
+            perm = jax.random.permutation(jax.random.fold_in(self._root, epoch), self._X.shape[0])
+            self._order = perm.astype(jnp.int32)
+        self.position += 1
+        return self._gather(self._X, self._Y, self._order, b * self.batch_size)
+
+    def __repr__(self) -> str:
+        return (f"Batches(batch_size={self.batch_size}, per_epoch={self.per_epoch}, "
+                f"position={self.position})")

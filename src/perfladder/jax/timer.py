@@ -16,10 +16,11 @@ import tempfile
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from ..checks import check_int
 from ..results import python_versions
-from ..timing import Throughput, measure
+from ..timing import DEFAULT_TARGET_SPREAD, Throughput, measure
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -57,7 +58,6 @@ def _verify_counter() -> None:
     global _verified
     if _verified:
         return
-    import numpy as np
     before = _compiles
     jax.block_until_ready(jax.jit(lambda x: 2 * x + 1)(np.arange(3.0)))   # a fresh function: compiles
     if _compiles == before:
@@ -67,8 +67,16 @@ def _verify_counter() -> None:
     _verified = True
 
 
-def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3) -> Throughput:
-    """Tokens/s of ``step(X, Y)`` over fresh batches from ``stream`` (median of ``windows``).
+def fingerprint(X) -> bytes:
+    """The first rows of a batch as bytes (a host read: the timer takes it during warm-up only)."""
+    return np.asarray(X[:2]).tobytes()
+
+
+def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3, *,
+               target_spread: float = DEFAULT_TARGET_SPREAD, max_windows: int | None = None,
+               check_content: bool = True) -> Throughput:
+    """Tokens/s of ``step(X, Y)`` over fresh batches from ``stream``: the median of the last
+    ``windows`` windows once they agree within ``target_spread`` (see ``perfladder.timing``).
 
     Raises ``perfladder.timing.RecompileError`` if XLA compiled anything inside a window.
     """
@@ -77,7 +85,9 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
     _verify_counter()
     return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
                    sync=jax.block_until_ready, compile_count=compile_count,
-                   num_tokens=lambda X: int(X.size), shape_of=lambda X: tuple(X.shape))
+                   num_tokens=lambda X: int(X.size), shape_of=lambda X: tuple(X.shape),
+                   fingerprint=fingerprint if check_content else None,
+                   target_spread=target_spread, max_windows=max_windows)
 
 
 FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"

@@ -1,0 +1,235 @@
+"""The JAX backend of the ladder engine: ``JaxLab``.
+
+``perfladder.ladder`` runs rung declarations on a *lab*; this one knows JAX: the device and
+versions, one on-device batch stream per batch size (continued from rung to rung, so no
+batch is ever timed twice), how a ``Recipe`` becomes a model, its AdamW and a step, how a
+step is timed (``measure``), profiled (``profile``) and planned by the compiler (``plan``),
+and how a measurement becomes a ``RungResult`` (``record``).
+"""
+from __future__ import annotations
+
+import gc
+import tempfile
+import time
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ..config import LadderConfig
+from ..data import TimeMachine
+from ..evidence import Compile, Memory, Prediction, ProfileSummary, Receipt, Timing
+from ..hardware import achieved_tflops, mfu, peak_for
+from ..ladder import Rung, measure_settled
+from ..results import LadderResult, LearningCheck, RungResult
+from ..timing import Throughput
+from .model import GPT
+from .recipe import Recipe
+from .stream import Batches, batches
+from .steps import make_optimizer, planned_temp_bytes, traced_flops
+from .timer import compile_count, device_name, has_gpu, throughput, versions
+from .trainstep import TrainStep
+
+EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
+EAGER_MAX_WINDOWS = 4    # ... and it gives up early (an un-jitted step is slow)
+PROFILE_STEPS = {"smoke": 2}   # steps under the profiler per rung; other configs: the default
+DEFAULT_PROFILE_STEPS = 5
+REPORT_STEPS = {"smoke": 2}    # ... and for the kernel report of the fastest configuration
+DEFAULT_REPORT_STEPS = 5
+REPORT_WARMUP, REPORT_TOP = 3, 12
+PLAN_NOTE = "lower(...).compile().memory_analysis().temp_size_in_bytes"
+
+
+@dataclass
+class Plan:
+    """What the compiler made of a step: matmul FLOPs of the traced step, planned temporaries,
+    and the optimized module's text."""
+    traced_flops: int
+    temp_bytes: int | None
+    text: str
+
+
+class JaxLab:
+    """Everything the JAX rungs share: data, streams, the device, the growing result."""
+
+    framework = "jax"
+    seed_top = "R3"
+
+    def __init__(self, config: LadderConfig, command: str = "", probe: bool = True):
+        if not isinstance(config, LadderConfig):
+            raise TypeError(f"config must be a perfladder.config.LadderConfig, got {type(config).__name__}")
+        self.config = config
+        cached = _compile_cache_on_gpu()
+        self.data = TimeMachine(config.batch_size, config.num_steps, num_train=config.num_train,
+                                num_val=config.num_val)
+        self.gpt_config = config.gpt(vocab_size=len(self.data.vocab))
+        self.on_gpu = has_gpu()
+        self.device_name = device_name()
+        peak = peak_for(self.device_name)
+        roofs, notes = None, []
+        if not self.on_gpu:
+            notes.append("run on CPU: fp32 matmuls are plain fp32 (no TF32), MFU is not applicable, "
+                         "cudnn attention is not available; roofs: no device probe on CPU")
+        elif probe:
+            from .probe import probe_roofs
+            roofs = probe_roofs()
+        if cached:
+            notes.append("JAX's persistent compilation cache is on (a fresh folder for this process): "
+                         "a rung's second lowering for the compiler's plan is a load")
+        self.result = LadderResult(
+            framework="jax", device=self.device_name, config=config.to_dict(), baseline="R1",
+            versions=versions(), command=command,
+            peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
+            roofs=roofs, notes=notes)
+        self._streams: dict[int, Batches] = {}
+
+    # -- the engine's interface -----------------------------------------------------------------
+    def seed_recipe(self) -> Recipe:
+        """R0's configuration: the un-jitted fp32 step at the seed batch."""
+        return Recipe(batch_size=self.config.batch_size, jit="none", dtype="float32")
+
+    def recipe_from_dict(self, d: dict) -> Recipe:
+        return Recipe.from_dict(d)
+
+    def free(self) -> None:
+        gc.collect()     # a rung's models and steps go before the next one builds its own
+
+    def kernel_report(self, name: str, recipe: Recipe) -> dict:
+        """The kernel breakdown (``KernelBreakdown.to_dict()``) of ``recipe``'s compiled step,
+        profiled outside any timed window. Raises on failure (the engine records it)."""
+        from .kernels import kernel_breakdown
+        step = self.build_step(recipe)
+        stream = self.stream(recipe.batch_size)
+        X, Y = next(stream)
+        self.first_call(step, X, Y)
+        kb = kernel_breakdown(step, stream, steps=REPORT_STEPS.get(self.config.name, DEFAULT_REPORT_STEPS),
+                              warmup=REPORT_WARMUP, top=REPORT_TOP,
+                              hlo_text=step.lower(X, Y).compile().as_text())
+        step.commit()
+        return kb.to_dict()
+
+    def learning_check(self, name: str, recipe: Recipe) -> LearningCheck:
+        from .learning import learning_check     # one function: a stronger check can replace it
+        return learning_check(self, recipe)
+
+    # -- building blocks --------------------------------------------------------------------
+    @property
+    def profile_steps(self) -> int:
+        return PROFILE_STEPS.get(self.config.name, DEFAULT_PROFILE_STEPS)
+
+    def stream(self, batch_size: int) -> Batches:
+        """The training stream of this batch size (one per size, continued across rungs)."""
+        if batch_size not in self._streams:
+            self._streams[batch_size] = batches(self.data, batch_size,
+                                                seed=self.config.seed + len(self._streams))
+        return self._streams[batch_size]
+
+    def model(self, recipe: Recipe) -> GPT:
+        """A fresh model of the recipe: always the same init (``nnx.Rngs(config.seed)``), fp32
+        parameters, computing in ``recipe.dtype``."""
+        return GPT(self.gpt_config, rngs=nnx.Rngs(self.config.seed), dtype=jnp.dtype(recipe.dtype),
+                   param_dtype=jnp.float32, **recipe.model_kw())
+
+    def build_step(self, recipe: Recipe, place=None) -> TrainStep:
+        """A fresh model, its AdamW and the recipe's step. ``place(model, optimizer)`` lays the
+        state out (e.g. over a device mesh) before the step is made."""
+        if not isinstance(recipe, Recipe):
+            raise TypeError(f"recipe must be a perfladder.jax.Recipe, got {type(recipe).__name__}")
+        model = self.model(recipe)
+        optimizer = make_optimizer(model, self.config.lr)
+        if place is not None:
+            place(model, optimizer)
+        return TrainStep.of(model, optimizer, recipe)
+
+    def measure(self, step, batch_size: int, *, stream=None, eager: bool = False
+                ) -> tuple[Throughput, bool]:
+        """``(Throughput, remeasured)`` of ``step`` on fresh batches (``stream``, default the
+        training stream of ``batch_size``), measured once more when its windows did not settle."""
+        c = self.config
+        stream = self.stream(batch_size) if stream is None else stream
+        if eager:    # nothing to compile past: one warm-up step, short windows
+            kw = dict(warmup=1, timed=c.eager_timed, windows=EAGER_WINDOWS,
+                      max_windows=EAGER_MAX_WINDOWS)
+        else:
+            kw = dict(warmup=c.warmup, timed=c.timed, windows=c.windows, max_windows=c.max_windows)
+        return measure_settled(lambda: throughput(step, stream, target_spread=c.target_spread, **kw))
+
+    def first_call(self, step, X, Y) -> tuple[Compile, jax.Array]:
+        """The step's first (compiling) call, outside any timed window: ``(Compile, loss)``."""
+        c0, t0 = compile_count(), time.perf_counter()
+        loss = jax.block_until_ready(step(X, Y))
+        return Compile(first_call_s=time.perf_counter() - t0, compilations=compile_count() - c0), loss
+
+    def plan(self, step: TrainStep, X, Y) -> Plan:
+        """The compiled step's plan (compiled again: a cache load where the cache is on)."""
+        compiled = step.lower(X, Y).compile()
+        return Plan(traced_flops=traced_flops(step.model, X, Y),
+                    temp_bytes=planned_temp_bytes(compiled), text=compiled.as_text())
+
+    def profile(self, step, stream, hlo_text: str | None = None, devices: int = 1) -> ProfileSummary:
+        from .profile import profile_step
+        # CPU: the raw trace (tests/test_jax_kernels.py checks it agrees with the Perfetto JSON)
+        # saves most of the second it takes to stop the profiler; a GPU keeps the JSON path
+        return profile_step(step, stream, steps=self.profile_steps, hlo_text=hlo_text,
+                            devices=devices, perfetto=self.on_gpu)
+
+    def precision(self, recipe: Recipe) -> str:
+        """What the matmuls run in: 'bf16', or 'tf32' (fp32 on a GPU), or 'fp32' (CPU)."""
+        if recipe.bf16:
+            return "bf16"
+        return "tf32" if self.on_gpu else "fp32"
+
+    def receipt(self, recipe: Recipe, step: TrainStep) -> Receipt:
+        """The dtypes the timed step's forward computed in, as written while it was traced."""
+        claimed = "bf16" if (recipe.bf16 or recipe.naive_cast) else self.precision(recipe)
+        where = ("GPT.__call__ while the timed TrainStep was traced" if step.jitted
+                 else "GPT.__call__ in the timed (un-jitted) TrainStep")
+        if not step.observed:
+            raise RuntimeError(f"the step recorded no dtypes ({where}): was it ever called?")
+        return Receipt(claimed=claimed, observed=dict(step.observed), where=where)
+
+    # -- recording --------------------------------------------------------------------------
+    def record(self, rung: Rung, recipe: Recipe, t: Throughput, *, remeasured: bool = False,
+               kind: str = "rung", batch_size: int | None = None, gates=(),
+               receipt: Receipt | None = None, compile: Compile | None = None,
+               memory: Memory | None = None, profile: ProfileSummary | None = None,
+               prediction: Prediction | None = None, details=None, notes=()) -> RungResult:
+        """A measurement and its evidence as the rung's ``RungResult``."""
+        seq = t.batch_shape[1]
+        fpt = self.model_flops_per_token(seq)
+        precision = self.precision(recipe)
+        details = {"step_ms": 1e3 * t.step_time_s, "model_flops_per_token": fpt, **(details or {})}
+        return RungResult(
+            name=rung.name, key=rung.key, label=rung.label, tokens_per_s=t.tokens_per_s, kind=kind,
+            precision=precision, batch_size=batch_size or t.batch_shape[0], seq_len=seq,
+            recipe=recipe.to_dict(), timing=Timing.of(t, remeasured),
+            tflops=achieved_tflops(t.tokens_per_s, fpt),
+            mfu=mfu(t.tokens_per_s, fpt, self.device_name, "bf16" if precision == "bf16" else "tf32"),
+            memory=memory, compile=compile, gates=list(gates), receipt=receipt, profile=profile,
+            prediction=prediction, details=details, notes=list(notes))
+
+    def model_flops_per_token(self, seq_len: int) -> int:
+        from ..config import expected_num_params, flops_per_token
+        g = self.gpt_config
+        return flops_per_token(expected_num_params(g), g.num_blks, seq_len, g.num_hiddens)
+
+    @staticmethod
+    def planned(plan: Plan | None) -> Memory:
+        if plan is None:
+            return Memory(bytes=None, kind="n/a", note="an un-jitted step has no compiled plan")
+        return Memory(bytes=plan.temp_bytes, kind="planned temporaries", note=PLAN_NOTE)
+
+    def __repr__(self) -> str:
+        return f"JaxLab({self.config.name}, {self.device_name}, ran={[r.name for r in self.result.rungs]})"
+
+
+def _compile_cache_on_gpu() -> bool:
+    """On a GPU, JAX's persistent compilation cache in a fresh folder (unless one is set), so
+    that a rung's ``lower(...).compile()`` for the compiler's plan loads what its first call
+    compiled. Nothing timed changes; compiles happen in warm-up either way."""
+    if not has_gpu() or getattr(jax.config, "jax_compilation_cache_dir", None):
+        return False
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="perfladder-jax-cache-"))
+    return True
+

@@ -1,0 +1,95 @@
+"""One training configuration of the JAX ladder, as data: a ``Recipe``.
+
+Every rung, seed or beyond, is a recipe: R0 is the un-jitted fp32 step at the seed batch,
+R1 the same under ``nnx.jit``, and each later rung changes one field of the recipe it
+builds on (``Rung.change``). ``JaxLab.build_step(recipe)`` turns a recipe into a model, its
+AdamW and a step; nothing else decides how a rung's step is made.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .model import ATTN_IMPLS, EMBEDS
+
+JITS = ("none", "nnx", "split")           # un-jitted, nnx.jit, split/merge jax.jit with donation
+DTYPES = ("float32", "bfloat16")          # compute dtype of every module (parameters stay fp32)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one step is built and run.
+
+    ``naive_cast``: the fp32 model with its floating arrays cast to bf16 before the forward
+    (rung R2a); the modules still compute in their construction dtype.
+    ``embed_fp32``: look tokens up in the fp32 table (the gradient's scatter-add in fp32).
+    """
+    batch_size: int
+    jit: str = "nnx"
+    dtype: str = "float32"
+    naive_cast: bool = False
+    checkpoint: bool = False
+    embed: str = "gather"
+    embed_fp32: bool = False
+    attn_impl: str | None = None
+
+    def __post_init__(self):
+        b = self.batch_size
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+            raise ValueError(f"Recipe batch_size={b!r} must be a positive integer")
+        for name, valid in (("jit", JITS), ("dtype", DTYPES), ("embed", EMBEDS),
+                            ("attn_impl", ATTN_IMPLS)):
+            v = getattr(self, name)
+            if v not in valid:
+                raise ValueError(f"Recipe {name}={v!r} is not valid; valid choices: {valid}")
+        for name in ("naive_cast", "checkpoint", "embed_fp32"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Recipe {name}={getattr(self, name)!r} must be True or False")
+        if self.naive_cast and self.dtype != "float32":
+            raise ValueError(f"Recipe naive_cast=True casts the fp32 model; dtype={self.dtype!r} "
+                             "must be 'float32'")
+        if self.attn_impl == "cudnn" and self.dtype != "bfloat16":
+            raise ValueError(f"Recipe attn_impl='cudnn' needs dtype='bfloat16', got {self.dtype!r}")
+
+    @property
+    def bf16(self) -> bool:
+        """Do the modules compute in bf16? (the naive cast does not: its modules cast back)"""
+        return self.dtype == "bfloat16"
+
+    def model_kw(self) -> dict:
+        """Keyword arguments of ``GPT(...)`` beyond the config and the dtype."""
+        return dict(checkpoint=self.checkpoint, embed=self.embed, embed_fp32=self.embed_fp32,
+                    attn_impl=self.attn_impl)
+
+    def replace(self, **changes) -> "Recipe":
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"Recipe has no field(s) {unknown}; valid choices: "
+                             f"{[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Recipe":
+        if not isinstance(d, dict):
+            raise TypeError(f"Recipe.from_dict needs a dict, got {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(f"Recipe has no field(s) {unknown}; valid choices: {names}")
+        return cls(**d)
+
+    def __str__(self) -> str:
+        if self.naive_cast:
+            precision = "fp32 model, arrays cast to bf16"
+        else:
+            precision = "bf16" if self.bf16 else "fp32"
+        lookup = "fp32" if self.embed_fp32 else ("bf16" if self.bf16 else "fp32")
+        step = {"none": "un-jitted", "nnx": "nnx.jit", "split": "split/merge jax.jit"}[self.jit]
+        parts = [precision, f"batch {self.batch_size}", f"{self.embed} embedding ({lookup} lookup)",
+                 f"{self.attn_impl or 'xla'} attention", f"{step} step"]
+        if self.checkpoint:
+            parts.append("checkpointed blocks")
+        return ", ".join(parts)

@@ -1,0 +1,135 @@
+"""One jitted rung's measurement, in the same order for every rung: ``trial``.
+
+    build the recipe's step (fresh init) -> gates on the fresh model -> first (compiling) call
+    -> loss gate against a reference recipe -> receipt (dtypes written while the step was
+    traced) -> the compiler's plan -> timed windows until they settle -> profile -> fp32
+    masters checked -> a ``Trial`` that ``JaxLab.record`` turns into the rung's result.
+
+A gate or a receipt that fails raises: the engine records the rung as skipped, with the error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..evidence import Compile, Gate, ProfileSummary, Receipt
+from ..timing import Throughput
+from .hlo import embedding_scatters
+from .lab import JaxLab, Plan
+from .recipe import Recipe
+from .steps import assert_fp32_masters, matmul_dtypes, naive_bf16, scatter_add_dtypes
+from .trainstep import TrainStep
+
+GATE_STEPS = 3      # AdamW steps the loss gate compares, from the same init on the same batches
+# Loss after GATE_STEPS steps vs the reference recipe's, relative. The configurations differ in
+# how a sum is accumulated (bf16 or fp32 atomics, a matmul) or in which program runs the step;
+# bf16 keeps 8 significant bits (relative step 2**-8 ~ 4e-3), the logits carry a few such
+# roundings, and three updates move the loss by ~1e-2 relative at most from that. A wrong
+# embedding or a broken update moves it by far more.
+LOSS_TOL = 2e-2
+
+
+@dataclass
+class Trial:
+    recipe: Recipe
+    step: TrainStep
+    t: Throughput
+    remeasured: bool
+    compile: Compile
+    plan: Plan
+    profile: ProfileSummary
+    receipt: Receipt
+    gates: list[Gate] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+
+    def record(self, lab: JaxLab, rung, **kw):
+        details = {"traced_flops_per_step": self.plan.traced_flops,
+                   "traced_tflops": self.plan.traced_flops / self.t.step_time_s / 1e12,
+                   **self.details, **kw.pop("details", {})}
+        return lab.record(rung, self.recipe, self.t, remeasured=self.remeasured, gates=self.gates,
+                          receipt=self.receipt, compile=self.compile, memory=lab.planned(self.plan),
+                          profile=self.profile, details=details, **kw)
+
+
+def check_receipt(recipe: Recipe, receipt: Receipt, dots: dict[str, int]) -> None:
+    """A recipe computes in what it claims: every observed dtype, and every forward matmul
+    (bf16: all bf16 but the one fp32 one-hot lookup of ``embed_fp32``). A naive cast claims
+    bf16 and must compute in fp32."""
+    if recipe.naive_cast:            # the lesson of R2a: the arrays are bf16, the compute is not
+        if set(receipt.observed.values()) != {"float32"} or set(dots) != {"float32"}:
+            raise AssertionError(f"the naive cast computed in {receipt.observed} (matmul operands "
+                                 f"{dots}), not float32: the lesson (modules remember their fp32 "
+                                 "compute dtype) no longer holds here")
+        return
+    if not receipt.ok:
+        raise AssertionError(f"{recipe} claims {receipt.claimed} but its timed step computed in "
+                             f"{receipt.observed}")
+    if recipe.bf16:
+        lookups = 1 if (recipe.embed == "onehot" and recipe.embed_fp32) else 0
+        if set(dots) - {"bfloat16", "float32"} or not dots.get("bfloat16") or dots.get("float32", 0) != lookups:
+            raise AssertionError(f"{recipe} is not computing in bf16: matmul operands {dots} "
+                                 f"(expected bf16, plus {lookups} fp32 lookup)")
+    elif set(dots) != {"float32"}:
+        raise AssertionError(f"{recipe} is not computing in fp32: matmul operands {dots}")
+
+
+def loss_gate(got, want, reference: str, tol: float = LOSS_TOL) -> Gate:
+    """The candidate's losses over the first steps vs the reference's, relative."""
+    got, want = [float(x) for x in got], [float(x) for x in want]
+    rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(got, want)]
+    if not max(rel) <= tol:
+        raise AssertionError(f"loss over {len(got)} steps differs from {reference}: {got} vs {want} "
+                             f"(max rel diff {max(rel):.3g} > allowed {tol:g})")
+    return Gate(name="loss vs base", passed=True, values={"max_rel_diff": max(rel)},
+                tolerances={"max_rel_diff": tol}, reference=reference,
+                detail={"losses": got, "reference_losses": want})
+
+
+def trial(lab: JaxLab, recipe: Recipe, *, check: Callable | None = None,
+          reference: tuple[str, Recipe] | None = None, loss_tol: float = LOSS_TOL,
+          inspect: Callable | None = None, after: Callable | None = None, evidence: bool = False,
+          stream=None, place=None, devices: int = 1) -> Trial:
+    """Gate, compile, plan, time and profile ``recipe`` (see the module docstring).
+
+    ``check(step, X, Y) -> [Gate]`` runs on the fresh model; ``reference=(name, recipe)``
+    adds the loss gate against that recipe; ``inspect(hlo_text, details) -> dict`` reads the
+    compiled program before timing; ``after(step, stream, reference_step) -> dict`` runs after
+    timing; ``evidence`` records the embedding gradient's scatters (jaxpr and HLO).
+    ``stream`` / ``place`` / ``devices``: a sharded step's batches, state layout, device count.
+    """
+    step = lab.build_step(recipe, place)
+    stream = lab.stream(recipe.batch_size) if stream is None else stream
+    batch = [next(stream) for _ in range(GATE_STEPS if reference else 1)]
+    X, Y = batch[0]
+    gates = list(check(step, X, Y)) if check is not None else []
+    details = {"matmul_dtypes": matmul_dtypes(naive_bf16(step.model) if recipe.naive_cast
+                                              else step.model, X)}
+    if evidence:                 # before the first call: a split step donates the model's arrays
+        details["jaxpr_embedding_scatter_add"] = scatter_add_dtypes(step.model, X, Y)
+    compiled, loss = lab.first_call(step, X, Y)
+    ref_step = None
+    if reference is not None:
+        name, ref_recipe = reference
+        losses = [loss] + [step(*b) for b in batch[1:]]
+        ref_step = lab.build_step(ref_recipe)
+        gates.append(loss_gate(losses, [ref_step(*b) for b in batch], f"{name}'s recipe "
+                               f"({ref_recipe}), same init, same {len(batch)} batches", loss_tol))
+    receipt = lab.receipt(recipe, step)
+    check_receipt(recipe, receipt, details["matmul_dtypes"])
+    plan = lab.plan(step, X, Y)
+    if evidence:
+        details["hlo_embedding_scatter"] = embedding_scatters(
+            plan.text, tuple(step.model.token_emb.embedding.shape))
+    if inspect is not None:
+        details.update(inspect(plan.text, details))
+    t, remeasured = lab.measure(step, recipe.batch_size, stream=stream)
+    profile = lab.profile(step, stream, plan.text, devices)
+    if after is not None:
+        details.update(after(step, stream, ref_step))
+    model, optimizer = step.commit()
+    if recipe.bf16:
+        assert_fp32_masters(model, optimizer)
+        gates.append(Gate(name="fp32 masters", passed=True, reference="after the timed steps",
+                          detail={"parameters": "float32", "optimizer state": "float32"}))
+    return Trial(recipe=recipe, step=step, t=t, remeasured=remeasured, compile=compiled, plan=plan,
+                 profile=profile, receipt=receipt, gates=gates, details=details)
