@@ -11,6 +11,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")   # no display on the test machine
 
 import pytest  # noqa: E402
 
+from perfladder.evidence import Timing  # noqa: E402
 from perfladder.results import LadderResult, RungResult  # noqa: E402
 
 
@@ -87,35 +88,50 @@ def smoke_book() -> SmokeBook:
     return SmokeBook(log=log, out=out)
 
 
+def timing_of(windows, *, stable: bool = True, settled: int | None = None,
+              target_spread: float = 0.03) -> Timing:
+    """A ``Timing`` of the given windows (tokens/s), one second each, 10 steps per window."""
+    windows = [float(w) for w in windows]
+    return Timing(windows=windows, seconds=[1.0] * len(windows),
+                  settled=settled or len(windows), stable=stable, target_spread=target_spread,
+                  steps_per_window=10, warmup=5, batch_shape=[64, 128])
+
+
 def make_result(framework: str = "torch", device: str = "NVIDIA H200",
                 rates=(100_000.0, 250_000.0, 200_000.0, 600_000.0),
                 names=None, config_name: str = "full") -> LadderResult:
-    """A synthetic ladder: one waterfall rung per rate, plus a control and a skipped R5.
+    """A synthetic version-2 ladder: one waterfall rung per rate, each building on the one
+    before (windows +-1% around its rate, settled), plus a control on the baseline and a
+    skipped R5.
 
-    With the default rates, R2 (200k after R1's 250k) is the negative rung.
+    With the default rates, R2 (200k after R1's 250k) is the negative rung ('slower').
     """
     names = names or [f"R{i}" for i in range(len(rates))]
     res = LadderResult(framework=framework, device=device,
                        config={"name": config_name, "num_hiddens": 512}, baseline=names[0],
                        versions={"python": "3.11"}, command="pytest")
     for i, (n, t) in enumerate(zip(names, rates)):
-        res.add(RungResult(name=n, label=f"step {i}", tokens_per_s=t,
-                           windows=[0.99 * t, t, 1.01 * t], spread=0.02,
+        res.add(RungResult(name=n, key=n.lower(), label=f"step {i}", tokens_per_s=t,
+                           timing=timing_of([0.99 * t, t, 1.01 * t]),
+                           builds_on=names[i - 1] if i else None,
+                           stage="beyond" if n.startswith("B") else "seed",
                            batch_size=64, seq_len=128, precision="bf16" if i else "tf32",
                            tflops=t * 1e8 / 1e12, mfu=None, notes=[f"note {i}"]))
-    res.add(RungResult(name="R3c", label="fp32 control", tokens_per_s=rates[0] * 1.5,
-                       windows=[rates[0] * 1.5], kind="control", precision="fp32"))
-    res.add(RungResult(name="R5", label="data parallel", tokens_per_s=None, kind="skipped",
-                       notes=["one device: not applicable"]))
+    res.add(RungResult(name="R3c", key="fp32_control", label="fp32 control",
+                       tokens_per_s=rates[0] * 1.5, timing=timing_of([rates[0] * 1.5]),
+                       kind="control", precision="fp32", builds_on=names[0]))
+    res.add(RungResult(name="R5", key="data_parallel", label="data parallel", kind="skipped",
+                       stage="multi-gpu", error="one device: not applicable"))
     return res
 
 
 @pytest.fixture(scope="session")
 def torch_smoke_ladder():
-    """The PyTorch ladder in the smoke config -- seed rungs, beyond rungs, the kernel report and
-    the learning check -- run once per session and shared by tests/test_torch_ladder.py and
-    tests/test_torch_beyond.py (it costs tens of seconds). Returns ``(LadderResult, events)``,
-    ``events`` the ``progress`` calls in order. Treat both as read-only."""
+    """The PyTorch ladder in the smoke config -- seed rungs, beyond rungs, multi-GPU rungs, the
+    kernel report and the learning check -- run ONCE per session (it is the expensive part of
+    the suite) and shared by tests/test_torch_ladder.py and tests/test_torch_beyond.py.
+    Returns ``(LadderResult, events)``, ``events`` the ``progress`` calls in order. Treat both
+    as read-only."""
     pytest.importorskip("torch")
     from perfladder.config import get_config
     from perfladder.torch import run_ladder

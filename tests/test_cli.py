@@ -34,7 +34,7 @@ def test_plot_two_side_by_side(tmp_path, two_files):
 def test_table(two_files, capsys):
     assert main(["table", *map(str, two_files)]) == 0
     out = capsys.readouterr().out
-    assert "torch on NVIDIA H200 (full config), ratios to R0" in out
+    assert "torch on NVIDIA H200 (full config)" in out and "slower" in out
     assert "jax on NVIDIA H200" in out
     assert "| rung | torch tokens/s" in out                 # the side-by-side table
 
@@ -46,7 +46,8 @@ def test_malformed_json_exits_2(tmp_path, capsys):
     bad.write_text(json.dumps(data))
     assert main(["table", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "perfladder: error:" in err and "kind 'bonus'" in err and str(bad) in err
+    assert "perfladder: error:" in err and "'bonus' is not one of" in err and str(bad) in err
+    assert "rungs[0].kind (rung R0)" in err
     bad.write_text("{not json")
     assert main(["plot", str(bad), "-o", str(tmp_path / "x.png")]) == 2
     assert "not valid JSON" in capsys.readouterr().err
@@ -86,6 +87,64 @@ def test_run_unknown_rung_lists_valid_names(capsys):
     err = capsys.readouterr().err
     assert "unknown rung(s) 'R9'" in err
     assert "valid choices: " + ", ".join(ladder.RUNGS) in err
+
+
+class FakeRun:
+    """Stands in for ``perfladder.torch.run_ladder``: records what the CLI asked for."""
+
+    def __init__(self, learning=None):
+        self.calls, self.learning = [], learning
+
+    def __call__(self, cfg, rungs=None, learn=True, progress=None, command=""):
+        self.calls.append(dict(config=cfg.name, rungs=rungs, learn=learn, command=command))
+        if progress is not None:
+            for name in rungs:
+                progress("start", name, None)
+                progress("end", name, "measured")
+        res = make_result(config_name=cfg.name)
+        res.learning = self.learning
+        return res
+
+
+def test_run_asks_the_engine_for_the_default_rungs(monkeypatch, tmp_path, capsys):
+    """No --rungs: every rung but the optional ones (torch's B8), in ladder order, through the
+    engine's check_rungs; named ones are passed as named (an optional one too)."""
+    import perfladder.torch as pt
+    from perfladder.ladder import check_rungs
+    fake = FakeRun()
+    monkeypatch.setattr(pt, "run_ladder", fake)
+    out = tmp_path / "torch.json"
+    assert main(["run", "torch", "--config", "smoke", "--out", str(out), "--no-learn"]) == 0
+    call = fake.calls[-1]
+    assert call["rungs"] == check_rungs(pt.RUNGS) and "B8" not in call["rungs"]
+    assert call["config"] == "smoke" and call["learn"] is False
+    assert call["command"].startswith("perfladder ")
+    assert main(["run", "torch", "--config", "smoke", "--rungs", "B8,R0", "--quiet"]) == 0
+    assert fake.calls[-1]["rungs"] == ["R0", "B8"] and fake.calls[-1]["learn"] is True
+    captured = capsys.readouterr()
+    assert f"wrote {out}" in captured.out and "[1/" in captured.err     # progress lines unless --quiet
+    assert out.is_file()
+
+
+def test_a_failed_learning_check_exits_1_after_writing(monkeypatch, tmp_path, capsys):
+    import perfladder.torch as pt
+    from perfladder.results import LadderResult, LearningCheck
+    diverged = LearningCheck(steps=40, first=3.0, last=float("nan"), window=20,
+                             losses=[3.0] * 20 + [float("nan")] * 20)
+    monkeypatch.setattr(pt, "run_ladder", FakeRun(learning=diverged))
+    out = tmp_path / "torch.json"
+    png = tmp_path / "torch.png"
+    assert main(["run", "torch", "--config", "smoke", "--out", str(out), "--png", str(png),
+                 "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "perfladder: error: the learning check failed" in captured.err
+    assert f"wrote {out}" in captured.out and png.read_bytes()[:8] == PNG_MAGIC
+    back = LadderResult.read(out)                          # the measurements are kept
+    assert back.learning.passed is False and [r.name for r in back.rungs] == [
+        r.name for r in make_result().rungs]
+    monkeypatch.setattr(pt, "run_ladder", FakeRun(learning=LearningCheck(
+        steps=40, first=3.0, last=2.0, window=20)))
+    assert main(["run", "torch", "--config", "smoke", "--out", str(out), "--quiet"]) == 0
 
 
 def test_parse_rungs():

@@ -30,8 +30,11 @@ def loaded_after(*modules: str) -> list[str]:
 def test_framework_free_modules_import_neither():
     mods = ["perfladder", "perfladder.data", "perfladder.config", "perfladder.hardware",
             "perfladder.results", "perfladder.timing", "perfladder.plot", "perfladder.cli",
-            "perfladder.paths", "perfladder.report", "perfladder.driver", "perfladder.outputs",
-            "perfladder.checks", "perfladder.idiom"]
+            "perfladder.paths", "perfladder.report", "perfladder.ladder", "perfladder.evidence",
+            "perfladder.verdict", "perfladder.schema", "perfladder.schema.v1", "perfladder.learning",
+            "perfladder.kernels", "perfladder.outputs", "perfladder.checks", "perfladder.idiom",
+            "perfladder.page", "perfladder.narrative", "perfladder.reading", "perfladder.cards",
+            "perfladder.claims", "perfladder.techniques"]
     assert loaded_after(*mods) == []
 
 

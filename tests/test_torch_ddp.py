@@ -1,13 +1,17 @@
-"""R5's DDP worker on CPU (gloo, 2 processes) and the launcher's input checks."""
+"""R5's DDP worker on CPU (gloo, 2 processes), the launcher's input checks, and the data-parallel
+rungs: the prediction written before anything launches, and the measurement beside it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from perfladder.config import get_config
-from perfladder.torch import ddp_tokens
-from perfladder.torch import ddp
-from perfladder.torch.ddp import allreduce_seconds, cost_model_floor
+from perfladder.evidence import Timing
+from perfladder.results import RungResult
+from perfladder.torch import RUNGS, TorchLab, ddp
+from perfladder.torch import multigpu as mg
+from perfladder.torch.ddp import allreduce_seconds, cost_model_floor, ddp_tokens
+from perfladder.torch.recipe import Recipe
 
 CFG = get_config("smoke")
 
@@ -59,22 +63,84 @@ def test_worker_refuses_to_run_outside_torchrun(monkeypatch, capsys):
     assert "torchrun" in capsys.readouterr().err
 
 
-def test_ddp_rung_predicts_then_measures_on_cpu(capsys):
-    """R5's whole path (prediction, launch, aggregation, RungResult) with gloo on CPU;
-    on a GPU box the same function runs with nccl. t_compute is planted as R3's."""
-    from perfladder.timing import Throughput
-    from perfladder.torch import Ladder
-    from perfladder.torch.rungs import ddp_rung
-    ladder = Ladder(CFG)
-    ladder.throughputs["R3"] = Throughput(tokens_per_s=512.0, windows=[512.0], seconds=[1.0],
-                                          steps_per_window=1, tokens_per_window=512, warmup=0)
-    r5 = ddp_rung(ladder, [2], backend="gloo", compiled=False, bf16=False)
+def test_multi_gpu_rungs_are_declared_last():
+    assert [n for n, r in RUNGS.items() if r.stage == "multi-gpu"] == list(RUNGS)[-2:] == ["R5", "R5x"]
+    assert RUNGS["R5"].builds_on == "R0" and RUNGS["R5x"].builds_on is None    # R5x: the fastest
+    assert all(RUNGS[n].kind == "multi-gpu" for n in ("R5", "R5x"))
+
+
+def _planted_base(lab, rate=512.0, stable=True):
+    """R0 as if measured at ``rate`` tokens/s (t_compute = B*T/rate = 0.25 s for the smoke sizes)."""
+    lab.result.add(RungResult(name="R0", key="eager", label="eager", tokens_per_s=rate,
+                              batch_size=CFG.batch_size, seq_len=CFG.num_steps,
+                              timing=Timing(windows=[rate] * 3, seconds=[1.0] * 3, settled=3,
+                                            stable=stable, target_spread=0.3, steps_per_window=3,
+                                            warmup=2)))
+
+
+def test_one_device_predicts_and_says_it_measured_nothing(capsys):
+    lab = TorchLab(CFG)
+    _planted_base(lab)
+    r5 = mg.data_parallel(lab, "R5", "DDP", lab.seed_recipe(), "R0")
     printed = capsys.readouterr().out
-    assert printed.index("R5 prediction k=2") < printed.index("R5 measured k=2")
-    pred = ladder.predictions["R5"][0]
-    assert pred["t_compute_s"] == 1.0 and pred["k"] == 2
-    assert pred["floor_tokens_per_s"] < pred["linear_tokens_per_s"] == 2 * 32 * 16
-    assert r5.name == "R5" and r5.kind == "multi-gpu" and r5.tokens_per_s > 0
-    assert len(r5.windows) == CFG.windows and r5.extra["runs"][0]["bus_bw_measured"] > 0
-    assert r5.ratio_prev is None and r5.mfu is None and r5.precision == "fp32"
-    assert ladder.result.rungs == [r5]
+    assert printed.index("prediction k=2") < printed.index("prediction k=8")
+    assert r5.kind == "skipped" and r5.tokens_per_s is None
+    assert "data parallelism needs at least 2" in r5.error and "predicted, not measured" in r5.error
+    p = r5.prediction
+    assert [q["k"] for q in p.points] == list(mg.PREDICT_KS)
+    t_compute = CFG.batch_size * CFG.num_steps / 512.0
+    assert all(q["t_compute_s"] == pytest.approx(t_compute) for q in p.points)
+    assert p.points[0]["linear_tokens_per_s"] == pytest.approx(2 * 512.0)
+    assert p.points[0]["floor_tokens_per_s"] < p.points[0]["linear_tokens_per_s"]
+    assert p.predicted_tokens_per_s == p.points[0]["floor_tokens_per_s"] and p.measured_tokens_per_s is None
+    assert p.assumptions["single_device_source"] == "R0" and p.assumptions["backend"] == "gloo"
+
+
+def test_an_unsettled_base_is_measured_again_for_the_prediction(monkeypatch):
+    lab = TorchLab(CFG)
+    _planted_base(lab, stable=False)
+    timed = []
+    real = lab.measure
+    monkeypatch.setattr(lab, "measure", lambda *a, **kw: timed.append(a) or real(*a, **kw))
+    rate, source = mg.single_rate(lab, "R0", lab.seed_recipe())
+    assert source == "measured for this rung" and rate > 0 and len(timed) == 1
+    _, source = mg.single_rate(lab, "R9", lab.seed_recipe())      # a base not in this run
+    assert source == "measured for this rung"
+
+
+def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys):
+    """R5's whole path -- prediction, launch, aggregation into a RungResult -- with two gloo
+    ranks on CPU standing in for two GPUs (on a GPU box the same code launches nccl)."""
+    lab = TorchLab(CFG)
+    _planted_base(lab)
+    lab.on_gpu = True                                   # pretend: two devices ...
+    monkeypatch.setattr(mg.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(lab, "reset_memory", lambda: None)
+    launched = []
+
+    def on_cpu(k, config, backend, **kw):               # ... that are two CPU processes
+        out = ddp_tokens(k, config, backend="gloo", batch_size=kw["batch_size"], compiled=False,
+                         bf16=kw["bf16"], bench_allreduce=True, timeout=300)
+        launched.append((k, backend, out))
+        return out
+    monkeypatch.setattr(mg.ddp, "ddp_tokens", on_cpu)
+    recipe = Recipe(batch_size=CFG.batch_size)
+    r5 = mg.data_parallel(lab, "R5", "DDP", recipe, "R0")
+    printed = capsys.readouterr().out
+    assert "prediction k=2" in printed and launched[0][:2] == (2, "nccl")
+    assert r5.kind == "multi-gpu" and r5.tokens_per_s > 0 and r5.label == "DDP x2"
+    assert len(r5.windows) == CFG.windows and isinstance(r5.stable, bool)
+    assert r5.timing.target_spread == CFG.target_spread
+    assert r5.prediction.measured_tokens_per_s == r5.tokens_per_s
+    assert r5.prediction.predicted_tokens_per_s == r5.prediction.points[0]["floor_tokens_per_s"]
+    d = r5.details
+    assert d["k"] == 2 and d["per_rank_batch"] == CFG.batch_size and d["bus_bw_measured"] > 0
+    assert d["efficiency_vs_linear"] == pytest.approx(r5.tokens_per_s / (2 * 512.0))
+    assert r5.precision == "tf32" and r5.batch_size == CFG.batch_size
+    # a rank that settled and stopped early would leave the other waiting in the all-reduce:
+    # every rank times exactly config.windows windows, and the rung adds them up
+    ranks = launched[0][2]["ranks"]
+    assert [len(r["windows"]) for r in ranks] == [CFG.windows, CFG.windows]
+    assert r5.windows == pytest.approx([a + b for a, b in zip(*(r["windows"] for r in ranks))])
+    assert r5.tokens_per_s == pytest.approx(sum(r["tokens_per_s"] for r in ranks))
+    assert r5.stable == all(r["stable"] for r in ranks)

@@ -7,7 +7,10 @@ import torch
 from perfladder.config import get_config
 from perfladder.torch import GPT, CorrectnessError, GateError, MirrorError, PrecisionError
 from perfladder.torch.gates import check_bf16
-from perfladder.torch.rungs import bf16_receipt, compile_gate, mirror_gate
+from perfladder.torch.gates import check_compiled as compile_gate
+from perfladder.torch.gates import check_mirror as mirror_gate
+from perfladder.torch.lab import PrecisionErrorFromReceipt, TorchLab
+from perfladder.torch.recipe import Recipe
 from perfladder.torch.steps import make_optimizer, make_step
 
 CFG = get_config("smoke").gpt()
@@ -65,15 +68,38 @@ def test_mirror_gate_runs_in_fp32_even_inside_autocast():
         assert mirror_gate(plain, plain, X) == 0.0
 
 
-def test_bf16_receipt():
+def test_bf16_receipt_comes_from_the_timed_call():
+    """``TrainStep.__call__`` notes the dtype its own logits came out in; nothing else writes it."""
     m = model()
     step = make_step(m, make_optimizer(m, 1e-3), bf16=True, device_type="cpu")
-    assert bf16_receipt(step, X) == "torch.bfloat16"
+    assert step.receipt == {}
+    step.logits(X)                                    # a side path leaves no receipt
+    assert step.receipt == {}
+    step(X, X)
+    assert step.receipt == {"logits": "bfloat16"}
     fp32 = make_step(m, make_optimizer(m, 1e-3), bf16=False, device_type="cpu")
-    with pytest.raises(PrecisionError, match="float32"):
-        bf16_receipt(fp32, X)                    # a 'bf16' rung that silently ran fp32
+    fp32(X, X)
+    assert fp32.receipt == {"logits": "float32"}
     with pytest.raises(PrecisionError):
         check_bf16(torch.zeros(2, dtype=torch.float16))
+    assert check_bf16(torch.zeros(2, dtype=torch.bfloat16)) == "torch.bfloat16"
+
+
+def test_a_bf16_rung_whose_timed_step_ran_fp32_is_refused():
+    lab = TorchLab(get_config("smoke"))
+    recipe = Recipe(batch_size=8, bf16=True)
+    fp32 = lab.build_step(recipe.replace(bf16=False))          # the wrong step for this recipe
+    t, again, mem = lab.measure(fp32, 8, warmup=1, timed=1, windows=1)
+    receipt = lab.receipt(fp32, "bf16")
+    assert receipt.where == "TrainStep.__call__" and receipt.observed == {"logits": "float32"}
+    assert not receipt.ok
+    with pytest.raises(PrecisionErrorFromReceipt, match="claims bf16 but its timed step produced"):
+        lab.record("R2", "+bf16", recipe, t, again, mem, receipt=receipt)
+    assert issubclass(PrecisionErrorFromReceipt, PrecisionError)   # a gate like the others
+    ok = lab.build_step(recipe)
+    t, again, mem = lab.measure(ok, 8, warmup=1, timed=1, windows=1)
+    r = lab.record("R2", "+bf16", recipe, t, again, mem, receipt=lab.receipt(ok, "bf16"))
+    assert r.receipt.ok and r.precision == "bf16"
 
 
 def test_step_returns_device_loss_and_updates_weights():

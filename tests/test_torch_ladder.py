@@ -1,4 +1,5 @@
-"""The whole smoke ladder, run once for the module, then checked rung by rung."""
+"""The whole smoke ladder (conftest.py runs it once per session), checked rung by rung: the seed
+rungs here, the beyond rungs in test_torch_beyond.py."""
 from __future__ import annotations
 
 import json
@@ -7,31 +8,62 @@ import pytest
 import torch
 
 from perfladder.config import expected_num_params, get_config
+from perfladder.evidence import Compile, ProfileSummary, Receipt
 from perfladder.hardware import peak_for
-from perfladder.results import LadderResult, validate
-from perfladder.torch import DEFAULT_RUNGS, RUNGS, Ladder, run_ladder
-from perfladder.torch.ladder import NOT_ON_CPU_MEM
+from perfladder.ladder import check_rungs
+from perfladder.results import LadderResult, LearningCheck, RungResult
+from perfladder.schema import validate
+from perfladder.torch import RUNGS, Ladder, run_ladder
+from perfladder.torch.gates import MIRROR_ATOL
+from perfladder.verdict import REGIMES, VERDICTS
 
 CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()
+SEED = ["R0", "R1", "R2", "R3c", "R3", "R4"]
+BEYOND = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
+MULTI = ["R5", "R5x"]
+COMPILED = ["R1", "R2", "R3", "R4"] + ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
+BF16 = ["R2", "R3", "R4"] + BEYOND
 
 
 @pytest.fixture(scope="module")
 def ladder_run(torch_smoke_ladder):
-    return torch_smoke_ladder          # conftest.py: one smoke ladder (seed + beyond) per session
+    return torch_smoke_ladder          # conftest.py: one smoke ladder per session
 
 
-SEED = ["R0", "R1", "R2", "R3c", "R3", "R4", "R5"]
+def measured(res):
+    return [r for r in res.rungs if r.measured]
 
 
+# -- the declarations ------------------------------------------------------------------------------
+def test_rung_declarations():
+    assert list(RUNGS) == SEED + BEYOND + ["B8"] + MULTI
+    assert [n for n, r in RUNGS.items() if r.optional] == ["B8"]
+    for name, r in RUNGS.items():
+        assert r.name == name and r.key and r.label and r.section and r.gate, name
+    keys = [r.key for r in RUNGS.values()]
+    assert len(set(keys)) == len(keys)
+    assert {RUNGS[n].key for n in ("R0", "R1", "R2", "R3", "R4")} == {
+        "eager", "compile", "bf16", "batch_up", "checkpoint"}
+    assert RUNGS["R3c"].kind == "control" and RUNGS["R3c"].builds_on == "R0"
+    assert [RUNGS[n].builds_on for n in ("R1", "R2", "R3", "R4")] == ["R0", "R1", "R2", "R3"]
+    assert all(RUNGS[n].stage == "beyond" for n in BEYOND + ["B8"])
+    assert {n for n, r in RUNGS.items() if r.alternative} == {"B2", "B7"}
+    assert {n for n, r in RUNGS.items() if r.needs_gpu} == {"B3", "B8"}
+
+
+# -- the run ---------------------------------------------------------------------------------------------
 def test_rungs_in_order_and_progress_events(ladder_run):
     result, events = ladder_run
-    assert list(RUNGS)[:len(SEED)] == SEED and all(n.startswith("B") for n in list(RUNGS)[len(SEED):])
-    assert [r.name for r in result.rungs] == DEFAULT_RUNGS    # the beyond rungs: test_torch_beyond.py
-    names = DEFAULT_RUNGS + ["learning"]
+    default = check_rungs(RUNGS)
+    assert default == SEED + BEYOND + MULTI                          # B8 only when named
+    assert [r.name for r in result.rungs] == default
+    names = default + ["learning"]
     assert [(e[0], e[1]) for e in events] == [(k, n) for n in names for k in ("start", "end")]
     assert all(e[2] is None for e in events if e[0] == "start")
     assert events[1][2] is result.rung("R0")
+    assert [e[2] for e in events if e[0] == "end"][:-1] == result.rungs
+    assert isinstance(events[-1][2], LearningCheck) and events[-1][2] is result.learning
 
 
 def test_result_header(ladder_run):
@@ -41,85 +73,150 @@ def test_result_header(ladder_run):
     assert result.versions["torch"] == torch.__version__
     assert (result.peak_tflops is None) == (peak_for(result.device) is None)
     assert result.device == (torch.cuda.get_device_name(0) if ON_GPU else "cpu")
+    assert (result.roofs is None) == (not ON_GPU)
 
 
-@pytest.mark.parametrize("name", ["R0", "R1", "R2", "R3c", "R3", "R4"])
-def test_measured_rung_is_well_formed(ladder_run, name):
-    r = ladder_run[0].rung(name)
-    assert r.tokens_per_s > 0 and len(r.windows) == CFG.windows
-    assert sorted(r.windows)[1] == pytest.approx(r.tokens_per_s)          # the median window
-    assert r.spread == pytest.approx((max(r.windows) - min(r.windows)) / r.tokens_per_s)
-    assert r.seq_len == CFG.num_steps
+def test_every_rung_carries_its_declaration(ladder_run):
+    for r in ladder_run[0].rungs:
+        d = RUNGS[r.name]
+        assert (r.key, r.stage, r.section) == (d.key, d.stage, d.section), r.name
+        assert r.label, r.name
+
+
+@pytest.mark.parametrize("name", SEED)
+def test_measured_seed_rung_is_well_formed(ladder_run, name):
+    res = ladder_run[0]
+    r = res.rung(name)
+    t = r.timing
+    assert r.tokens_per_s > 0 and t.settled == CFG.windows and len(t.windows) >= CFG.windows
+    assert len(t.windows) <= CFG.max_windows
+    assert sorted(t.settled_windows)[1] == pytest.approx(r.tokens_per_s)     # the median settled window
+    assert r.windows == t.windows and r.spread == pytest.approx(
+        (max(t.settled_windows) - min(t.settled_windows)) / r.tokens_per_s)
+    assert isinstance(r.stable, bool) and t.target_spread == CFG.target_spread
+    assert t.steps_per_window == CFG.timed and t.warmup == CFG.warmup and t.step_time_s > 0
+    assert r.seq_len == CFG.num_steps and t.batch_shape == [r.batch_size, CFG.num_steps]
     assert r.batch_size == (CFG.batch_size if name in ("R0", "R1", "R2") else CFG.big_batch)
-    bf16 = name in ("R2", "R3", "R4")
-    assert r.precision == ("bf16" if bf16 else ("tf32" if ON_GPU else "fp32"))
+    assert r.batch_size == r.recipe["batch_size"]
+    assert r.precision == ("bf16" if name in BF16 else ("tf32" if ON_GPU else "fp32"))
     g = CFG.gpt()
     six_n_12ltd = 6 * expected_num_params(g) + 12 * g.num_blks * CFG.num_steps * g.num_hiddens
     assert r.tflops * 1e12 / r.tokens_per_s == pytest.approx(six_n_12ltd)
-    assert r.ratio_base == pytest.approx(r.tokens_per_s / ladder_run[0].rung("R0").tokens_per_s)
-    assert r.extra["step_time_s"] > 0
+    assert r.ratio_base == pytest.approx(r.tokens_per_s / res.rung("R0").tokens_per_s)
     if ON_GPU:
-        assert r.peak_mem_bytes > 0
+        assert r.memory.bytes > 0 and r.memory.kind == "measured peak"
     else:
-        assert r.mfu is None and r.peak_mem_bytes is None and NOT_ON_CPU_MEM in r.notes
+        assert r.mfu is None and r.memory.bytes is None and r.memory.kind == "n/a"
 
 
-def test_ratio_prev_follows_the_waterfall(ladder_run):
+def test_every_measured_rung_carries_its_evidence(ladder_run):
+    """stable, a verdict against the rung it builds on (not the baseline), a regime, and a
+    profile for every compiled rung."""
     res = ladder_run[0]
-    t = {r.name: r.tokens_per_s for r in res.rungs if r.tokens_per_s}
+    for r in measured(res):
+        assert isinstance(r.stable, bool), r.name
+        assert r.regime["regime"] in REGIMES and r.regime["why"], r.name
+        if r.name == "R0":
+            assert r.verdict is None and r.builds_on is None
+        else:
+            assert r.verdict["verdict"] in VERDICTS and r.verdict["against"] == r.builds_on, r.name
+            assert r.verdict["ratio"] == pytest.approx(r.ratio_prev), r.name
+        if r.name in COMPILED + ["R0"]:
+            assert isinstance(r.profile, ProfileSummary), r.name
+            assert r.profile.steps >= 1 and r.profile.device_ms > 0 and r.profile.rows, r.name
+            assert sum(r.profile.shares.values()) == pytest.approx(1.0), r.name
+            assert r.regime["regime"] != "not profiled", r.name
+    assert res.rung("R3c").profile is None and res.rung("R3c").regime["regime"] == "not profiled"
+
+
+def test_every_bf16_rung_has_a_receipt_from_the_timed_call(ladder_run):
+    res = ladder_run[0]
+    for r in measured(res):
+        if r.name in BF16:
+            assert isinstance(r.receipt, Receipt), r.name
+            assert r.receipt.where == "TrainStep.__call__" and r.receipt.claimed == "bf16", r.name
+            assert r.receipt.observed == {"logits": "bfloat16"} and r.receipt.ok, r.name
+        else:
+            assert r.receipt is None, r.name
+
+
+def test_ratio_prev_follows_builds_on(ladder_run):
+    res = ladder_run[0]
+    t = {r.name: r.tokens_per_s for r in measured(res)}
     assert res.rung("R0").ratio_prev is None
-    for name, prev in (("R1", "R0"), ("R2", "R1"), ("R3", "R2"), ("R4", "R3")):   # R3c skipped
+    for name, prev in (("R1", "R0"), ("R2", "R1"), ("R3c", "R0"), ("R3", "R2"), ("R4", "R3")):
+        assert res.rung(name).builds_on == prev
         assert res.rung(name).ratio_prev == pytest.approx(t[name] / t[prev])
-    assert res.rung("R3c").kind == "control" and res.rung("R3c").ratio_prev is None
+    assert res.rung("R3c").kind == "control"
     assert [r.name for r in res.waterfall()][:5] == ["R0", "R1", "R2", "R3", "R4"]
+    assert "R3c" not in [r.name for r in res.waterfall()]
 
 
-def test_r0_profile_table(ladder_run):
-    r0 = ladder_run[0].rung("R0")
-    table = r0.extra["profile"]
-    assert "Self CPU" in table and "aten::" in table
-    assert ("Self CUDA" in table) == ON_GPU
-    assert any("TEARDOWN_CUPTI" in n for n in r0.notes)
-
-
-def test_r1_compile_time_gate_and_reprofile(ladder_run):
-    r1 = ladder_run[0].rung("R1")
-    assert r1.extra["compile_s"] > 0
-    assert 0 <= r1.extra["gate_max_abs_diff"] < 1e-2
-    if not ON_GPU:     # on CPU the compiled regions are the top self-time rows
-        assert "Compiled" in r1.extra["profile"]
-    assert r1.extra["profile"] != ladder_run[0].rung("R0").extra["profile"]
-
-
-def test_r2_r3_r4_bf16_receipts(ladder_run):
+def test_seed_recipes(ladder_run):
     res = ladder_run[0]
-    assert res.rung("R2").extra["logits_dtype"] == "torch.bfloat16"
-    assert res.rung("R3").extra["logits_dtype"] == "torch.bfloat16"
-    assert "profile" in res.rung("R3").extra
+    rec = {n: res.rung(n).recipe for n in SEED}
+    assert not rec["R0"]["compiled"] and not rec["R0"]["bf16"] and rec["R0"]["batch_size"] == CFG.batch_size
+    assert rec["R1"] == {**rec["R0"], "compiled": True}
+    assert rec["R2"] == {**rec["R1"], "bf16": True}
+    assert rec["R3c"] == {**rec["R0"], "batch_size": CFG.big_batch}
+    assert rec["R3"] == {**rec["R2"], "batch_size": CFG.big_batch}
+    assert rec["R4"] == {**rec["R3"], "checkpoint": True}
+
+
+def test_r0_is_profiled_before_it_is_timed(ladder_run):
+    r0 = ladder_run[0].rung("R0")
+    names = [row["name"] for row in r0.profile.rows]
+    assert ("CUDA kernels" if ON_GPU else "CPU operators") in r0.profile.tool
     if not ON_GPU:
-        assert any("autocast('cpu')" in n for n in res.rung("R2").notes)
+        assert any(n.startswith("aten::") for n in names)
+    assert isinstance(r0.compile, Compile) and r0.compile.first_call_s > 0
+
+
+def test_r1_compile_time_gate_and_its_own_profile(ladder_run):
+    res = ladder_run[0]
+    r1 = res.rung("R1")
+    assert r1.compile.first_call_s > 0
+    g = r1.gate("compiled vs eager logits")
+    assert g.passed and 0 <= g.values["max_abs_diff"] < g.tolerances["atol"] == 1e-2
+    names = [row["name"] for row in r1.profile.rows]
+    if not ON_GPU:     # on CPU the compiled graphs show up among the top self-time rows
+        assert any("Compiled" in n for n in names)
+    assert names != [row["name"] for row in res.rung("R0").profile.rows]
 
 
 def test_r4_mirror_gate_recorded(ladder_run):
     r4 = ladder_run[0].rung("R4")
-    assert r4.extra["mirror_max_abs_diff"] <= 1e-6
-    assert any("negative rung" in n for n in r4.notes)
+    g = r4.gate("checkpointed mirror")
+    assert g.passed and g.values["max_abs_diff"] <= MIRROR_ATOL == g.tolerances["atol"]
+    assert r4.recipe["checkpoint"] and r4.verdict["against"] == "R3"
 
 
-def test_r5_skipped_without_two_gpus(ladder_run):
-    r5 = ladder_run[0].rung("R5")
-    if torch.cuda.device_count() >= 2:
-        assert r5.kind == "multi-gpu" and r5.tokens_per_s > 0
-        assert r5.extra["runs"][0]["floor_tokens_per_s"] > 0
-    else:
-        assert r5.kind == "skipped" and r5.tokens_per_s is None
-        assert "at least 2 GPUs" in r5.notes[0] and "not faked" in r5.notes[0]
+def test_data_parallel_rungs(ladder_run):
+    res = ladder_run[0]
+    r5, r5x = res.rung("R5"), res.rung("R5x")
+    assert [r.name for r in res.rungs][-2:] == MULTI
+    assert r5.builds_on == "R0" and r5.recipe == res.rung("R0").recipe
+    fastest = res.learning.configuration
+    assert r5x.builds_on == fastest and r5x.recipe == res.rung(fastest).recipe
+    for r in (r5, r5x):
+        assert r.prediction is not None and [p["k"] for p in r.prediction.points] == [2, 4, 8]
+        assert r.prediction.assumptions["single_device_source"] in (r.builds_on, "measured for this rung")
+        if torch.cuda.device_count() >= 2:
+            assert r.kind == "multi-gpu" and r.tokens_per_s > 0
+            assert r.prediction.measured_tokens_per_s == r.tokens_per_s
+        else:
+            assert r.kind == "skipped" and r.tokens_per_s is None
+            assert "needs at least 2" in r.error and "predicted, not measured" in r.error
 
 
 def test_learning_check(ladder_run):
-    lc = ladder_run[0].learning
-    assert lc is not None and lc.passed and lc.steps == CFG.learn_steps
-    assert lc.last < lc.first and len(lc.losses) == CFG.learn_steps
+    res = ladder_run[0]
+    lc = res.learning
+    assert lc is not None and lc.passed and lc.steps == CFG.learn_steps == len(lc.losses)
+    assert lc.last < lc.first and lc.val_after < lc.threshold < lc.val_before
+    assert "reference model" in lc.evaluated_with
+    kept = [r.name for r in res.rungs if r.stage == "beyond" and r.kept]
+    assert lc.configuration == kept[-1]
 
 
 def test_json_round_trip(ladder_run, tmp_path):
@@ -128,24 +225,45 @@ def test_json_round_trip(ladder_run, tmp_path):
     data = json.loads(path.read_text())
     validate(data)
     back = LadderResult.read(path)
-    assert [r.name for r in back.rungs] == [r.name for r in res.rungs]
-    assert back.learning.passed
+    assert back.to_dict() == res.to_dict()
+    assert back.learning.passed and back.rung("R2").receipt.ok
 
 
-def test_unknown_rung_lists_valid_names():
+# -- small runs of their own ---------------------------------------------------------------------------------
+def test_unknown_rung_lists_valid_names(monkeypatch):
+    import perfladder.torch as pt
+    monkeypatch.setattr(pt, "TorchLab", lambda *a, **kw: pytest.fail("built a lab for a typo"))
     with pytest.raises(ValueError) as e:
         run_ladder(CFG, rungs=["R0", "R9"], learn=False)
-    assert "'R9'" in str(e.value) and all(n in str(e.value) for n in RUNGS)
+    assert "'R9'" in str(e.value) and str(e.value).endswith(", ".join(RUNGS))
 
 
 def test_ladder_rejects_bad_inputs():
     with pytest.raises(TypeError, match="LadderConfig"):
         Ladder("smoke")
-    with pytest.raises(ValueError, match="'mps'"):
+    with pytest.raises(ValueError, match="device='mps' is not supported; valid choices: 'cuda', 'cpu'"):
         Ladder(CFG, device="mps")
 
 
 def test_single_rung_runs_alone():
     res = run_ladder(CFG, rungs=["R3c"], learn=False)
-    assert [r.name for r in res.rungs] == ["R3c"] and res.rung("R3c").ratio_base is None
+    r = res.rung("R3c")
+    assert [x.name for x in res.rungs] == ["R3c"] and r.ratio_base is None and r.ratio_prev is None
+    assert r.builds_on == "R0" and r.recipe["batch_size"] == CFG.big_batch and r.verdict is None
+    assert res.learning is None
     validate(res.to_dict())
+
+
+def test_a_rung_that_raises_is_a_skipped_entry(monkeypatch):
+    """A rung whose function raises (a gate, a kernel, memory) is a loud 'skipped' entry."""
+    import perfladder.torch.lab as lab_module
+
+    def broken(self, step, batch_size):
+        raise RuntimeError("profiler exploded (planted)")
+    monkeypatch.setattr(lab_module.TorchLab, "profile", broken)
+    res = run_ladder(CFG, rungs=["R0", "R3c"], learn=False)
+    r0 = res.rung("R0")
+    assert r0.kind == "skipped" and r0.error == "RuntimeError: profiler exploded (planted)"
+    assert "broken" in r0.details["traceback"] and r0.key == "eager"
+    assert res.rung("R3c").measured                        # not profiled: it ran
+    assert isinstance(res.rung("R3c"), RungResult) and res.rung("R3c").ratio_base is None

@@ -9,6 +9,7 @@ import torch
 
 from perfladder.data import TimeMachine
 from perfladder.torch import batches
+from perfladder.torch.stream import Batches
 
 B, T = 16, 8
 
@@ -74,3 +75,44 @@ def test_batch_larger_than_data_is_an_error(data):
 def test_bad_split_lists_choices(data):
     with pytest.raises(ValueError, match="'test'.*train.*val"):
         batches(data, B, "cpu", split="test")
+
+
+# -- the Batches iterator and its position (what the timer's stale-batch guard reads) ---------------
+def test_batches_is_an_iterator_with_a_moving_position(data):
+    stream = batches(data, B, "cpu", seed=7)
+    assert isinstance(stream, Batches) and iter(stream) is stream
+    assert stream.position is None                                   # nothing handed out yet
+    seen = []
+    for _ in range(7):                                               # 3 batches per epoch
+        next(stream)
+        seen.append(stream.position)
+    assert seen == [(7, e, i) for e in range(3) for i in range(3)][:7]
+    assert len(set(seen)) == len(seen)                               # never the same twice
+
+
+def test_position_tells_streams_apart(data):
+    a, b = batches(data, B, "cpu", seed=1), batches(data, B, "cpu", seed=2)
+    next(a), next(b)
+    assert a.position != b.position
+
+
+def test_a_stuck_stream_is_refused_by_position(data):
+    """A stream that hands out new tensors but never advances is caught by its position."""
+    from perfladder.timing import StaleBatchError
+    from perfladder.torch import throughput
+    stream = batches(data, B, "cpu")
+
+    class Stuck:
+        position = None
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            X, Y = next(stream)
+            self.position = stream.position[:2]                      # ignores the index: stuck
+            return X, Y
+    with pytest.raises(StaleBatchError, match="same batch twice"):
+        throughput(lambda X, Y: X.sum(), Stuck(), warmup=1, timed=2, windows=1)
+    assert throughput(lambda X, Y: X.sum(), batches(data, B, "cpu"), warmup=1, timed=2, windows=1,
+                      target_spread=0.9).tokens_per_s > 0

@@ -41,9 +41,13 @@ def parse_rungs(text: str | None, valid: list[str]) -> list[str] | None:
 class Progress:
     """One line per rung on stderr: which rung, how long it took, what it measured."""
 
-    def __init__(self, total: int, stream=sys.stderr):
-        self.total, self.done, self.stream, self.t0 = total, 0, stream, time.perf_counter()
-        self._start = None
+    def __init__(self, total: int, stream=None):
+        self.total, self.done, self.t0 = total, 0, time.perf_counter()
+        self._stream, self._start = stream, None
+
+    @property
+    def stream(self):
+        return self._stream if self._stream is not None else sys.stderr   # as redirected now
 
     def __call__(self, event: str, name: str, payload=None):
         if event == "start":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,13 +148,17 @@ class LearningCheck:
 
     @property
     def passed(self) -> bool:
-        falls = self.last < self.first
-        if self.threshold is None or self.val_after is None:
+        # a diverged run's non-finite losses are written as null: it never passes (nor does NaN)
+        falls = self.first is not None and self.last is not None and self.last < self.first
+        if self.threshold is None:
             return falls
-        return falls and self.val_after < self.threshold
+        return falls and self.val_after is not None and self.val_after < self.threshold
 
     def to_dict(self) -> dict:
         d = _plain({k: getattr(self, k) for k in self.__dataclass_fields__})
+        for k in ("first", "last", "val_before", "val_after"):
+            d[k] = _finite_or_none(d[k])
+        d["losses"] = [_finite_or_none(x) for x in d["losses"]]
         d["passed"] = self.passed
         return d
 
@@ -164,12 +169,18 @@ class LearningCheck:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def __str__(self) -> str:
-        s = (f"training loss over {self.steps} steps: first {self.window} {self.first:.3f} -> "
-             f"last {self.window} {self.last:.3f}")
-        if self.val_after is not None:
-            s += (f"; validation loss {self.val_before:.3f} -> {self.val_after:.3f} "
+        f = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
+        s = (f"training loss over {self.steps} steps: first {self.window} {f(self.first)} -> "
+             f"last {self.window} {f(self.last)}")
+        if self.threshold is not None:
+            s += (f"; validation loss {f(self.val_before)} -> {f(self.val_after)} "
                   f"(must be < {self.threshold:.3f})")
         return s + (" -- passed" if self.passed else " -- FAILED")
+
+
+def _finite_or_none(x):
+    """JSON holds finite numbers only: a diverged loss (NaN, inf) is written as null."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def smoothed_check(losses, window: int = 20) -> LearningCheck:

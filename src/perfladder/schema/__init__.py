@@ -81,7 +81,7 @@ def validate(data: Any, source: str = "<results>") -> None:
     errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data),
                     key=lambda e: list(e.absolute_path))
     if errors:
-        e = errors[0]
+        e = _innermost(errors[0])
         where = _field(e.absolute_path)
         rung = _rung_name(data, e.absolute_path)
         bad(f"{where}{f' (rung {rung})' if rung else ''}: {e.message}")
@@ -97,6 +97,16 @@ def validate(data: Any, source: str = "<results>") -> None:
         names.append(r["name"])
     if len(set(names)) != len(names):
         bad(f"rung names repeat: {names}")
+
+
+def _innermost(e):
+    """A ``oneOf``'s own message says only 'not valid under any of the given schemas': report
+    the branch that got furthest instead (the 'null' of a 'null or ...' is never the story)."""
+    while e.context:
+        ctx = list(e.context)
+        real = [c for c in ctx if c.validator != "type"] or ctx[-1:]
+        e = max(real, key=lambda c: len(c.absolute_path))
+    return e
 
 
 def _rung_name(data, path) -> str | None:

@@ -13,7 +13,7 @@ import os
 
 os.environ["TEARDOWN_CUPTI"] = "1"
 
-from ..ladder import LadderRun, registry  # noqa: E402
+from ..ladder import LadderRun, check_rungs, registry  # noqa: E402
 from ..ladder import run_ladder as _run_ladder  # noqa: E402
 from .beyond import BEYOND  # noqa: E402
 from .gates import CorrectnessError, GateError, MirrorError, PrecisionError  # noqa: E402
@@ -40,6 +40,7 @@ def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: s
                optional: bool = False, kernels: bool = True, device=None):
     """Every default rung (or ``rungs``), the kernel report of the fastest configuration and
     its learning check; returns the ``LadderResult``."""
+    check_rungs(RUNGS, rungs)               # a typo is refused before the lab loads and probes
     lab = TorchLab(config, device=device, command=command)
     return _run_ladder(lab, RUNGS, rungs, learn=learn, progress=progress, optional=optional,
                        kernels=kernels)

@@ -130,6 +130,7 @@ def ddp_tokens(k: int, config, backend: str | None = None, *, batch_size: int | 
         res["windows"] = [sum(w) for w in zip(*(r["windows"] for r in ranks))]
         res["spread"] = (max(res["windows"]) - min(res["windows"])) / res["tokens_per_s"]
         res["step_time_s"] = max(r["step_time_s"] for r in ranks)
+        res["stable"] = all(r.get("stable", True) for r in ranks)
         mems = [r["peak_mem_bytes"] for r in ranks if r.get("peak_mem_bytes") is not None]
         res["peak_mem_bytes"] = max(mems) if mems else None
     return res
@@ -216,9 +217,12 @@ def worker(spec: dict, out: Path) -> None:
         else:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
+            # every rank must time the same number of windows: a rank that settled and stopped
+            # would leave the others waiting in the step's all-reduce for ever
             tput = throughput(step, stream, warmup=spec["warmup"], timed=spec["timed"],
-                              windows=spec["windows"])
-            info.update(tokens_per_s=tput.tokens_per_s, windows=tput.windows,
+                              windows=spec["windows"], max_windows=spec["windows"],
+                              target_spread=cfg.target_spread)
+            info.update(tokens_per_s=tput.tokens_per_s, windows=tput.windows, stable=tput.stable,
                         step_time_s=tput.step_time_s,
                         peak_mem_bytes=int(torch.cuda.max_memory_allocated(device))
                         if device.type == "cuda" else None)

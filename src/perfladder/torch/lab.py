@@ -18,6 +18,7 @@ from ..evidence import Compile, Gate, Memory, ProfileSummary, Receipt, Timing
 from ..hardware import achieved_tflops, mfu, peak_for
 from ..ladder import measure_settled
 from ..results import LadderResult, RungResult
+from .gates import PrecisionError
 from .model import GPT
 from .probe import probe_roofs
 from .recipe import Recipe
@@ -210,8 +211,8 @@ class TorchLab:
         return f"TorchLab(config={self.config.name!r}, device={self.device_name!r})"
 
 
-class PrecisionErrorFromReceipt(AssertionError):
-    """The timed step computed in another precision than the rung claims."""
+class PrecisionErrorFromReceipt(PrecisionError):
+    """The timed step computed in another precision than the rung claims (a ``GateError``)."""
 
     def __init__(self, name: str, receipt: Receipt):
         super().__init__(f"{name} claims {receipt.claimed} but its timed step produced "

@@ -72,7 +72,8 @@ def data_parallel(lab: TorchLab, name: str, label: str, recipe, base) -> RungRes
     pred.predicted_tokens_per_s = next(p for p in pred.points if p["k"] == k)["floor_tokens_per_s"]
     t = Throughput(tokens_per_s=meas["tokens_per_s"], windows=meas["windows"],
                    seconds=[1.0] * len(meas["windows"]), steps_per_window=lab.config.timed,
-                   tokens_per_window=0, warmup=lab.config.warmup)
+                   tokens_per_window=0, warmup=lab.config.warmup, stable=meas.get("stable", True),
+                   target_spread=lab.config.target_spread)
     rate = meas["tokens_per_s"]
     return RungResult(
         name=name, key="", label=f"{label} x{k}", tokens_per_s=rate, kind="multi-gpu",
