@@ -9,10 +9,10 @@ steps and hand this package ``(kernel name, microseconds)`` pairs:
 * ``trace`` -- ``parse_chrome_trace(path)``: the device kernels of a Chrome/Perfetto trace.
 """
 from .breakdown import KernelBreakdown, KernelStat, breakdown
-from .taxonomy import CATEGORIES, CATEGORY_HELP, PATTERNS, categorize, refine
+from .taxonomy import CATEGORIES, CATEGORY_HELP, PATTERNS, categorize
 from .trace import (KernelEvents, parse_chrome_trace, read_trace_json, select_kernel_events,
                     trace_rows)
 
-__all__ = ["CATEGORIES", "CATEGORY_HELP", "PATTERNS", "categorize", "refine", "KernelStat",
+__all__ = ["CATEGORIES", "CATEGORY_HELP", "PATTERNS", "categorize", "KernelStat",
            "KernelBreakdown", "breakdown", "KernelEvents", "select_kernel_events",
            "read_trace_json", "trace_rows", "parse_chrome_trace"]

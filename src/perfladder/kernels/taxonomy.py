@@ -88,28 +88,3 @@ def categorize(name: str) -> str:
         if rx.search(name):
             return cat
     return "other"
-
-
-_EXPLICIT_TRANSFER = re.compile(r"^(cuda)?mem(cpy|set)", re.IGNORECASE)
-
-
-def refine(name: str, op_category: str | None) -> str:
-    """Combine a kernel's name-based category with its HLO op's category (``None``: unknown).
-
-    The op decides -- it knows what a fusion holds and whether it belongs to the optimizer --
-    except that a library kernel's own name is more specific than the op that launched it
-    (a cuBLAS gemm or a cuDNN attention kernel stays itself; an explicit memcpy/memset
-    activity stays a copy), unless the op is the optimizer's or a collective.
-    """
-    by_name = categorize(name)
-    if op_category is None:
-        return by_name
-    if op_category not in CATEGORIES:
-        raise ValueError(f"op category {op_category!r} is not valid; valid choices: {CATEGORIES}")
-    if op_category in ("optimizer", "collective"):
-        return op_category
-    if _EXPLICIT_TRANSFER.match(name):
-        return "memcpy/memset"
-    if by_name in ("matmul", "attention"):
-        return by_name
-    return op_category
