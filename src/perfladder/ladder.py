@@ -156,6 +156,7 @@ def failed(rung: Rung, lab, base: str | None, recipe, error: str, tb: str = "") 
     return RungResult(name=rung.name, key=rung.key, label=rung.label, kind="skipped",
                       stage=rung.stage, builds_on=base,
                       recipe=recipe.to_dict() if recipe is not None else {},
+                      precision=getattr(recipe, "precision", None) or "fp32",
                       error=error[:3000], section=rung.section,
                       details={"traceback": tb[-4000:]} if tb else {})
 
@@ -177,6 +178,8 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
         lab.free()
     res.name, res.key, res.stage, res.section = rung.name, rung.key, rung.stage, rung.section
     res.label = res.label or rung.label
+    if res.kind != "skipped":
+        res.kind = rung.kind            # the declaration decides what a measurement is
     if res.builds_on is None:
         res.builds_on = base
     lab.result.add(res)

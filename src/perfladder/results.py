@@ -286,7 +286,7 @@ class LadderResult:
     def write(self, path: str | Path) -> Path:
         from .schema import validate
         path = Path(path)
-        data = self.to_dict()
+        data = self.finalize().to_dict()
         validate(data, source=str(path))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")

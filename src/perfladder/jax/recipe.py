@@ -61,6 +61,10 @@ class Recipe:
         return dict(checkpoint=self.checkpoint, embed=self.embed, embed_fp32=self.embed_fp32,
                     attn_impl=self.attn_impl)
 
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.dtype == "bfloat16" else "fp32"
+
     def replace(self, **changes) -> "Recipe":
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
