@@ -18,7 +18,7 @@ residual add: ``H = H + branch; y = LN(H)``. Here that is one kernel each way:
 Math: fp32 in registers, ``var = mean((x - mean)^2)``, ``rstd = 1 / sqrt(var + eps)``,
 ``y = (x - mean) * rstd * w + b`` -- torch's LayerNorm.
 """
-from __future__ import annotations
+from typing import Optional
 
 import torch
 
@@ -107,7 +107,7 @@ def _check(x, branch, weight, bias):
 
 
 @torch.library.custom_op("perfladder::add_layer_norm_fwd", mutates_args=())
-def add_layer_norm_fwd(x: torch.Tensor, branch: torch.Tensor | None, weight: torch.Tensor,
+def add_layer_norm_fwd(x: torch.Tensor, branch: Optional[torch.Tensor], weight: torch.Tensor,
                        bias: torch.Tensor, eps: float, out_dtype: torch.dtype
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h, y, mean, rstd); ``h`` is the new stream (an empty placeholder without a branch)."""
@@ -137,7 +137,7 @@ def _(x, branch, weight, bias, eps, out_dtype):
 
 
 @torch.library.custom_op("perfladder::add_layer_norm_bwd", mutates_args=())
-def add_layer_norm_bwd(x: torch.Tensor, dy: torch.Tensor, dres: torch.Tensor | None,
+def add_layer_norm_bwd(x: torch.Tensor, dy: torch.Tensor, dres: Optional[torch.Tensor],
                        weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                        branch_dtype: torch.dtype
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -201,13 +201,13 @@ class LayerNorm(torch.autograd.Function):
 
 
 def add_layer_norm(x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                   eps: float, out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   eps: float, out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = x + branch`` (in ``x``'s dtype) and ``LayerNorm(h)`` in ``out_dtype`` (default
     ``x``'s), over the last axis, with fp32 statistics."""
     return AddLayerNorm.apply(x, branch, weight, bias, float(eps), out_dtype or x.dtype)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+               out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``LayerNorm(x)`` over the last axis in ``out_dtype`` (default ``x``'s), fp32 statistics."""
     return LayerNorm.apply(x, weight, bias, float(eps), out_dtype or x.dtype)

@@ -10,8 +10,6 @@ dg, write dh): a standalone kernel cannot move less. What it offers is a known k
 measure against inductor's; folding GELU into the GEMMs' epilogues is what would remove the
 round trips.
 """
-from __future__ import annotations
-
 import torch
 
 from ._launch import check_device, tl, triton

@@ -19,8 +19,6 @@ are fresh tensors: an operator that returned a view of its input could not be an
 custom op. The cos/sin tables are the model's fp32 (T, Dh) buffers; their two halves are
 equal by construction (``rope_angles`` repeats the Dh/2 angles), so the kernels read the first.
 """
-from __future__ import annotations
-
 import torch
 
 from ._launch import check_device, next_pow2, tl, triton
