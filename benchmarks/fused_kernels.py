@@ -14,7 +14,8 @@ each fused option, every configuration from the same initial weights, gated: its
 ``GATE_STEPS`` losses on fixed batches must match the unfused configuration's within
 ``LOSS_ATOL``, else it is reported as failing (and not timed).
 
-* torch: compiled, bf16 autocast, fused AdamW, one-hot embedding, CUDA graphs
+* torch: compiled, bf16 autocast, fused AdamW, one-hot embedding (``--embed gather`` for the
+  gather), CUDA graphs
   (``mode='reduce-overhead'``; the default mode on CPU), the batch given;
 * jax: bf16, fp32 embedding lookup, cuDNN attention (XLA's on CPU), split/merge ``jax.jit``
   step with donation, the batch given.
@@ -63,7 +64,7 @@ class Results:
     def put(self, section: str, key: str, value) -> None:
         self.data[section][key] = value
         self.save()
-        print(f"[{section}] {key}: {json.dumps(value)[:400]}", flush=True)
+        print(f"[{section}] {key}: {json.dumps(value)}", flush=True)
 
     def error(self, what: str, e: BaseException) -> None:
         msg = f"{what}: {type(e).__name__}: {e}"[:3000]
@@ -186,7 +187,7 @@ def run_torch(args, res: Results) -> None:
             step = None
             try:
                 torch.manual_seed(ladder.config.seed)
-                model = GPT(g, embed="onehot", fused=fused).to(dev)
+                model = GPT(g, embed=args.embed, fused=fused).to(dev)
                 step = make_step(model, make_optimizer(model, ladder.config.lr, "fused" if cuda else "default"),
                                  compiled=True, bf16=True, device_type=dev.type,
                                  mode="reduce-overhead" if cuda else None)
@@ -326,6 +327,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--timed", type=int, default=None)
     p.add_argument("--windows", type=int, default=None)
+    p.add_argument("--embed", default="onehot", choices=("onehot", "gather"),
+                   help="torch: the step's embedding (GPT(embed=...))")
     p.add_argument("--xla-flags", nargs="?", const=",".join(XLA_FLAGS_TRIED), default=None,
                    help="jax: also time the unfused step under each of these XLA flags "
                         "(comma-separated; bare: XLA_FLAGS_TRIED)")
@@ -352,6 +355,7 @@ def main(argv=None) -> int:
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "python": platform.python_version(), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "timing": {k: getattr(args, k) for k in ("reps", "warmup", "timed", "windows")},
+        "embed": args.embed if args.framework == "torch" else "fp32 lookup (embed_fp32=True)",
         "smoke": args.smoke})
     (run_torch if args.framework == "torch" else run_jax)(args, res)
     return 1 if res.data["errors"] else 0
