@@ -7,7 +7,8 @@
 #   with its own CUDA builds -- the venv sees them (--system-site-packages) and they are kept:
 #   nothing here ever reinstalls or upgrades torch, jax, jaxlib or flax.
 # * Installs only the frameworks that are missing, at the versions in
-#   requirements/cpu-frameworks.txt (torch==2.13.0 is the CPU wheel on this machine's disk).
+#   requirements/cpu-frameworks.txt (torch==2.13.0 is the CPU wheel on this machine's disk;
+#   triton, on Linux, for the fused kernels' tests -- a GPU build of torch brings its own).
 # * Installs perfladder itself (editable) with its test and book extras.
 # * With a wheel folder (.whl/ or $PERFLADDER_WHEELS) it installs from there only, for
 #   machines without a package registry (see scripts/carry_wheels.sh).
@@ -69,8 +70,10 @@ fi
 
 # Frameworks: install each one only if it is missing; never touch one that is there.
 missing=$("$PY" - <<'PY'
-import importlib.util as u
+import importlib.util as u, platform
 need = {"torch": ["torch"], "jax": ["jax", "flax", "optax"]}
+if platform.system() == "Linux" and platform.machine() in ("x86_64", "aarch64"):
+    need["triton"] = ["triton"]          # the fused kernels' tests (interpreter on CPU)
 pins = {}
 for line in open("requirements/cpu-frameworks.txt"):
     line = line.split("#")[0].strip()

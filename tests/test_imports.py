@@ -34,7 +34,7 @@ def test_framework_free_modules_import_neither():
             "perfladder.verdict", "perfladder.schema", "perfladder.schema.v1", "perfladder.learning",
             "perfladder.kernels", "perfladder.outputs", "perfladder.checks", "perfladder.idiom",
             "perfladder.page", "perfladder.narrative", "perfladder.reading", "perfladder.cards",
-            "perfladder.claims", "perfladder.techniques"]
+            "perfladder.claims", "perfladder.techniques", "perfladder.roofline"]
     assert loaded_after(*mods) == []
 
 
@@ -47,8 +47,11 @@ def test_perfladder_package_does_not_import_parity():
 @pytest.mark.parametrize("pkg, allowed", [
     ("perfladder.torch", ["torch"]),
     ("perfladder.jax", ["flax", "jax", "jaxlib", "optax"]),
+    ("perfladder.torch.fused.rope perfladder.torch.fused.add_layer_norm perfladder.torch.fused.gelu",
+     ["torch"]),
+    ("perfladder.jax.fused.add_layer_norm", ["flax", "jax", "jaxlib", "optax"]),
 ])
 def test_framework_subpackage_imports_only_its_own(pkg, allowed):
-    loaded = loaded_after(pkg)
+    loaded = loaded_after(*pkg.split())
     assert pkg.split(".")[1] in loaded                  # the probe does see a framework
     assert set(loaded) <= set(allowed), f"{pkg} also imported {sorted(set(loaded) - set(allowed))}"

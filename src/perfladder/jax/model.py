@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from ..config import GPTConfig, gpt_config, flops_per_token as _flops_per_token
+from .fused import check_fused
 
 ATTN_IMPLS = (None, "xla", "cudnn")
 EMBEDS = ("gather", "onehot")   # how the token embedding is looked up (see GPT.embed)
@@ -128,12 +129,39 @@ class Block(nnx.Module):
         H = H + self.attn(self.norm1(H))    # (B, T, D)
         return H + self.ffn(self.norm2(H))  # (B, T, D)
 
+    def forward_addnorm(self, H: jax.Array, pending: jax.Array | None):
+        """The same block with each residual add fused into the LayerNorm after it (Pallas).
+
+        The block's input is ``H + pending`` (``pending=None``: ``H``); it returns ``(H, ffn
+        output)`` in the same form, so the FFN's residual add happens in the next block's first
+        (or the final) fused LayerNorm.
+        """
+        H, y = fused_norm(self.norm1, H, pending)              # (B, T, D) each
+        H, y = fused_norm(self.norm2, H, self.attn(y))
+        return H, self.ffn(y)
+
+
+def fused_norm(norm: nnx.LayerNorm, H: jax.Array, pending: jax.Array | None):
+    """``(H + pending, norm(H + pending))`` through the Pallas kernels (``pending=None``: no add).
+    Scale and bias are cast to the norm's compute dtype first, as flax's LayerNorm does."""
+    from .fused.add_layer_norm import add_layer_norm, layer_norm
+    scale = norm.scale[...].astype(norm.dtype)                 # (D,)
+    bias = norm.bias[...].astype(norm.dtype)
+    if pending is None:
+        return H, layer_norm(H, scale, bias, norm.epsilon)
+    return add_layer_norm(H, pending, scale, bias, norm.epsilon)
+
 
 def _run_block(blk: Block, H: jax.Array) -> jax.Array:
     return blk(H)
 
 
+def _run_block_addnorm(blk: Block, H: jax.Array, pending):
+    return blk.forward_addnorm(H, pending)
+
+
 _run_block_remat = nnx.remat(_run_block)   # recompute the block's activations in backward
+_run_block_addnorm_remat = nnx.remat(_run_block_addnorm)
 
 
 # -- 5. the model ----------------------------------------------------------------------------
@@ -155,11 +183,14 @@ class GPT(nnx.Module):
     a gradient that is a matmul (one_hot^T @ dH), with no scatter at all.
     ``GPT(vocab_size, num_hiddens=512, num_blks=6, rngs=...)`` (any ``GPTConfig`` field as a
     keyword) builds the same model as ``GPT(GPTConfig(vocab_size=..., ...), rngs=...)``.
+    ``fused``: Pallas kernels for memory-bound ops (``perfladder.jax.fused``): ``'addnorm'``
+    fuses each residual add into the LayerNorm after it, forward and backward. The default
+    ``()`` runs the reference ops; the parameters and the math are the same either way.
     """
 
     def __init__(self, config: GPTConfig | int, *, rngs: nnx.Rngs, dtype=jnp.float32,
                  param_dtype=jnp.float32, attn_impl=None, checkpoint: bool = False,
-                 embed_fp32: bool = False, embed: str = "gather", **arch):
+                 embed_fp32: bool = False, embed: str = "gather", fused: tuple = (), **arch):
         config = gpt_config(config, **arch)   # GPT(cfg) or the chapter's GPT(vocab_size, num_hiddens=...)
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl={attn_impl!r} is not valid; valid choices: {ATTN_IMPLS}")
@@ -176,6 +207,7 @@ class GPT(nnx.Module):
         self.dtype, self.param_dtype = dtype, param_dtype
         self.attn_impl, self.checkpoint, self.embed_fp32 = attn_impl, bool(checkpoint), bool(embed_fp32)
         self.embed_impl = embed   # not ``self.embed``: that is the method below
+        self.fused = check_fused(fused)
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         D = config.num_hiddens
         self.token_emb = nnx.Embed(config.vocab_size, D, embedding_init=_init, **kw)
@@ -227,9 +259,16 @@ class GPT(nnx.Module):
         H = self.embed(X)                                                  # (B, T, D)
         if observe is not None:
             observe["first_activation"] = str(jnp.result_type(H))
-        for blk in self.blks:
-            H = _run_block_remat(blk, H) if self.checkpoint else blk(H)    # (B, T, D)
-        logits = self.token_emb.attend(self.norm(H))                       # (B, T, V) tied
+        if "addnorm" in self.fused:
+            pending = None                                                 # the stream is H + pending
+            for blk in self.blks:
+                run = _run_block_addnorm_remat if self.checkpoint else _run_block_addnorm
+                H, pending = run(blk, H, pending)                          # (B, T, D) each
+            logits = self.token_emb.attend(fused_norm(self.norm, H, pending)[1])  # (B, T, V)
+        else:
+            for blk in self.blks:
+                H = _run_block_remat(blk, H) if self.checkpoint else blk(H)  # (B, T, D)
+            logits = self.token_emb.attend(self.norm(H))                     # (B, T, V) tied
         if observe is not None:
             observe["logits"] = str(jnp.result_type(logits))
         return logits

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from ..config import GPTConfig, gpt_config
 from ..config import flops_per_token as _flops_per_token
+from .fused import check_fused
 
 # Which scaled-dot-product-attention kernel to pin (None: let PyTorch choose).
 ATTN_BACKENDS = {
@@ -99,17 +100,26 @@ class RoPE(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[1]
+    def tables(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (T, Dh) fp32 cos and sin tables for positions 0..T-1."""
         if T > self.cos.shape[0]:
-            return apply_rope(x, self.base)
-        return rotate(x, self.cos[:T], self.sin[:T])              # (B, T, H, Dh)
+            return rope_angles(T, self.cos.shape[1], self.base, device)
+        return self.cos[:T], self.sin[:T]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rotate(x, *self.tables(x.shape[1], x.device))     # (B, T, H, Dh)
 
 
 # -- 2. causal self-attention --------------------------------------------------------------
 class CausalAttention(nn.Module):
-    def __init__(self, config: GPTConfig, attn_backend=None):
+    """``fused_rope``: split the projection into heads and rotate q and k in one Triton kernel
+    each way (``fused.rope``) instead of the split + ``RoPE`` ops."""
+
+    def __init__(self, config: GPTConfig, attn_backend=None, fused_rope: bool = False):
         super().__init__()
+        if fused_rope and config.pos != "rope":
+            raise ValueError(f"fused 'rope' needs pos='rope'; this config has pos={config.pos!r}")
+        self.fused_rope = bool(fused_rope)
         D = config.num_hiddens
         self.num_heads = config.num_heads
         self.rope = (RoPE(config.head_dim, config.max_len, config.rope_base)
@@ -121,10 +131,15 @@ class CausalAttention(nn.Module):
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         B, T, D = X.shape
         H = self.num_heads
-        q, k, v = self.W_qkv(X).split(D, dim=-1)                  # (B, T, D) each
-        q, k, v = (u.reshape(B, T, H, D // H) for u in (q, k, v))  # (B, T, H, Dh)
-        if self.rope is not None:
-            q, k = self.rope(q), self.rope(k)                     # (B, T, H, Dh), fp32 inside
+        if self.fused_rope:
+            from .fused.rope import rope_qkv
+            cos, sin = self.rope.tables(T, X.device)              # (T, Dh) fp32 each
+            q, k, v = rope_qkv(self.W_qkv(X), cos, sin, H)        # (B, T, H, Dh) each
+        else:
+            q, k, v = self.W_qkv(X).split(D, dim=-1)              # (B, T, D) each
+            q, k, v = (u.reshape(B, T, H, D // H) for u in (q, k, v))  # (B, T, H, Dh)
+            if self.rope is not None:
+                q, k = self.rope(q), self.rope(k)                 # (B, T, H, Dh), fp32 inside
         q, k, v = (u.transpose(1, 2) for u in (q, k, v))          # (B, H, T, Dh)
         scale = 1.0 / math.sqrt(D // H)
         if self.backend is None:
@@ -138,29 +153,62 @@ class CausalAttention(nn.Module):
 
 # -- 3. feed-forward -----------------------------------------------------------------------
 class FFN(nn.Module):
-    def __init__(self, config: GPTConfig):
+    """``fused_gelu``: the tanh GELU and its derivative as Triton kernels (``fused.gelu``)."""
+
+    def __init__(self, config: GPTConfig, fused_gelu: bool = False):
         super().__init__()
         D, m = config.num_hiddens, config.ffn_mult
+        self.fused_gelu = bool(fused_gelu)
         self.dense1 = nn.Linear(D, m * D, bias=True)
         self.dense2 = nn.Linear(m * D, D, bias=True)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if self.fused_gelu:
+            from .fused.gelu import gelu_tanh
+            return self.dense2(gelu_tanh(self.dense1(X)))        # (B, T, D)
         return self.dense2(F.gelu(self.dense1(X), approximate="tanh"))  # (B, T, D)
+
+
+def norm_out_dtype(H: torch.Tensor) -> torch.dtype:
+    """What a fused LayerNorm writes: the autocast dtype when autocast is on (the reference
+    LayerNorm computes in fp32 and the next matmul casts to it), else the stream's dtype."""
+    dev = H.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else H.dtype
+
+
+def fused_norm(norm: nn.LayerNorm, H: torch.Tensor, pending: torch.Tensor | None):
+    """``(H + pending, norm(H + pending))`` through the fused kernels (``pending=None``: no add)."""
+    from .fused.add_layer_norm import add_layer_norm, layer_norm
+    dt = norm_out_dtype(H)
+    if pending is None:
+        return H, layer_norm(H, norm.weight, norm.bias, norm.eps, dt)
+    return add_layer_norm(H, pending, norm.weight, norm.bias, norm.eps, dt)
 
 
 # -- 4. one pre-norm block -----------------------------------------------------------------
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, attn_backend=None):
+    def __init__(self, config: GPTConfig, attn_backend=None, fused: tuple = ()):
         super().__init__()
         D = config.num_hiddens
         self.norm1 = nn.LayerNorm(D, eps=config.ln_eps)
-        self.attn = CausalAttention(config, attn_backend)
+        self.attn = CausalAttention(config, attn_backend, fused_rope="rope" in fused)
         self.norm2 = nn.LayerNorm(D, eps=config.ln_eps)
-        self.ffn = FFN(config)
+        self.ffn = FFN(config, fused_gelu="gelu" in fused)
 
     def forward(self, H: torch.Tensor) -> torch.Tensor:
         H = H + self.attn(self.norm1(H))                          # (B, T, D)
         return H + self.ffn(self.norm2(H))                        # (B, T, D)
+
+    def forward_addnorm(self, H: torch.Tensor, pending: torch.Tensor | None):
+        """The same block with each residual add fused into the LayerNorm after it.
+
+        The block's input is ``H + pending`` (``pending=None``: ``H``); it returns ``(H, ffn
+        output)`` in the same form, so the FFN's residual add happens in the next block's first
+        (or the final) fused LayerNorm.
+        """
+        H, y = fused_norm(self.norm1, H, pending)                 # (B, T, D) each
+        H, y = fused_norm(self.norm2, H, self.attn(y))
+        return H, self.ffn(y)
 
 
 # -- 5. the model --------------------------------------------------------------------------
@@ -176,10 +224,14 @@ class GPT(nn.Module):
     gradient kernel.
     ``GPT(vocab_size, num_hiddens=512, num_blks=6)`` (any ``GPTConfig`` field as a keyword)
     builds the same model as ``GPT(GPTConfig(vocab_size=..., num_hiddens=512, num_blks=6))``.
+    ``fused``: Triton kernels for the memory-bound ops (``perfladder.torch.fused``), any of
+    ``'rope'`` (q/k rotation straight from the QKV projection), ``'addnorm'`` (each residual
+    add fused with the LayerNorm after it, one-pass backward) and ``'gelu'``; the default
+    ``()`` runs the reference ops. The parameters and the math are the same either way.
     """
 
     def __init__(self, config: GPTConfig | int, attn_backend=None, checkpoint: bool = False,
-                 embed: str = "gather", **arch):
+                 embed: str = "gather", fused: tuple = (), **arch):
         super().__init__()
         config = gpt_config(config, **arch)   # GPT(cfg) or the chapter's GPT(vocab_size, num_hiddens=...)
         check_attn_backend(attn_backend)
@@ -187,12 +239,16 @@ class GPT(nn.Module):
         self.attn_backend = attn_backend
         self.checkpoint = bool(checkpoint)
         self.embed = check_embed(embed)
+        self.fused = check_fused(fused)
+        if self.fused:
+            from . import fused as _kernels  # noqa: F401  (ImportError naming triton if it is missing)
         self.pos = config.pos
         D = config.num_hiddens
         self.token_emb = nn.Embedding(config.vocab_size, D)
         if config.pos == "learned":
             self.pos_emb = nn.Embedding(config.max_len, D)
-        self.blks = nn.ModuleList(Block(config, attn_backend) for _ in range(config.num_blks))
+        self.blks = nn.ModuleList(Block(config, attn_backend, self.fused)
+                                  for _ in range(config.num_blks))
         self.norm = nn.LayerNorm(D, eps=config.ln_eps)
         self.apply(self._init_weights)
 
@@ -231,12 +287,25 @@ class GPT(nn.Module):
             if T > self.config.max_len:
                 raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
             H = H + self.pos_emb(torch.arange(T, device=X.device))  # (B, T, D) + (T, D)
+        if "addnorm" in self.fused:
+            return self._forward_addnorm(H)
         for blk in self.blks:
             if self.checkpoint:
                 H = _checkpoint(blk, H, use_reentrant=False)      # (B, T, D)
             else:
                 H = blk(H)                                        # (B, T, D)
         return F.linear(self.norm(H), self.token_emb.weight)      # (B, T, D) @ (D, V) -> (B, T, V)
+
+    def _forward_addnorm(self, H: torch.Tensor) -> torch.Tensor:
+        """The blocks and the final norm with the residual adds fused into the LayerNorms."""
+        pending = None                                            # the stream is H + pending
+        for blk in self.blks:
+            if self.checkpoint:
+                H, pending = _checkpoint(blk.forward_addnorm, H, pending, use_reentrant=False)
+            else:
+                H, pending = blk.forward_addnorm(H, pending)      # (B, T, D) each
+        _, y = fused_norm(self.norm, H, pending)                  # (B, T, D)
+        return F.linear(y, self.token_emb.weight)                 # (B, T, D) @ (D, V) -> (B, T, V)
 
     def num_params(self) -> int:
         """Distinct parameters (the tied embedding counted once)."""

@@ -1,0 +1,242 @@
+"""The fused-kernel test cases (run by tests/test_torch_fused.py; see there for how).
+
+Each Triton kernel against the reference op, forward and backward, the model options, and
+torch.compile over them. On a CUDA GPU they run natively; without one, in Triton's CPU
+interpreter, which needs ``TRITON_INTERPRET=1`` in the environment before triton is first
+imported (``triton.jit`` decides at decoration, triton's own library functions included).
+
+Tolerances: fp32 inputs agree to ~1e-6 (the same fp32 operations, possibly contracted into
+FMAs). bf16 outputs agree to one bf16 rounding step (relative 2^-7 ~ 0.8e-2; the interpreter
+rounds fp32 -> bf16 toward zero where torch rounds to nearest, so on CPU a bf16 result can sit
+one step away); tests use rtol 1.6e-2 there.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+_ON_GPU = torch.cuda.is_available()
+if not _ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
+    raise RuntimeError("without a CUDA GPU these cases need TRITON_INTERPRET=1 set before triton "
+                       "is imported: run tests/test_torch_fused.py, which sets it for them")
+
+from perfladder.torch.fused import FUSED, check_fused  # noqa: E402
+from perfladder.torch.fused._launch import check_device, interpreted  # noqa: E402
+from perfladder.torch.fused.add_layer_norm import add_layer_norm, layer_norm  # noqa: E402
+from perfladder.torch.fused.gelu import gelu_tanh  # noqa: E402
+from perfladder.torch.fused.rope import _rope_fwd_kernel, rope_qkv  # noqa: E402
+from perfladder.config import GPTConfig, get_config  # noqa: E402
+from perfladder.torch import GPT  # noqa: E402
+from perfladder.torch.model import rope_angles, rotate  # noqa: E402
+
+DEV = "cuda" if _ON_GPU else "cpu"
+SMOKE = get_config("smoke").gpt()
+FP32 = dict(atol=2e-6, rtol=1e-5)
+BF16 = dict(atol=1e-2, rtol=1.6e-2)
+
+
+def close(a, b, tol):
+    assert a.dtype == b.dtype, (a.dtype, b.dtype)
+    torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
+# -- RoPE -------------------------------------------------------------------------------------
+def _reference_rope(qkv, cos, sin, H):
+    B, T, D3 = qkv.shape
+    q, k, v = (u.reshape(B, T, H, D3 // 3 // H) for u in qkv.split(D3 // 3, dim=-1))
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, FP32), (torch.bfloat16, BF16)])
+def test_rope_matches_reference_forward_and_backward(dtype, tol):
+    torch.manual_seed(0)
+    B, T, H, Dh = 2, 16, 2, 16
+    cos, sin = rope_angles(T, Dh, 10000.0, DEV)
+    qkv = torch.randn(B, T, 3 * H * Dh, device=DEV, dtype=dtype, requires_grad=True)
+    ref_in = qkv.detach().clone().requires_grad_()
+    out, ref = rope_qkv(qkv, cos, sin, H), _reference_rope(ref_in, cos, sin, H)
+    for o, r in zip(out, ref):
+        assert o.shape == (B, T, H, Dh) and o.is_contiguous()
+        close(o, r, tol)
+    # gradients arrive as SDPA's backward hands them over: (B, H, T, Dh) tensors transposed
+    grads = [torch.randn(B, H, T, Dh, device=DEV, dtype=dtype).transpose(1, 2) for _ in range(3)]
+    torch.autograd.backward(out, grads)
+    torch.autograd.backward(ref, grads)
+    close(qkv.grad, ref_in.grad, tol)
+
+
+def test_rope_rejects_bad_shapes():
+    cos, sin = rope_angles(8, 16, 10000.0, DEV)
+    with pytest.raises(ValueError, match="num_heads"):
+        rope_qkv(torch.randn(1, 8, 3 * 32, device=DEV), cos, sin, 3)
+    with pytest.raises(ValueError, match="tables"):
+        rope_qkv(torch.randn(1, 8, 3 * 32, device=DEV), cos[:4], sin[:4], 2)
+
+
+# -- residual add + LayerNorm --------------------------------------------------------------------
+CASES = [  # (stream dtype, branch dtype, output dtype, tolerance): fp32; bf16 autocast; all bf16
+    (torch.float32, torch.float32, torch.float32, FP32),
+    (torch.float32, torch.bfloat16, torch.bfloat16, BF16),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, BF16),
+]
+
+
+@pytest.mark.parametrize("sd,bd,od,tol", CASES)
+def test_add_layer_norm_matches_reference(sd, bd, od, tol):
+    torch.manual_seed(1)
+    B, T, D = 3, 5, 48                                     # D not a power of two: masked columns
+    x = torch.randn(B, T, D, device=DEV, dtype=sd, requires_grad=True)
+    br = torch.randn(B, T, D, device=DEV, dtype=bd, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(D, device=DEV)).requires_grad_()
+    b = (0.1 * torch.randn(D, device=DEV)).requires_grad_()
+    ref = [t.detach().clone().requires_grad_() for t in (x, br, w, b)]
+    h, y = add_layer_norm(x, br, w, b, 1e-5, od)
+    rh = ref[0] + ref[1]                                   # the reference's add (promotes)
+    ry = F.layer_norm(rh.float(), (D,), ref[2], ref[3], 1e-5).to(od)
+    assert h.dtype == rh.dtype and y.dtype == od
+    close(h, rh, tol)
+    close(y, ry, tol)
+    gh, gy = torch.randn_like(h), torch.randn_like(y)
+    torch.autograd.backward((h, y), (gh, gy))
+    torch.autograd.backward((rh, ry), (gh, gy))
+    for got, want in zip((x, br, w, b), ref):
+        assert got.grad.dtype == want.grad.dtype
+        close(got.grad, want.grad, tol if got.grad.dtype != torch.float32 or sd == torch.float32
+              else dict(atol=2e-2, rtol=1e-2))
+
+
+def test_layer_norm_without_add_and_many_row_blocks():
+    torch.manual_seed(2)
+    x = torch.randn(4100, 32, device=DEV, requires_grad=True)   # more row blocks than programs
+    w = torch.randn(32, device=DEV, requires_grad=True)
+    b = torch.randn(32, device=DEV, requires_grad=True)
+    ref = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    y, ry = layer_norm(x, w, b, 1e-5), F.layer_norm(ref[0], (32,), ref[1], ref[2], 1e-5)
+    close(y, ry, FP32)
+    g = torch.randn_like(y)
+    y.backward(g)
+    ry.backward(g)
+    for got, want in zip((x, w, b), ref):
+        close(got.grad, want.grad, dict(atol=1e-4, rtol=1e-5))
+
+
+# -- GELU ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, FP32), (torch.bfloat16, BF16)])
+def test_gelu_matches_reference(dtype, tol):
+    torch.manual_seed(3)
+    h = (3 * torch.randn(5000, device=DEV)).to(dtype).requires_grad_()
+    h[:4].data = torch.tensor([0.0, -30.0, 30.0, 1e-3], device=DEV, dtype=dtype)   # tanh limits
+    r = h.detach().clone().requires_grad_()
+    g, rg = gelu_tanh(h), F.gelu(r, approximate="tanh")
+    close(g, rg, tol)
+    dg = torch.randn_like(g)
+    g.backward(dg)
+    rg.backward(dg)
+    # 1 - tanh(u)^2 cancels where |tanh(u)| ~ 1: each implementation carries ~1e-7 absolute
+    # error there, times h (1 + 3 * 0.044715 h^2) ~ 10, on derivatives that are ~0
+    close(h.grad, r.grad, dict(tol, atol=max(tol["atol"], 1e-5)))
+
+
+# -- options and errors --------------------------------------------------------------------------
+def test_check_fused_names_the_choices():
+    assert check_fused(()) == () and check_fused("rope") == ("rope",)
+    assert check_fused(("gelu", "rope")) == ("rope", "gelu")        # canonical order
+    with pytest.raises(ValueError, match="valid choices"):
+        check_fused(("rope", "flash"))
+    with pytest.raises(ValueError, match="pos='rope'"):
+        GPT(GPTConfig(num_hiddens=32, num_blks=1, num_heads=2, pos="learned"), fused=("rope",))
+
+
+def test_uninterpreted_kernel_refuses_cpu_tensors():
+    import triton
+
+    @triton.jit
+    def _k(x_ptr):
+        pass
+
+    if not interpreted(_k):                      # defined outside TRITON_INTERPRET: a GPU kernel
+        with pytest.raises(RuntimeError, match="CUDA tensors"):
+            check_device(_k, torch.zeros(2))
+    assert interpreted(_rope_fwd_kernel) == (not _ON_GPU)
+
+
+# -- the model ---------------------------------------------------------------------------------
+def _pair(fused, **kw):
+    torch.manual_seed(0)
+    ref = GPT(SMOKE, **kw).to(DEV)
+    model = GPT(SMOKE, fused=fused, **kw).to(DEV)
+    model.load_state_dict(ref.state_dict())
+    return ref, model
+
+
+def _loss_and_grads(model, X, autocast=False):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(DEV, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(X)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), X.flatten())
+    loss.backward()
+    return logits.detach(), {n.removeprefix("_orig_mod."): p.grad.detach().clone()   # compiled: prefixed
+                             for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("fused", [("rope",), ("addnorm",), ("gelu",), FUSED])
+def test_fused_model_matches_reference_fp32(fused):
+    ref, model = _pair(fused)
+    X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
+    lr, gr = _loss_and_grads(ref, X)
+    lf, gf = _loss_and_grads(model, X)
+    torch.testing.assert_close(lf, lr, atol=1e-5, rtol=1e-5)
+    assert gf.keys() == gr.keys()
+    for n in gr:
+        torch.testing.assert_close(gf[n], gr[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_fused_model_under_bf16_autocast_and_checkpointing():
+    ref, model = _pair(FUSED, checkpoint=True)
+    X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
+    lr, gr = _loss_and_grads(ref, X, autocast=True)
+    lf, gf = _loss_and_grads(model, X, autocast=True)
+    assert lf.dtype == lr.dtype == torch.bfloat16
+    torch.testing.assert_close(lf.float(), lr.float(), atol=3e-2, rtol=3e-2)
+    for n in gr:     # bf16 activations: gradients agree to bf16 precision of their scale
+        scale = gr[n].abs().max().item()
+        assert (gf[n] - gr[n]).abs().max().item() <= 3e-2 * scale + 1e-6, n
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_model_compiles_without_graph_breaks(autocast):
+    """dynamo + AOTAutograd trace the autograd.Functions and their custom ops, under bf16
+    autocast too (fullgraph: a graph break would raise); the compiled model computes what the
+    eager one does (inductor on a GPU may reorder bf16 arithmetic: bf16 tolerance there)."""
+    torch._dynamo.reset()
+    _, model = _pair(FUSED)
+    X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
+    le, ge = _loss_and_grads(model, X, autocast=autocast)
+    backend = "inductor" if _ON_GPU else "aot_eager"
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    lc, gc = _loss_and_grads(compiled, X, autocast=autocast)
+    tol = dict(atol=3e-2, rtol=3e-2) if autocast else dict(atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(lc.float(), le.float(), **tol)
+    for n in ge:
+        torch.testing.assert_close(gc[n], ge[n], **tol, msg=n)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU")
+def test_fused_full_width_model_on_gpu_bf16():
+    """The full-width model, bf16 autocast, compiled: fused vs reference logits and gradients."""
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    ref = GPT(cfg).cuda()
+    model = GPT(cfg, fused=FUSED).cuda()
+    model.load_state_dict(ref.state_dict())
+    X = torch.randint(0, cfg.vocab_size, (8, 128), device="cuda")
+    lr, gr = _loss_and_grads(torch.compile(ref), X, autocast=True)
+    lf, gf = _loss_and_grads(torch.compile(model), X, autocast=True)
+    torch.testing.assert_close(lf.float(), lr.float(), atol=5e-2, rtol=3e-2)
+    for n in gr:
+        scale = gr[n].abs().max().item()
+        assert (gf[n] - gr[n]).abs().max().item() <= 3e-2 * scale + 1e-6, n
