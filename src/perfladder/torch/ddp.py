@@ -166,7 +166,11 @@ def launch(spec: dict, k: int, out_dir=None, timeout: float = 900.0) -> tuple[li
     # `python -m torch.distributed.run` is exactly the `torchrun` console script
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={k}",
            "-m", "perfladder.torch.ddp", "--spec", str(out / "spec.json"), "--out", str(out)]
-    proc = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True, timeout=timeout)
+    env = rank_env()
+    # torchrun gives each of several ranks one intra-op CPU thread unless told otherwise; the
+    # single-rank baseline gets the same, so the two differ only in the number of ranks
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     (out / "torchrun.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-4000:]
