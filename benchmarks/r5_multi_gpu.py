@@ -13,6 +13,8 @@ process, in order of importance (a stage that would overrun ``--budget`` records
     jax          baselines, then the one-process mesh for both forms, and its FSDP layout
     jax-dist     the fast form with one process per GPU, joined by jax.distributed
     torch-fsdp2  the fast form under FSDP2 (fully_shard)
+    torch-control  the fast form on k GPUs at once with no gradient exchange (independent
+                 copies of the single-GPU step): what running k GPUs together costs by itself
 
 On a machine without a GPU the same stages run on CPU (gloo ranks, forced host devices):
 that exercises every path; its numbers are not performance results. Everything lands in
@@ -34,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-STAGES = ("torch", "jax", "jax-dist", "torch-fsdp2")
+STAGES = ("torch", "jax", "jax-dist", "torch-fsdp2", "torch-control")
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 # warmup, timed steps, windows per form: about a second per window on an H200, enough past compile
@@ -129,7 +131,7 @@ def earlier_baseline(args, stage: str, key: str):
     return Baseline.from_dict(json.loads(path.read_text())["baselines"][key])
 
 
-def stage_torch(args, s: Stage, fsdp2_only: bool = False) -> None:
+def stage_torch(args, s: Stage, only: str | None = None) -> None:
     from perfladder.config import get_config
     from perfladder.multigpu import not_measured
     from perfladder.torch import dataparallel as dp
@@ -137,20 +139,20 @@ def stage_torch(args, s: Stage, fsdp2_only: bool = False) -> None:
     from perfladder.torch.timer import versions
     cfg = get_config(args.config)
     s.doc["versions"] = versions()
-    forms = ["fast"] if fsdp2_only else args.forms
+    forms = ["fast"] if only else args.forms
     for form in forms:
         recipe = recipe_for(cfg, form, fast_recipe(cfg, compiled=not args.no_compile)
                             if form == "fast" else None)
         timing = s.timing(form)
         runs = s.out / "runs" / s.name / form
-        base = (earlier_baseline(args, "torch", form) if fsdp2_only else None) or s.baseline(
+        base = (earlier_baseline(args, "torch", form) if only else None) or s.baseline(
             form, lambda: dp.measure_baseline(cfg, form, recipe, out_dir=runs / "k1",
                                        timeout=max(30.0, s.time_left()), **timing))
-        pairs = [("fsdp2", max(args.ks))] if fsdp2_only else [("ddp", k) for k in args.ks]
+        pairs = [(only, max(args.ks))] if only else [("ddp", k) for k in args.ks]
         for parallel, k in pairs:
             def skip(reason, parallel=parallel, k=k):
                 return not_measured(status="skipped", reason=reason, framework="torch",
-                                    mechanism=parallel, form=form, k=k,
+                                    mechanism=dp.MECHANISM[parallel], form=form, k=k,
                                     per_rank_batch=recipe["batch_size"], seq_len=cfg.num_steps)
             s.run(f"{parallel} {form} k={k}", lambda parallel=parallel, k=k: dp.measure(
                 k, cfg, form, recipe, parallel=parallel, baseline=base, link=args.link,
@@ -214,7 +216,8 @@ def stage_jax_dist(args, s: Stage) -> None:
 def run_stage(args) -> int:
     s = Stage(args, args.stage)
     {"torch": stage_torch, "jax": stage_jax, "jax-dist": stage_jax_dist,
-     "torch-fsdp2": lambda a, st: stage_torch(a, st, fsdp2_only=True)}[args.stage](args, s)
+     "torch-fsdp2": lambda a, st: stage_torch(a, st, only="fsdp2"),
+     "torch-control": lambda a, st: stage_torch(a, st, only="none")}[args.stage](args, s)
     s.save()
     return 0
 

@@ -19,7 +19,9 @@ SETTLE_SPREAD = 0.05
 FORMS = ("seed", "fast")          # seed: eager/jitted fp32 at batch 64; fast: the fastest recipe
 FRAMEWORKS = ("torch", "jax")
 # how the ranks are put together
-MECHANISMS = ("ddp", "fsdp2", "mesh", "mesh-fsdp", "jax.distributed")
+# 'independent': k copies of the single-device step at once, no gradient exchange -- a control
+# that prices running k devices together apart from communicating between them
+MECHANISMS = ("ddp", "fsdp2", "mesh", "mesh-fsdp", "jax.distributed", "independent")
 STATUSES = ("measured", "skipped", "failed")
 
 

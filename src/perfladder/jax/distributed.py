@@ -139,7 +139,9 @@ def run(spec: dict, out: Path) -> dict:
                "bus_bw_per_process": gathered["bw"].tolist(),
                "peak_mem_bytes_per_gpu": [None if m < 0 else int(m)
                                           for m in np.asarray(gathered["mem"]).reshape(-1)],
-               "device": jax.devices()[0].device_kind}
+               "device": jax.devices()[0].device_kind,
+               "memory_stats_process0": {k: int(v) for k, v in
+                                         (local[0].memory_stats() or {}).items()}}
     (out / f"process{jax.process_index()}.json").write_text(json.dumps(mine, indent=1))
     if jax.process_index() == 0:
         (out / "processes.json").write_text(json.dumps(summary, indent=1))
@@ -267,6 +269,7 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
              "devices their own batches"]
     ranks = [{"process_id": i, "windows": w, "bus_bw": b}
              for i, (w, b) in enumerate(zip(s["windows_per_process"], s["bus_bw_per_process"]))]
+    ranks[0]["memory_stats"] = s.get("memory_stats_process0")
     bws = [b for b in s["bus_bw_per_process"] if b]
     return record(framework="jax", mechanism="jax.distributed", form=form, k=s["k"],
                   per_rank_batch=B, seq_len=T, windows=s["windows_per_process"][0],

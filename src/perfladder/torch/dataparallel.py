@@ -15,7 +15,10 @@ from ..data import TimeMachine
 from ..multigpu import Baseline, not_measured, record
 from .ddp import data_parallel_tokens, default_backend, recipe_for
 
-MECHANISM = {"ddp": "ddp", "fsdp2": "fsdp2"}
+MECHANISM = {"ddp": "ddp", "fsdp2": "fsdp2", "none": "independent"}
+WHAT = {"ddp": "DistributedDataParallel", "fsdp2": "FSDP2 fully_shard per block + root",
+        "none": "no wrapper: k independent copies of the single-device step, no gradient "
+                "exchange (a control: what running k GPUs at once costs without communication)"}
 
 
 def num_params(config: LadderConfig) -> int:
@@ -48,7 +51,10 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
             parallel: str = "ddp", baseline: Baseline | None = None, link=None,
             backend: str | None = None, warmup: int | None = None, timed: int | None = None,
             windows: int | None = None, out_dir=None, timeout: float = 900.0):
-    """``k`` ranks of ``form`` under ``parallel`` ('ddp' | 'fsdp2'), predicted first.
+    """``k`` ranks of ``form`` under ``parallel`` ('ddp' | 'fsdp2' | 'none'), predicted first.
+
+    ``parallel='none'`` is the control (mechanism 'independent'): the ranks run the bare
+    single-device step side by side; no prediction (there is no communication to price).
 
     ``baseline``: the same form's single-device ``Baseline`` (measured here if None);
     ``link``: a ``perfladder.costmodel.LINKS`` name (default by backend: 'nvlink4-h200' for
@@ -64,8 +70,10 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
     timing = {"warmup": warmup, "timed": timed, "windows": windows}
     if baseline is None:
         baseline = measure_baseline(config, form, recipe, backend=backend, timeout=timeout, **timing)
-    pred = costmodel.predict(k, B, T, baseline.tokens_per_s, n, link or default_link(backend))
-    costmodel.announce([pred], label=f"R5 torch {parallel} {form}")        # before the launch
+    pred = None
+    if parallel != "none":
+        pred = costmodel.predict(k, B, T, baseline.tokens_per_s, n, link or default_link(backend))
+        costmodel.announce([pred], label=f"R5 torch {parallel} {form}")    # before the launch
     try:
         res = data_parallel_tokens(k, config, form, recipe, parallel=parallel, backend=backend,
                                    out_dir=out_dir, timeout=timeout, **timing)
@@ -74,11 +82,12 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
         return not_measured(status="skipped" if parallel == "fsdp2" else "failed",
                             reason=f"{what}: {str(e)[-3000:]}", framework="torch",
                             mechanism=MECHANISM[parallel], form=form, k=k, per_rank_batch=B,
-                            seq_len=T, processes=k, recipe=recipe, prediction=pred.to_dict(),
-                            predicted_tokens_per_s=pred.predicted_tokens_per_s,
+                            seq_len=T, processes=k, recipe=recipe,
+                            prediction=None if pred is None else pred.to_dict(),
+                            predicted_tokens_per_s=None if pred is None else pred.predicted_tokens_per_s,
                             baseline=baseline.to_dict())
     notes = [f"{k} ranks x batch {B} (global {k * B}), backend {backend}, "
-             f"{'DistributedDataParallel' if parallel == 'ddp' else 'FSDP2 fully_shard per block + root'}; "
+             f"{WHAT[parallel]}; "
              "tokens/s summed over ranks, each rank timing its own batches",
              "bus_bw_measured: the slowest rank's timed all-reduce of a gradient-sized fp32 buffer"]
     return record(framework="torch", mechanism=MECHANISM[parallel], form=form, k=k,
