@@ -103,6 +103,22 @@ def local_batches(data, per_device_batch: int, mesh, seed: int):
                jax.make_array_from_single_device_arrays(shape, sharding, [y for _, y in pairs]))
 
 
+def mem_to_kib(mems):
+    """Byte counts (None: unknown) as int32 KiB, rounded up, -1 for unknown.
+
+    ``process_allgather`` moves numbers through jax arrays, which are 32-bit unless x64 is
+    on: a 35.8 GB peak in bytes would wrap around 2**32; in KiB it fits up to 2 TiB.
+    """
+    import numpy as np
+    return np.asarray([-1 if m is None or m < 0 else -(-int(m) // 1024) for m in mems], np.int32)
+
+
+def kib_to_bytes(kib) -> list:
+    """``mem_to_kib``'s inverse (to the KiB), flattened over processes; -1 -> None."""
+    import numpy as np
+    return [None if k < 0 else 1024 * int(k) for k in np.asarray(kib).reshape(-1)]
+
+
 def run(spec: dict, out: Path) -> dict:
     """One process's measurement (after ``initialize``); process 0 writes ``processes.json``."""
     import jax
@@ -127,18 +143,17 @@ def run(spec: dict, out: Path) -> dict:
     t = throughput(rep.step, stream, warmup=spec["warmup"], timed=spec["timed"],
                    windows=spec["windows"])
     local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-    mems = [m if m is not None else -1 for m in peak_mem_bytes(local)]
+    mems = peak_mem_bytes(local)
     mine = {"process_id": jax.process_index(), "host": socket.gethostname(),
             "local_devices": [str(d) for d in local], "tokens_per_s": t.tokens_per_s,
             "windows": t.windows, "bus_bw": bw, "peak_mem_bytes": mems}
     # every process times the same global steps; gather their numbers for process 0
     gathered = multihost_utils.process_allgather(
-        {"windows": np.asarray(t.windows), "bw": np.asarray(bw), "mem": np.asarray(mems)})
+        {"windows": np.asarray(t.windows), "bw": np.asarray(bw), "mem_kib": mem_to_kib(mems)})
     summary = {"k": k, "num_processes": jax.process_count(), "num_params": n, "spec": spec,
                "windows_per_process": gathered["windows"].tolist(),
                "bus_bw_per_process": gathered["bw"].tolist(),
-               "peak_mem_bytes_per_gpu": [None if m < 0 else int(m)
-                                          for m in np.asarray(gathered["mem"]).reshape(-1)],
+               "peak_mem_bytes_per_gpu": kib_to_bytes(gathered["mem_kib"]),
                "device": jax.devices()[0].device_kind,
                "memory_stats_process0": {k: int(v) for k, v in
                                          (local[0].memory_stats() or {}).items()}}
