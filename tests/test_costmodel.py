@@ -108,3 +108,9 @@ def test_announce_prints_before_returning(capsys):
     text = costmodel.announce(predictions(**ARGS), label="R5")
     out = capsys.readouterr().out
     assert out.strip() == text and [l.split()[2] for l in out.splitlines()] == ["k=2:", "k=4:", "k=8:"]
+
+
+def test_numpy_integers_are_integers():
+    import numpy as np
+    assert predict(np.int64(4), **ARGS) == predict(4, **ARGS)
+    assert [p.k for p in scaling_curve(np.array([1, 8, 16]), **ARGS)] == [1, 8, 16]

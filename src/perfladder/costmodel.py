@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 
 GRAD_BYTES_PER_PARAM = 4          # fp32 gradients (masters stay fp32 in both forms)
@@ -125,13 +126,14 @@ class Prediction:
 
 # -- the two terms ---------------------------------------------------------------------------
 def _positive_int(name: str, v) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+    """``v`` as an int (numpy integers welcome); a bool or anything below 1 is an error."""
+    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
         raise ValueError(f"{name}={v!r} must be a positive integer")
-    return v
+    return int(v)
 
 
 def _positive_number(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name}={v!r} must be a positive finite number")
     return float(v)
 
@@ -153,7 +155,7 @@ def hierarchical_allreduce_seconds(nbytes: float, k: int, gpus_per_node: int, in
     ``2 (g-1)/g x S / bw_intra + 2 (n-1)/n x (S/g) / bw_inter``.
     """
     g = _positive_int("gpus_per_node", gpus_per_node)
-    _positive_int("k", k)
+    k = _positive_int("k", k)
     intra, inter = get_link(intra), get_link(inter)
     if k <= g:
         return ring_allreduce_seconds(nbytes, k, intra.bus_bytes_per_s)
@@ -211,6 +213,7 @@ def predict(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: floa
     """
     t_compute, tokens, rate = _compute_terms(k, per_rank_batch, seq_len, single_tokens_per_s,
                                              num_params)
+    k, per_rank_batch, seq_len, num_params = int(k), int(per_rank_batch), int(seq_len), int(num_params)
     link = get_link(link)
     t_comm = ring_allreduce_seconds(GRAD_BYTES_PER_PARAM * num_params, k, link.bus_bytes_per_s)
     return _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, tokens, link)
@@ -223,6 +226,7 @@ def predict_hierarchical(k: int, per_rank_batch: int, seq_len: int, single_token
     ``hierarchical_allreduce_seconds``); one node is exactly ``predict`` over ``intra``."""
     t_compute, tokens, rate = _compute_terms(k, per_rank_batch, seq_len, single_tokens_per_s,
                                              num_params)
+    k, per_rank_batch, seq_len, num_params = int(k), int(per_rank_batch), int(seq_len), int(num_params)
     intra_l, inter_l = get_link(intra), get_link(inter)
     g = _positive_int("gpus_per_node", gpus_per_node)
     t_comm = hierarchical_allreduce_seconds(GRAD_BYTES_PER_PARAM * num_params, k, g, intra_l, inter_l)
