@@ -27,3 +27,14 @@ def test_peak_memory_survives_a_32_bit_gather():
 def test_initialize_checks_its_arguments_before_connecting(kw, match):
     with pytest.raises(ValueError, match=match):
         initialize(**kw)
+
+
+def test_the_launcher_resolves_the_attention_kernel_from_its_gpu_count():
+    from perfladder.config import get_config
+    from perfladder.jax.distributed import resolve_recipe
+    cfg = get_config("smoke")
+    assert resolve_recipe(cfg, "fast", None, gpus=2)["attn_impl"] == "cudnn"
+    assert resolve_recipe(cfg, "fast", None, gpus=0)["attn_impl"] is None
+    assert resolve_recipe(cfg, "seed", None, gpus=2)["dtype"] == "float32"
+    with pytest.raises(ValueError, match="unknown recipe keys.*'mode'"):
+        resolve_recipe(cfg, "fast", {"batch_size": 8, "mode": "reduce-overhead"}, gpus=0)

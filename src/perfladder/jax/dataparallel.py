@@ -22,7 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from .. import costmodel
 from ..config import LadderConfig, expected_num_params
 from ..data import TimeMachine
-from ..multigpu import Baseline, check_form, not_measured, record, settle_baseline
+from ..multigpu import (Baseline, DataParallelMeasurement, check_form, not_measured, record,
+                        settle_baseline)
 from .model import GPT
 from .parallel import AXIS, batch_sharding, make_data_mesh, place_state
 from .steps import make_optimizer, make_split_step, make_train_step
@@ -176,7 +177,7 @@ def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
 def measure_mesh(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
                  fsdp: bool = False, link=None, baseline: Baseline | None = None,
                  warmup: int | None = None, timed: int | None = None,
-                 windows: int | None = None) -> "DataParallelMeasurement":  # noqa: F821
+                 windows: int | None = None) -> DataParallelMeasurement:
     """``k``-device data parallelism in this process: predict (printed), then measure.
 
     ``baseline``: the single-device ``Baseline`` of the same form (measured here if None);

@@ -183,6 +183,15 @@ def _check(spec: dict, rep, data, mesh, out: Path) -> dict:
     return summary
 
 
+def resolve_recipe(config, form: str, recipe, gpus: int) -> dict:
+    """``recipe_for`` without starting a jax backend here (the GPUs belong to the children):
+    the fast form's attention kernel follows ``gpus`` instead of asking jax for devices."""
+    from .dataparallel import fast_recipe, recipe_for
+    if recipe is None and form == "fast":
+        recipe = fast_recipe(config, attn_impl="cudnn" if gpus else None)
+    return recipe_for(config, form, recipe)
+
+
 # -- launching N processes on this machine ---------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -197,14 +206,13 @@ def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
     """Start ``num_processes`` OS processes of this module here (coordinator on localhost)
     and return process 0's summary. ``gpus > 0``: process i uses local GPU i (so
     ``num_processes <= gpus``); ``gpus = 0``: CPU processes, one CPU device each."""
-    from .dataparallel import recipe_for
     if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
         raise ValueError(f"num_processes={num_processes!r} must be a positive integer")
     if gpus and num_processes > gpus:
         raise ValueError(f"num_processes={num_processes} needs {num_processes} GPUs, {gpus} given; "
                          f"valid choices: 1..{gpus}")
-    spec = {"config": config.to_dict(), "form": form, "recipe": recipe_for(config, form, recipe),
-            "fsdp": bool(fsdp), "warmup": config.warmup if warmup is None else warmup,
+    spec = {"config": config.to_dict(), "form": form,
+            "recipe": resolve_recipe(config, form, recipe, gpus), "fsdp": bool(fsdp), "warmup": config.warmup if warmup is None else warmup,
             "timed": config.timed if timed is None else timed,
             "windows": config.windows if windows is None else windows,
             "check_steps": int(check_steps)}
@@ -253,14 +261,16 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
 
     ``baseline``: the single-device ``perfladder.multigpu.Baseline`` of the same form (from
     ``perfladder.jax.dataparallel.measure_baseline``, measured in *another* process: this one
-    must leave the GPUs to its children); None gives no prediction and no efficiency.
+    must leave the GPUs to its children -- on a GPU, call this from a process whose jax has
+    not started its GPU backend, which would hold most of the memory); None gives no
+    prediction and no efficiency.
     A failed launch is recorded as ``status='failed'`` with the processes' last output.
     """
     from .. import costmodel
     from ..data import TimeMachine
     from ..multigpu import not_measured, record
-    from .dataparallel import num_params, recipe_for
-    recipe = recipe_for(config, form, recipe)
+    from .dataparallel import num_params
+    recipe = resolve_recipe(config, form, recipe, gpus)
     B, T = recipe["batch_size"], config.num_steps
     k = num_processes                      # one device per process here
     vocab = len(TimeMachine(config.batch_size, T, num_train=config.num_train,
