@@ -19,7 +19,8 @@ process, in order of importance (a stage that would overrun ``--budget`` records
 On a machine without a GPU the same stages run on CPU (gloo ranks, forced host devices):
 that exercises every path; its numbers are not performance results. Everything lands in
 ``--out``: ``r5.json`` (hardware from nvidia-smi, versions, the command, the creation time,
-every measurement), one JSON and one log per stage, and the ranks' own files under ``runs/``.
+every measurement), ``r5_<stage>.json`` and ``r5_<stage>.log`` per stage, and the ranks' own
+files under ``runs/``.
 """
 from __future__ import annotations
 
@@ -70,6 +71,11 @@ def detect_link(hw: dict) -> str:
     return "nvlink4-h200" if re.search(r"\bNV\d+\b", hw["topology"] or "") else "pcie-host-staged"
 
 
+def stage_file(out: Path, stage: str, ext: str) -> Path:
+    """``r5_<stage>.<ext>``: never ``torch.json`` / ``jax.json``, the names of ladder results."""
+    return out / f"r5_{stage}.{ext}"
+
+
 # -- one stage (its own process) --------------------------------------------------------------------
 class Stage:
     """Runs measurements in order, writing ``<stage>.json`` after each, skipping past the deadline."""
@@ -77,7 +83,7 @@ class Stage:
     def __init__(self, args, name: str):
         self.args, self.name = args, name
         self.out = Path(args.out)
-        self.path = self.out / f"{name}.json"
+        self.path = stage_file(self.out, name, "json")
         self.doc = {"stage": name, "measurements": [], "baselines": {}, "versions": {}}
 
     def save(self):
@@ -125,7 +131,7 @@ class Stage:
 
 def earlier_baseline(args, stage: str, key: str):
     from perfladder.multigpu import Baseline
-    path = Path(args.out) / f"{stage}.json"
+    path = stage_file(Path(args.out), stage, "json")
     if not path.is_file() or key not in json.loads(path.read_text())["baselines"]:
         return None
     return Baseline.from_dict(json.loads(path.read_text())["baselines"][key])
@@ -191,7 +197,8 @@ def stage_jax_dist(args, s: Stage) -> None:
     from perfladder.results import python_versions
     cfg = get_config(args.config)
     s.doc["versions"] = python_versions(jax=jax, jaxlib=jaxlib, flax=flax, optax=optax)
-    jax_doc = json.loads((s.out / "jax.json").read_text()) if (s.out / "jax.json").is_file() else {}
+    jax_path = stage_file(s.out, "jax", "json")
+    jax_doc = json.loads(jax_path.read_text()) if jax_path.is_file() else {}
     for form in ["fast"] + (["seed"] if "seed" in args.forms and args.dist_seed else []):
         if form not in args.forms:
             continue
@@ -257,7 +264,7 @@ def orchestrate(args, argv) -> int:
             + (["--dist-seed"] if args.dist_seed else [])
         print(f"$ {shlex.join(cmd)}", flush=True)
         ts = time.time()
-        with open(out / f"{stage}.log", "w") as log:
+        with open(stage_file(out, stage, "log"), "w") as log:
             # its own process group: on timeout the stage goes together with its ranks
             proc = subprocess.Popen(cmd, env=stage_env(args, stage), stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
@@ -267,7 +274,7 @@ def orchestrate(args, argv) -> int:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 rc = "timeout"
-        tail = (out / f"{stage}.log").read_text()[-3000:]
+        tail = stage_file(out, stage, "log").read_text()[-3000:]
         print(tail, flush=True)
         stages[stage] = {"exit": rc, "seconds": round(time.time() - ts, 1)}
         print(f"-- stage {stage}: exit {rc} after {stages[stage]['seconds']}s", flush=True)
@@ -276,7 +283,7 @@ def orchestrate(args, argv) -> int:
            "timing": TIMING[args.config], "hardware": hw, "stages": stages, "versions": {},
            "baselines": {}, "measurements": [], "total_seconds": round(time.time() - t0, 1)}
     for stage in args.stages:
-        path = out / f"{stage}.json"
+        path = stage_file(out, stage, "json")
         if path.is_file():
             got = json.loads(path.read_text())
             doc["versions"][stage] = got["versions"]

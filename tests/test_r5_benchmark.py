@@ -28,7 +28,7 @@ def test_smoke_run_writes_predictions_and_measurements(tmp_path):
         assert m["prediction"]["single_tokens_per_s"] == m["baseline"]["tokens_per_s"]
         assert m["measured_tokens_per_s"] > 0 and m["bus_bw_measured"] > 0
     for stage in ("torch", "jax"):
-        log = (tmp_path / f"{stage}.log").read_text()
+        log = (tmp_path / f"r5_{stage}.log").read_text()
         assert log.index("predict k=2") < log.index("tokens/s (predicted floor")
 
 
