@@ -1,19 +1,16 @@
-"""Data parallelism (rung R5): a DDP worker launched by ``torchrun``, and its launcher.
+"""Data parallelism (rung R5) in PyTorch: the launcher, the per-rank recipes, and the rank CLI.
 
-    python -m perfladder.torch.ddp --spec spec.json --out DIR      # one rank (under torchrun)
-    ddp_tokens(k, config, backend='gloo')                          # launch k ranks, gather
+    data_parallel_tokens(k, config, form='fast', recipe=...)   # launch k ranks here, gather
+    python -m perfladder.torch.ddp --config full --form fast --out DIR   # one rank, under torchrun
 
-Every rank builds the same GPT from the same seed, wraps it in
-``DistributedDataParallel``, and streams *its own* batches (weak scaling: the global batch
-is k times the per-rank batch). It times itself with ``perfladder.timing.measure`` and
-writes ``rank{r}.json`` into the output folder; the launcher sums the per-rank rates.
-
-The cost model (``cost_model_floor``) is evaluated *before* anything is launched.
+The rank itself lives in ``perfladder.torch.ddp_worker``; ``perfladder.torch.dataparallel``
+turns a launch into a ``perfladder.multigpu.DataParallelMeasurement`` (prediction first).
+On several machines, start ``torchrun --nnodes N ... -m perfladder.torch.ddp ...`` on each
+(README, "Several machines"): the rank CLI builds the same spec from its arguments everywhere.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -21,16 +18,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-BACKENDS = ("nccl", "gloo")
+from ..config import CONFIG_NAMES, LadderConfig, get_config
+from ..costmodel import ring_allreduce_seconds
+from ..multigpu import FORMS, check_form
+from .ddp_worker import PARALLELS, RECIPE_KEYS
 
-# Bus bandwidth the prediction is priced with, in NCCL's "busbw" convention (a ring
-# allreduce of S bytes over k ranks moves 2(k-1)/k * S bytes through each rank's link).
-# nccl: an H200 NVLink-4 link carries up to 450 GB/s each way; allreduce of a ~76 MB
-# buffer without NVLink multicast (NVLS is kept off on our machines) reaches well below
-# that. 200 GB/s is our stated, deliberately round assumption -- not a measurement; the
-# worker also measures the bandwidth itself (``allreduce_bus_bw``) before its timed run,
-# and the rung records both floors.
-# gloo: CPU ranks exchanging through loopback TCP; ~1 GB/s, only ever used on CPU.
+BACKENDS = ("nccl", "gloo")
+FAST_BATCH_MULT = 4          # the fast form's per-rank batch: 4 x the ladder's big batch (2048 in full)
+
+# Bus bandwidth the old R5 rung priced with (kept for it; perfladder.costmodel.LINKS is the
+# documented table the new measurement uses).
 ASSUMED_BUS_BW = {"nccl": 200e9, "gloo": 1e9}
 
 # Keep NVLink multicast off in every process we start (it can take shared GPUs down).
@@ -38,26 +35,98 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-# -- the cost model ------------------------------------------------------------------------------
+# -- the old rung's cost-model helpers, now one formula in perfladder.costmodel ---------------------
 def allreduce_seconds(num_params: int, k: int, bus_bw: float, bytes_per_param: int = 4) -> float:
-    """Seconds for one ring allreduce of the fp32 gradients (4 bytes x N) at ``bus_bw``."""
-    return 2 * (k - 1) / k * bytes_per_param * num_params / bus_bw
+    """Seconds for one ring all-reduce of the fp32 gradients (4 bytes x N) at ``bus_bw``."""
+    return ring_allreduce_seconds(bytes_per_param * num_params, k, bus_bw)
 
 
 def cost_model_floor(k: int, batch_size: int, seq_len: int, t_compute: float,
                      num_params: int, bus_bw: float) -> dict:
-    """No-overlap prediction: every step computes, then allreduces, serially.
-
-    floor tokens/s = k * B * T / (t_compute + t_comm). DDP overlaps bucketed allreduces
-    with the backward pass, so a measurement can land above this floor.
-    """
+    """No-overlap floor ``k B T / (t_compute + t_comm)`` and linear ceiling, as a dict."""
     t_comm = allreduce_seconds(num_params, k, bus_bw)
     return {"k": k, "batch_per_rank": batch_size, "t_compute_s": t_compute, "t_comm_s": t_comm,
             "bus_bw": bus_bw, "floor_tokens_per_s": k * batch_size * seq_len / (t_compute + t_comm),
             "linear_tokens_per_s": k * batch_size * seq_len / t_compute}
 
 
-# -- the launcher --------------------------------------------------------------------------------
+# -- recipes: what one rank runs ------------------------------------------------------------------
+def seed_recipe(config: LadderConfig) -> dict:
+    """The seed's R5 per rank: eager, fp32 (TF32 on CUDA), batch 64, default AdamW, gather embedding."""
+    return {"batch_size": config.batch_size, "compiled": False, "bf16": False,
+            "optimizer": "default", "embed": "gather", "mode": None, "attn_backend": None}
+
+
+def fast_recipe(config: LadderConfig, *, batch_size: int | None = None, optimizer: str = "fused",
+                embed: str = "onehot", mode: str | None = None, attn_backend: str | None = None,
+                compiled: bool = True, bf16: bool = True) -> dict:
+    """The fastest single-GPU recipe per rank (compiled, bf16 autocast, fused AdamW, one-hot
+    embedding, batch ``FAST_BATCH_MULT x big_batch``); every switch is an argument."""
+    return normalize_recipe({"batch_size": batch_size or FAST_BATCH_MULT * config.big_batch,
+                             "compiled": compiled, "bf16": bf16, "optimizer": optimizer,
+                             "embed": embed, "mode": mode, "attn_backend": attn_backend})
+
+
+def normalize_recipe(recipe) -> dict:
+    """A recipe dict with exactly ``RECIPE_KEYS``, validated.
+
+    Accepts a dict or an object with ``to_dict()`` (``perfladder.torch.beyond.Recipe``, whose
+    ``cudagraphs`` / ``autotune`` switches are already folded into its ``mode``). A missing
+    ``compiled`` / ``bf16`` means the fast form's True.
+    """
+    from .model import check_attn_backend, check_embed
+    from .steps import OPTIMIZERS, check_mode
+    d = dict(recipe.to_dict() if hasattr(recipe, "to_dict") else recipe)
+    folded = {"cudagraphs", "autotune"} if "mode" in d else set()
+    unknown = set(d) - set(RECIPE_KEYS) - folded
+    if unknown:
+        raise ValueError(f"unknown recipe keys {sorted(unknown)}; valid keys: {RECIPE_KEYS}")
+    out = {"compiled": True, "bf16": True, "optimizer": "default", "embed": "gather", "mode": None,
+           "attn_backend": None}
+    out.update({k: v for k, v in d.items() if k in RECIPE_KEYS})
+    b = out.get("batch_size")
+    if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+        raise ValueError(f"batch_size={b!r} must be a positive integer")
+    if out["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"optimizer={out['optimizer']!r} is not valid; valid choices: {OPTIMIZERS}")
+    check_embed(out["embed"])
+    check_attn_backend(out["attn_backend"])
+    check_mode(out["mode"])
+    if out["mode"] is not None and not out["compiled"]:
+        raise ValueError(f"mode={out['mode']!r} needs compiled=True")
+    return out
+
+
+def recipe_for(config: LadderConfig, form: str, recipe=None) -> dict:
+    """The per-rank recipe of ``form``: the seed's fixed one, or ``recipe`` (default ``fast_recipe``)."""
+    if check_form(form) == "seed":
+        seed = seed_recipe(config)
+        if recipe is not None and normalize_recipe(recipe) != seed:
+            raise ValueError("form='seed' is the seed chapter's fixed recipe; pass another "
+                             "recipe only with form='fast'")
+        return seed
+    return fast_recipe(config) if recipe is None else normalize_recipe(recipe)
+
+
+def make_spec(config: LadderConfig, form: str = "fast", recipe=None, *, parallel: str = "ddp",
+              backend: str = "gloo", warmup: int | None = None, timed: int | None = None,
+              windows: int | None = None, settle: bool = False, check_steps: int = 0,
+              bench_allreduce: bool = True) -> dict:
+    """Everything a rank needs, as plain JSON-able data."""
+    if parallel not in PARALLELS:
+        raise ValueError(f"parallel={parallel!r} is not valid; valid choices: {PARALLELS}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not valid; valid choices: {BACKENDS}")
+    return {"config": config.to_dict(), "form": form, "recipe": recipe_for(config, form, recipe),
+            "parallel": parallel, "backend": backend,
+            "warmup": config.warmup if warmup is None else warmup,
+            "timed": config.timed if timed is None else timed,
+            "windows": config.windows if windows is None else windows,
+            "settle": bool(settle), "check_steps": int(check_steps),
+            "bench_allreduce": bool(bench_allreduce)}
+
+
+# -- the launcher ---------------------------------------------------------------------------------
 def check_k(k: int, backend: str) -> None:
     """Refuse a process count the machine cannot back (clear error, no silent fallback)."""
     if backend not in BACKENDS:
@@ -72,170 +141,135 @@ def check_k(k: int, backend: str) -> None:
                              f"but {n} are present; choose k <= {n} or backend 'gloo' on CPU")
 
 
-def ddp_tokens(k: int, config, backend: str | None = None, *, batch_size: int | None = None,
-               compiled: bool = True, bf16: bool = True, warmup: int | None = None,
-               timed: int | None = None, windows: int | None = None, check_steps: int = 0,
-               bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0) -> dict:
-    """Launch ``torchrun --standalone --nproc-per-node=k`` on this module and gather the ranks.
-
-    ``config`` is a ``LadderConfig``; the per-rank batch defaults to ``config.big_batch``
-    and the step to the fast configuration (compiled, bf16). ``backend`` defaults to
-    'nccl' with CUDA, 'gloo' without. ``check_steps > 0`` takes that many steps and writes
-    every rank's parameters instead of timing (to test that DDP keeps ranks identical).
-
-    Returns ``{'k', 'backend', 'tokens_per_s', 'windows', 'spread', 'peak_mem_bytes',
-    'bus_bw_measured', 'ranks': [per-rank dicts], 'out_dir'}`` (timing fields absent in
-    check mode).
-    """
+def default_backend() -> str:
     import torch
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    check_k(k, backend)
-    spec = {"config": config.to_dict(), "backend": backend,
-            "batch_size": int(batch_size or config.big_batch), "compiled": bool(compiled),
-            "bf16": bool(bf16), "warmup": config.warmup if warmup is None else warmup,
-            "timed": config.timed if timed is None else timed,
-            "windows": config.windows if windows is None else windows,
-            "check_steps": int(check_steps), "bench_allreduce": bool(bench_allreduce)}
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="perfladder_ddp_"))
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(out.glob("rank*.json")) + list(out.glob("params_rank*.pt")):
-        stale.unlink()
-    (out / "spec.json").write_text(json.dumps(spec, indent=1))
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def rank_env() -> dict:
+    """The environment the ranks get: ours, NVLink multicast off, and this package importable."""
     env = dict(os.environ)
     env.update(SAFE_ENV)
-    src = str(Path(__file__).resolve().parents[2])             # .../src, so the ranks import us
+    src = str(Path(__file__).resolve().parents[2])             # .../src
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def launch(spec: dict, k: int, out_dir=None, timeout: float = 900.0) -> tuple[list[dict], Path]:
+    """Run ``torchrun --standalone --nproc-per-node=k`` on the rank CLI; ``(ranks, out_dir)``."""
+    check_k(k, spec["backend"])
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="perfladder_ddp_"))
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob("rank*.json"), *out.glob("params_rank*.pt"), out / "ranks.json"]:
+        stale.unlink(missing_ok=True)
+    (out / "spec.json").write_text(json.dumps(spec, indent=1))
     # `python -m torch.distributed.run` is exactly the `torchrun` console script
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={k}",
            "-m", "perfladder.torch.ddp", "--spec", str(out / "spec.json"), "--out", str(out)]
+    env = rank_env()
+    # torchrun gives each of several ranks one intra-op CPU thread unless told otherwise; the
+    # single-rank baseline gets the same, so the two differ only in the number of ranks
+    env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    (out / "torchrun.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-4000:]
-        raise RuntimeError(f"torchrun with k={k} ({backend}) failed with exit code "
-                           f"{proc.returncode}; last output:\n{tail}")
-    ranks = []
-    for r in range(k):
-        path = out / f"rank{r}.json"
-        if not path.is_file():
-            raise RuntimeError(f"rank {r} wrote no {path.name}; torchrun output:\n{proc.stderr[-2000:]}")
-        ranks.append(json.loads(path.read_text()))
-    res = {"k": k, "backend": backend, "batch_per_rank": spec["batch_size"],
-           "compiled": spec["compiled"], "bf16": spec["bf16"], "ranks": ranks, "out_dir": str(out)}
+        raise RuntimeError(f"torchrun with k={k} ({spec['parallel']}, {spec['backend']}) failed "
+                           f"with exit code {proc.returncode}; last output:\n{tail}")
+    summary = out / "ranks.json"
+    if not summary.is_file():
+        raise RuntimeError(f"rank 0 wrote no {summary}; torchrun output:\n{proc.stderr[-2000:]}")
+    return json.loads(summary.read_text()), out
+
+
+def summarize(ranks: list[dict]) -> dict:
+    """Sum the ranks' rates (weak scaling: each times its own tokens over the same steps)."""
+    res = {"k": len(ranks), "ranks": ranks,
+           "nodes": len({r.get("host") for r in ranks}),
+           "num_params": ranks[0].get("num_params")}
     bws = [r["bus_bw"] for r in ranks if r.get("bus_bw")]
     res["bus_bw_measured"] = min(bws) if bws else None
-    if not check_steps:
-        # weak scaling: every rank times its own tokens over the same synchronised steps
-        res["tokens_per_s"] = sum(r["tokens_per_s"] for r in ranks)
+    if all("tokens_per_s" in r for r in ranks):
         res["windows"] = [sum(w) for w in zip(*(r["windows"] for r in ranks))]
+        res["tokens_per_s"] = sum(r["tokens_per_s"] for r in ranks)
         res["spread"] = (max(res["windows"]) - min(res["windows"])) / res["tokens_per_s"]
-        res["step_time_s"] = max(r["step_time_s"] for r in ranks)
+        res["step_time_s"] = max((r.get("step_time_s") or 0.0) for r in ranks) or None
         res["stable"] = all(r.get("stable", True) for r in ranks)
-        mems = [r["peak_mem_bytes"] for r in ranks if r.get("peak_mem_bytes") is not None]
+        res["peak_mem_bytes_per_gpu"] = [r.get("peak_mem_bytes") for r in ranks]
+        mems = [m for m in res["peak_mem_bytes_per_gpu"] if m is not None]
         res["peak_mem_bytes"] = max(mems) if mems else None
     return res
 
 
-# -- the worker (one rank) ---------------------------------------------------------------------------
-def allreduce_bus_bw(numel: int, device, iters: int = 5, warmup: int = 2) -> float:
-    """Measured allreduce bus bandwidth (bytes/s, busbw convention) for ``numel`` fp32 values."""
-    import time
+def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
+                         parallel: str = "ddp", backend: str | None = None,
+                         warmup: int | None = None, timed: int | None = None,
+                         windows: int | None = None, settle: bool = False, check_steps: int = 0,
+                         bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0) -> dict:
+    """Launch ``k`` ranks of ``form`` (``parallel`` 'ddp' | 'fsdp2' | 'none') and sum them.
 
-    import torch
-    import torch.distributed as dist
-    from .timer import sync
-    buf = torch.ones(numel, dtype=torch.float32, device=device)
-    for _ in range(warmup):
-        dist.all_reduce(buf)
-    sync()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(buf)
-    sync()
-    dt = (time.perf_counter() - t0) / iters
-    k = dist.get_world_size()
-    return 2 * (k - 1) / k * 4 * numel / dt
+    Returns ``{'k', 'nodes', 'ranks', 'num_params', 'bus_bw_measured', 'tokens_per_s',
+    'windows', 'spread', 'step_time_s', 'peak_mem_bytes_per_gpu', 'peak_mem_bytes', 'spec',
+    'out_dir'}`` (timing fields absent with ``check_steps``).
+    """
+    backend = backend or default_backend()
+    check_k(k, backend)
+    spec = make_spec(config, form, recipe, parallel=parallel, backend=backend, warmup=warmup,
+                     timed=timed, windows=windows, settle=settle, check_steps=check_steps,
+                     bench_allreduce=bench_allreduce)
+    ranks, out = launch(spec, k, out_dir, timeout)
+    return {**summarize(ranks), "spec": spec, "out_dir": str(out), "backend": backend}
 
 
-def _digest(t) -> str:
-    return hashlib.sha1(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+def ddp_tokens(k: int, config, backend: str | None = None, *, batch_size: int | None = None,
+               compiled: bool = True, bf16: bool = True, warmup: int | None = None,
+               timed: int | None = None, windows: int | None = None, check_steps: int = 0,
+               bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0) -> dict:
+    """DDP with ``k`` ranks at ``batch_size`` (default the big batch), compiled / bf16 as asked,
+    default AdamW and gather embedding: the old R5 rung's call, kept for it."""
+    recipe = {"batch_size": int(batch_size or config.big_batch), "compiled": bool(compiled),
+              "bf16": bool(bf16), "optimizer": "default", "embed": "gather"}
+    res = data_parallel_tokens(k, config, "fast", recipe, parallel="ddp", backend=backend,
+                               warmup=warmup, timed=timed, windows=windows,
+                               check_steps=check_steps, bench_allreduce=bench_allreduce,
+                               out_dir=out_dir, timeout=timeout)
+    return {**res, "batch_per_rank": recipe["batch_size"], "compiled": recipe["compiled"],
+            "bf16": recipe["bf16"]}
 
 
-def _flat_params(model):
-    import torch
-    return torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()])
-
-
-def worker(spec: dict, out: Path) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ..config import LadderConfig
-    from ..data import TimeMachine
-    from .model import GPT
-    from .steps import make_optimizer, make_step
-    from .stream import batches
-    from .timer import throughput
-
-    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    backend = spec["backend"]
-    if backend == "nccl":
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend)
-    try:
-        torch.set_float32_matmul_precision("high")
-        cfg = LadderConfig(**spec["config"])
-        B = spec["batch_size"]
-        data = TimeMachine(cfg.batch_size, cfg.num_steps, num_train=cfg.num_train, num_val=cfg.num_val)
-        torch.manual_seed(cfg.seed)                  # identical initial weights on every rank
-        model = GPT(cfg.gpt(vocab_size=len(data.vocab))).to(device)
-        init_digest = _digest(_flat_params(model))
-        ddp = DDP(model, device_ids=[local] if device.type == "cuda" else None)
-        step = make_step(ddp, make_optimizer(ddp, cfg.lr), compiled=spec["compiled"],
-                         bf16=spec["bf16"], device_type=device.type)
-        stream = batches(data, B, device, seed=cfg.seed + 1000 + rank)   # each rank its own data
-        info = {"rank": rank, "world_size": dist.get_world_size(), "backend": backend,
-                "device": str(device), "init_digest": init_digest}
-        if spec["bench_allreduce"]:
-            info["bus_bw"] = allreduce_bus_bw(model.num_params() if not spec["check_steps"]
-                                              else 1 << 16, device)
-        if spec["check_steps"]:
-            first = None
-            for _ in range(spec["check_steps"]):
-                X, Y = next(stream)
-                first = _digest(X) if first is None else first
-                step(X, Y)
-            flat = _flat_params(model)
-            torch.save(flat, out / f"params_rank{rank}.pt")
-            info.update(first_batch_digest=first, params_digest=_digest(flat),
-                        params_sum=float(flat.double().sum()))
-        else:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            # every rank must time the same number of windows: a rank that settled and stopped
-            # would leave the others waiting in the step's all-reduce for ever
-            tput = throughput(step, stream, warmup=spec["warmup"], timed=spec["timed"],
-                              windows=spec["windows"], max_windows=spec["windows"],
-                              target_spread=cfg.target_spread)
-            info.update(tokens_per_s=tput.tokens_per_s, windows=tput.windows, stable=tput.stable,
-                        step_time_s=tput.step_time_s,
-                        peak_mem_bytes=int(torch.cuda.max_memory_allocated(device))
-                        if device.type == "cuda" else None)
-        (out / f"rank{rank}.json").write_text(json.dumps(info, indent=1))
-    finally:
-        dist.destroy_process_group()
+# -- the rank CLI -----------------------------------------------------------------------------------
+def spec_from_args(args) -> dict:
+    """The spec a rank started by hand (``torchrun ... -m perfladder.torch.ddp --config ...``) runs."""
+    config = get_config(args.config)
+    recipe = None
+    if args.form == "fast":
+        recipe = fast_recipe(config, batch_size=args.batch, optimizer=args.optimizer,
+                             embed=args.embed, mode=args.mode, compiled=not args.no_compile)
+    elif args.batch is not None:
+        raise SystemExit("--batch applies to --form fast; the seed form runs the config's batch")
+    return make_spec(config, args.form, recipe, parallel=args.parallel,
+                     backend=args.backend or default_backend(), warmup=args.warmup,
+                     timed=args.timed, windows=args.windows)
 
 
 def main(argv=None) -> int:
+    from .ddp_worker import worker
     p = argparse.ArgumentParser(prog="python -m perfladder.torch.ddp",
-                                description="one DDP rank of perfladder's R5 (run under torchrun)")
-    p.add_argument("--spec", required=True, help="spec.json written by ddp_tokens()")
-    p.add_argument("--out", required=True, help="folder for rank{r}.json")
+                                description="one data-parallel rank of perfladder's R5 (run under torchrun)")
+    p.add_argument("--out", required=True, help="folder for rank{r}.json and (rank 0) ranks.json")
+    p.add_argument("--spec", help="spec.json written by the launcher (overrides the options below)")
+    p.add_argument("--config", choices=CONFIG_NAMES, default="full")
+    p.add_argument("--form", choices=FORMS, default="fast")
+    p.add_argument("--parallel", choices=PARALLELS, default="ddp")
+    p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, gloo without")
+    p.add_argument("--batch", type=int, help="fast form's per-rank batch (default 4 x big batch)")
+    p.add_argument("--optimizer", default="fused", help="fast form's AdamW: default|fused|compiled")
+    p.add_argument("--embed", default="onehot", help="fast form's embedding: gather|onehot")
+    p.add_argument("--mode", default=None, help="fast form's torch.compile mode (default: default)")
+    p.add_argument("--no-compile", action="store_true", help="fast form without torch.compile")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--timed", type=int)
+    p.add_argument("--windows", type=int)
     args = p.parse_args(argv)
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         if key not in os.environ:
@@ -244,7 +278,10 @@ def main(argv=None) -> int:
     for key, value in SAFE_ENV.items():
         os.environ.setdefault(key, value)
     os.environ["TEARDOWN_CUPTI"] = "1"
-    worker(json.loads(Path(args.spec).read_text()), Path(args.out))
+    spec = json.loads(Path(args.spec).read_text()) if args.spec else spec_from_args(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    worker(spec, out)
     return 0
 
 
