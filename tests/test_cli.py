@@ -107,7 +107,7 @@ class FakeRun:
 
 
 def test_run_asks_the_engine_for_the_default_rungs(monkeypatch, tmp_path, capsys):
-    """No --rungs: every rung but the optional ones (torch's B8), in ladder order, through the
+    """No --rungs: every rung but the optional ones (torch's B11), in ladder order, through the
     engine's check_rungs; named ones are passed as named (an optional one too)."""
     import perfladder.torch as pt
     from perfladder.ladder import check_rungs
@@ -116,11 +116,11 @@ def test_run_asks_the_engine_for_the_default_rungs(monkeypatch, tmp_path, capsys
     out = tmp_path / "torch.json"
     assert main(["run", "torch", "--config", "smoke", "--out", str(out), "--no-learn"]) == 0
     call = fake.calls[-1]
-    assert call["rungs"] == check_rungs(pt.RUNGS) and "B8" not in call["rungs"]
+    assert call["rungs"] == check_rungs(pt.RUNGS) and "B11" not in call["rungs"]
     assert call["config"] == "smoke" and call["learn"] is False
     assert call["command"].startswith("perfladder ")
-    assert main(["run", "torch", "--config", "smoke", "--rungs", "B8,R0", "--quiet"]) == 0
-    assert fake.calls[-1]["rungs"] == ["R0", "B8"] and fake.calls[-1]["learn"] is True
+    assert main(["run", "torch", "--config", "smoke", "--rungs", "B11,R0", "--quiet"]) == 0
+    assert fake.calls[-1]["rungs"] == ["R0", "B11"] and fake.calls[-1]["learn"] is True
     captured = capsys.readouterr()
     assert f"wrote {out}" in captured.out and "[1/" in captured.err     # progress lines unless --quiet
     assert out.is_file()

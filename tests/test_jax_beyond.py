@@ -28,11 +28,11 @@ from perfladder.kernels import KernelBreakdown  # noqa: E402
 from perfladder.ladder import keeps  # noqa: E402
 
 CFG = get_config("smoke")
-B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6"]
+B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
 # what each B rung changes in the recipe it builds on
 CHANGES = {"B1": {"embed_fp32": True}, "B2": {"embed": "onehot"}, "B3": {"jit": "split"},
            "B4": {"attn_impl": "cudnn"}, "B5": {"batch_size": 2 * CFG.big_batch},
-           "B6": {"batch_size": 4 * CFG.big_batch}}
+           "B6": {"batch_size": 4 * CFG.big_batch}, "B7": {"fused": ("addnorm",)}}
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_bad_embed_and_recipe_inputs_are_clear_errors():
     assert beyond.base_recipe(lab, "R3") == Recipe(batch_size=CFG.big_batch, dtype="bfloat16")
     with pytest.raises(TypeError, match="recipe must be a perfladder.jax.Recipe"):
         lab.build_step({"batch_size": 8})
-    with pytest.raises(ValueError, match=r"'B9'.*valid choices: .*B5, B6, R5"):
+    with pytest.raises(ValueError, match=r"'B9'.*valid choices: .*B5, B6, B7, R5"):
         run_ladder(CFG, rungs=["B1", "B9"])
     with pytest.raises(ValueError, match="at least one"):
         step_stats([])

@@ -18,7 +18,7 @@ from perfladder.evidence import ProfileSummary  # noqa: E402
 from perfladder.jax import RUNGS, JaxLab, Ladder, Recipe, run_ladder  # noqa: E402
 from perfladder.jax.lab import EAGER_WINDOWS  # noqa: E402
 from perfladder.jax.learning import VAL_FRACTION, learning_check  # noqa: E402
-from perfladder.jax.multigpu import PREDICT_KS  # noqa: E402
+from perfladder.costmodel import PREDICT_KS  # noqa: E402
 from perfladder.results import KINDS, LadderResult, LearningCheck, RungResult  # noqa: E402
 from perfladder.schema import validate  # noqa: E402
 
@@ -28,6 +28,7 @@ MULTI = ["R5", "R5x", "R5f"]
 KEYS = {"R0": "eager", "R1": "compile", "R2a": "bf16_naive_cast", "R2": "bf16", "R3c": "fp32_control",
         "R3": "batch_up", "R4": "checkpoint", "B1": "embed_fp32_lookup", "B2": "onehot_embedding",
         "B3": "split_jit", "B4": "attention_kernel", "B5": "batch_x2", "B6": "batch_x4",
+        "B7": "fused_addnorm",
         "R5": "data_parallel", "R5x": "data_parallel_fast", "R5f": "fsdp"}
 
 
@@ -171,12 +172,12 @@ def test_multi_gpu_rungs_on_one_device_store_their_prediction(run):
         assert r.kind == "skipped" and r.tokens_per_s is None and "one device" in r.error
         p = r.prediction
         assert [pt["k"] for pt in p.points] == list(PREDICT_KS)
-        assert p.predicted_tokens_per_s == p.points[-1]["floor_tokens_per_s"] and p.measured_tokens_per_s is None
-        assert all(pt["floor_tokens_per_s"] <= pt["ceiling_tokens_per_s"] for pt in p.points)
+        assert p.predicted_tokens_per_s == p.points[0]["predicted_tokens_per_s"] and p.measured_tokens_per_s is None
+        assert all(pt["predicted_tokens_per_s"] <= pt["linear_tokens_per_s"] for pt in p.points)
     assert res.rung("R5").builds_on == "R1" and res.rung("R5").recipe == res.rung("R1").recipe
     assert res.rung("R5").prediction.assumptions["single_device_source"] == "R1"
     assert res.rung("R5x").builds_on == res.rung("R5f").builds_on == res.learning.configuration
-    assert res.rung("R5f").prediction.assumptions["layout"] == "fsdp"
+    assert res.rung("R5f").prediction.assumptions["link"]["name"] == "gloo-loopback"
 
 
 def test_unknown_rung_is_an_error_listing_the_valid_names():

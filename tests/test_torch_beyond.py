@@ -20,7 +20,8 @@ from perfladder.verdict import REGIMES, VERDICTS
 CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()
 BEYOND = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
-MEASURED = ["B1", "B2", "B4", "B5", "B6"] + (["B3"] if ON_GPU else [])
+FUSED = ["B8", "B9", "B10"]
+MEASURED = ["B1", "B2", "B4", "B5", "B6"] + (["B3", *FUSED] if ON_GPU else [])
 
 
 def timed_steps(config, batch_size):
@@ -46,10 +47,10 @@ def lab():
 # -- the rungs of the smoke run ------------------------------------------------------------------
 def test_beyond_rungs_follow_the_seed(res):
     names = [r.name for r in res.rungs]
-    assert names[names.index("R4") + 1:names.index("R5")] == BEYOND
-    assert "B8" in RUNGS and "B8" not in check_rungs(RUNGS) and RUNGS["B8"].optional
-    assert "B8" in check_rungs(RUNGS, optional=True)
-    assert check_rungs(RUNGS, ["B8", "R0"]) == ["R0", "B8"]        # named: runs, in ladder order
+    assert names[names.index("R4") + 1:names.index("R5")] == BEYOND + FUSED
+    assert "B11" in RUNGS and "B11" not in check_rungs(RUNGS) and RUNGS["B11"].optional
+    assert "B11" in check_rungs(RUNGS, optional=True)
+    assert check_rungs(RUNGS, ["B11", "R0"]) == ["R0", "B11"]      # named: runs, in ladder order
 
 
 @pytest.mark.parametrize("name", MEASURED)
@@ -79,16 +80,24 @@ def test_cuda_only_rungs_say_so_on_cpu(res):
     assert r.recipe["cudagraphs"] and r.recipe["mode"] == "reduce-overhead"
 
 
-def test_b8_is_skipped_on_cpu_without_building_anything(monkeypatch):
+def test_b11_is_skipped_on_cpu_without_building_anything(monkeypatch):
     if ON_GPU:
-        pytest.skip("on a GPU B8 compiles with max-autotune: test_b3_b8_on_cuda")
+        pytest.skip("on a GPU B11 compiles with max-autotune: test_b3_b11_on_cuda")
     run = Ladder(CFG)
     monkeypatch.setattr(run.lab, "build_step", lambda *a: pytest.fail("built a step"))
-    r = run.run("B8")
+    r = run.run("B11")
     assert r.kind == "skipped" and "Triton GEMM templates" in r.error and r.kept is False
     assert r.recipe["mode"] == "max-autotune-no-cudagraphs" and r.builds_on == "R3"
     assert run.fastest() == ("R3", run.chain.recipe_of("R3"))      # nothing kept
-    assert [x.name for x in run.result.rungs] == ["B8"]
+    assert [x.name for x in run.result.rungs] == ["B11"]
+
+
+def test_fused_kernel_rungs_say_so_on_cpu(res):
+    if ON_GPU:
+        pytest.skip("on a GPU the Triton rungs are measured")
+    for name, fused in zip(FUSED, ("rope", "gelu", "addnorm")):
+        r = res.rung(name)
+        assert r.kind == "skipped" and "interpreter" in r.error and fused in r.recipe["fused"]
 
 
 def test_each_rung_changes_one_thing_of_the_fastest_so_far(res):
@@ -279,8 +288,8 @@ def test_bad_inputs_name_the_valid_choices(lab):
         make_step(m, make_optimizer(m, 1e-3), compiled=True, mode="reduce-overhead", device_type="cpu")
     with pytest.raises(TypeError, match="Recipe"):
         lab.build_step({"batch_size": 8})
-    with pytest.raises(ValueError, match="'B9'; valid choices: .*B7, B8, R5"):
-        run_ladder(CFG, rungs=["B9"])
+    with pytest.raises(ValueError, match="'B99'; valid choices: .*B7, B8, .*R5"):
+        run_ladder(CFG, rungs=["B99"])
     with pytest.raises(RuntimeError, match="no attention backend"):
         pick_backend({"flash": {"available": False, "error": "x"}, "default": {"available": True, "ms": 1}})
 
@@ -288,15 +297,15 @@ def test_bad_inputs_name_the_valid_choices(lab):
 # -- on a GPU ------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs and Triton templates need a CUDA GPU")
-def test_b3_b8_on_cuda():
+def test_b3_b11_on_cuda():
     run = Ladder(CFG)
     r3 = run.run("B3")
     assert r3.kind == "rung", r3.error
     assert r3.recipe["mode"] == "reduce-overhead" and r3.memory.bytes > 0
     assert r3.gate("loss over steps").values["max_abs_diff"] <= LOSS_ATOL and r3.receipt.ok
-    r8 = run.run("B8")
-    assert r8.kind == "rung", r8.error
-    assert r8.recipe["mode"] in ("max-autotune", "max-autotune-no-cudagraphs")
+    r11 = run.run("B11")
+    assert r11.kind == "rung", r11.error
+    assert r11.recipe["mode"] in ("max-autotune", "max-autotune-no-cudagraphs")
     X = gate_batches(run.lab, CFG.batch_size)[0][0]
     assert embed_gate(run.lab, X).values["logits_max_abs_diff"] <= EMBED_ATOL   # TF32 off inside the gate
 

@@ -21,7 +21,8 @@ CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()
 SEED = ["R0", "R1", "R2", "R3c", "R3", "R4"]
 BEYOND = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
-MULTI = ["R5", "R5x"]
+FUSED = ["B8", "B9", "B10"]               # Triton kernels: GPU rungs
+MULTI = ["R5", "R5x", "R5f"]
 COMPILED = ["R1", "R2", "R3", "R4"] + ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
 BF16 = ["R2", "R3", "R4"] + BEYOND
 
@@ -37,8 +38,8 @@ def measured(res):
 
 # -- the declarations ------------------------------------------------------------------------------
 def test_rung_declarations():
-    assert list(RUNGS) == SEED + BEYOND + ["B8"] + MULTI
-    assert [n for n, r in RUNGS.items() if r.optional] == ["B8"]
+    assert list(RUNGS) == SEED + BEYOND + FUSED + ["B11"] + MULTI
+    assert [n for n, r in RUNGS.items() if r.optional] == ["B11"]
     for name, r in RUNGS.items():
         assert r.name == name and r.key and r.label and r.section and r.gate, name
     keys = [r.key for r in RUNGS.values()]
@@ -47,16 +48,17 @@ def test_rung_declarations():
         "eager", "compile", "bf16", "batch_up", "checkpoint"}
     assert RUNGS["R3c"].kind == "control" and RUNGS["R3c"].builds_on == "R0"
     assert [RUNGS[n].builds_on for n in ("R1", "R2", "R3", "R4")] == ["R0", "R1", "R2", "R3"]
-    assert all(RUNGS[n].stage == "beyond" for n in BEYOND + ["B8"])
+    assert all(RUNGS[n].stage == "beyond" for n in BEYOND + FUSED + ["B11"])
     assert {n for n, r in RUNGS.items() if r.alternative} == {"B2", "B7"}
-    assert {n for n, r in RUNGS.items() if r.needs_gpu} == {"B3", "B8"}
+    assert {n for n, r in RUNGS.items() if r.needs_gpu} == {"B3", *FUSED, "B11"}
+    assert {RUNGS[n].key for n in FUSED} == {"fused_rope", "fused_gelu", "fused_addnorm"}
 
 
 # -- the run ---------------------------------------------------------------------------------------------
 def test_rungs_in_order_and_progress_events(ladder_run):
     result, events = ladder_run
     default = check_rungs(RUNGS)
-    assert default == SEED + BEYOND + MULTI                          # B8 only when named
+    assert default == SEED + BEYOND + FUSED + MULTI                  # B11 only when named
     assert [r.name for r in result.rungs] == default
     names = default + ["learning"]
     assert [(e[0], e[1]) for e in events] == [(k, n) for n in names for k in ("start", "end")]

@@ -375,3 +375,18 @@ def _split_elementwise(kb: KernelBreakdown, total_ms: float, need: dict, roofs: 
             rest_flops += need[group][1]
     rows.append(_row("elementwise: rest", max(total_ms - used, 0.0), rest_bytes, rest_flops, roofs))
     return rows
+
+
+def of_run(kb, roofs: dict | None, gpt, *, batch: int, seq: int, precision: str,
+           stream_fp32: bool, embed: str) -> dict | None:
+    """The roofline of a kernel report, from a run's own ``LadderResult.roofs`` (``None`` when
+    the run probed no ceilings: then there is nothing to read the rates against)."""
+    if not roofs or not roofs.get("copy_gbps") or not roofs.get("matmul_bf16_tflops"):
+        return None
+    key = "matmul_bf16_tflops" if precision == "bf16" else "matmul_tf32_tflops"
+    r = Roofs(copy_bytes_per_s=1e9 * roofs["copy_gbps"], matmul_flops_per_s=1e12 * roofs[key],
+              source=roofs.get("source", ""))
+    w = Workload(batch=batch, seq=seq, width=gpt.num_hiddens, heads=gpt.num_heads,
+                 blocks=gpt.num_blks, vocab=gpt.vocab_size, precision=precision,
+                 stream_fp32=stream_fp32, embed=embed)
+    return roofline(kb, w, r).to_dict()

@@ -54,6 +54,12 @@ TECHNIQUES: dict[str, Technique] = {
     "batch_x2": Technique("doubles the batch again", (HOST,)),
     "batch_x4": Technique("quadruples the batch", (HOST,)),
     "max_autotune": Technique("lets the compiler autotune its kernels", (COMPUTE,)),
+    "fused_rope": Technique("rotates q and k in one hand-written kernel straight from the QKV "
+                            "projection, the rotation done in registers", (MEMORY,)),
+    "fused_gelu": Technique("computes GELU and its derivative in one hand-written pass each",
+                            (MEMORY,)),
+    "fused_addnorm": Technique("fuses each residual add into the LayerNorm after it, with a "
+                               "one-pass LayerNorm backward", (MEMORY,)),
     "data_parallel": Technique("splits each batch across GPUs and sums the gradients every step",
                                devices=True),
     "data_parallel_fast": Technique("runs data parallelism on the fastest single-GPU "

@@ -6,6 +6,7 @@
     B4  cuDNN fused attention (GPU only)
     B5  batch x2
     B6  batch x4
+    B7  residual add fused into the LayerNorm after it (a Pallas kernel under custom_vjp)
 
 Each builds on the fastest configuration so far (the engine's chain), changes one field of
 its recipe, and is gated against its base: the losses of the first steps from the same
@@ -149,6 +150,11 @@ def b4_attention_kernel(lab: JaxLab, recipe: Recipe, base: str):
     return tr.record(lab, B4)
 
 
+def b7_fused_addnorm(lab: JaxLab, recipe: Recipe, base: str):
+    """Each residual add fused into the LayerNorm after it: a Pallas kernel under custom_vjp."""
+    return trial(lab, recipe, reference=(base, base_recipe(lab, base))).record(lab, B7)
+
+
 def _batch_rung(rung: Rung, lab: JaxLab, recipe: Recipe, base: str):
     ref = base_recipe(lab, base)
     changed = sorted(k for k, v in recipe.to_dict().items() if ref.to_dict()[k] != v)
@@ -198,4 +204,9 @@ B6 = Rung("B6", "batch_x4", "+batch x4", b6_batch_x4, **STAGE,
           section="13.1 roofline: arithmetic intensity", gate="its base's step; only the batch changes",
           attacks="per-step costs that do not grow with the batch")
 
-BEYOND = [B1, B2, B3, B4, B5, B6]
+B7 = Rung("B7", "fused_addnorm", "+fused add+LayerNorm", b7_fused_addnorm, **STAGE,
+          change=lambda r, c: r.replace(fused=(*r.fused, "addnorm")),
+          section="13.3 fusion (a hand-written kernel)", gate=LOSS_GATE,
+          attacks="reduction/norm: residual add and LayerNorm")
+
+BEYOND = [B1, B2, B3, B4, B5, B6, B7]

@@ -23,6 +23,7 @@ from ..evidence import Compile, Memory, Prediction, ProfileSummary, Receipt, Tim
 from ..hardware import achieved_tflops, mfu, peak_for
 from ..ladder import Rung, measure_settled
 from ..results import LadderResult, LearningCheck, RungResult
+from ..roofline import of_run
 from ..timing import Throughput
 from .model import GPT
 from .recipe import Recipe
@@ -107,7 +108,12 @@ class JaxLab:
                               warmup=REPORT_WARMUP, top=REPORT_TOP,
                               hlo_text=step.lower(X, Y).compile().as_text())
         step.commit()
-        return kb.to_dict()
+        d = kb.to_dict()
+        d["recipe"] = recipe.to_dict()
+        d["roofline"] = of_run(kb, self.result.roofs, self.gpt_config, batch=recipe.batch_size,
+                               seq=self.config.num_steps, precision=recipe.precision,
+                               stream_fp32=not recipe.bf16, embed=recipe.embed)
+        return d
 
     def learning_check(self, name: str, recipe: Recipe) -> LearningCheck:
         from .learning import learning_check     # one function: a stronger check can replace it

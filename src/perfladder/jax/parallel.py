@@ -13,12 +13,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 AXIS = "data"
 
-# Allreduce bandwidth the R5 cost model prices with, in bytes per second per device
-# (Section 13.5's bytes-per-device convention). 200 GB/s is a deliberately conservative
-# figure for NVLink-connected H100/H200 boards, whose NCCL allreduce bus bandwidth is
-# typically measured at 350-450 GB/s; it is a stated assumption, not a measurement.
-DP_BANDWIDTH = 200e9
-
 
 def make_data_mesh(k: int):
     """A ``('data',)`` mesh over the first ``k`` devices; a clear error if there are fewer."""
@@ -80,18 +74,3 @@ def shardings_of(node) -> dict[str, str]:
         out["/".join(map(str, path))] = str(getattr(s, "spec", s))
     return out
 
-
-def dp_floor(*, k: int, num_params: int, tokens_per_step: int, t_compute: float,
-             bandwidth: float = DP_BANDWIDTH, bytes_per_param: int = 4) -> dict:
-    """Section 13.5's two-term cost model for ``k``-way data parallelism, before measuring.
-
-    Ring allreduce of the fp32 gradients: each device moves ``2 (k-1)/k`` times the
-    gradient bytes. No overlap assumed, so ``k * tokens / (t_compute + t_comm)`` is a floor;
-    ``k`` times the single-device rate is the linear ceiling.
-    """
-    grad_bytes = bytes_per_param * num_params
-    t_comm = 2 * (k - 1) / k * grad_bytes / bandwidth
-    return {"k": k, "grad_bytes": grad_bytes, "bandwidth_bytes_per_s": bandwidth,
-            "t_compute_s": t_compute, "t_comm_s": t_comm,
-            "floor_tokens_per_s": k * tokens_per_step / (t_compute + t_comm),
-            "ceiling_tokens_per_s": k * tokens_per_step / t_compute}

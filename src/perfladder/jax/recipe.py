@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .fused import check_fused
 from .model import ATTN_IMPLS, EMBEDS
 
 JITS = ("none", "nnx", "split")           # un-jitted, nnx.jit, split/merge jax.jit with donation
@@ -32,8 +33,10 @@ class Recipe:
     embed: str = "gather"
     embed_fp32: bool = False
     attn_impl: str | None = None
+    fused: tuple[str, ...] = ()          # GPT(fused=...): Pallas kernels (perfladder.jax.fused)
 
     def __post_init__(self):
+        object.__setattr__(self, "fused", check_fused(self.fused))
         b = self.batch_size
         if not isinstance(b, int) or isinstance(b, bool) or b < 1:
             raise ValueError(f"Recipe batch_size={b!r} must be a positive integer")
@@ -59,7 +62,7 @@ class Recipe:
     def model_kw(self) -> dict:
         """Keyword arguments of ``GPT(...)`` beyond the config and the dtype."""
         return dict(checkpoint=self.checkpoint, embed=self.embed, embed_fp32=self.embed_fp32,
-                    attn_impl=self.attn_impl)
+                    attn_impl=self.attn_impl, fused=self.fused)
 
     @property
     def precision(self) -> str:
@@ -96,4 +99,6 @@ class Recipe:
                  f"{self.attn_impl or 'xla'} attention", f"{step} step"]
         if self.checkpoint:
             parts.append("checkpointed blocks")
+        if self.fused:
+            parts.append(f"fused {'+'.join(self.fused)}")
         return ", ".join(parts)

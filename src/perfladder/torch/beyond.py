@@ -6,7 +6,10 @@
     B4  scatter-free embedding (``GPT(embed='onehot')``)   the embedding gradient's atomics
     B5  batch x2, B6 batch x4                              bigger GEMMs, fixed costs amortised
     B7  the fastest attention kernel, pinned               every SDPA backend timed first
-    B8  ``max-autotune`` GEMM templates                    optional (minutes of compiling); GPU
+    B8  RoPE as one Triton kernel from the QKV projection  the RoPE apply (elementwise); GPU
+    B9  GELU and its derivative as Triton kernels          elementwise; GPU
+    B10 residual add fused into LayerNorm (Triton)         norm traffic; GPU
+    B11 ``max-autotune`` GEMM templates                    optional (minutes of compiling); GPU
 
 The engine (``perfladder.ladder``) hands each rung the fastest configuration so far with the
 rung's change applied; the rung gates it (logits and every gradient against the
@@ -85,9 +88,32 @@ def b7_attention_kernel(lab, recipe, base):
     return measure_recipe(lab, "B7", f"attention: {best}", pinned, base, details=details)
 
 
-def b8_max_autotune(lab, recipe, base):
+def b8_fused_rope(lab, recipe, base):
+    """RoPE in one Triton kernel straight from the QKV projection (fp32 math in registers)."""
+    return measure_recipe(lab, "B8", "+fused RoPE", recipe, base)
+
+
+def b9_fused_gelu(lab, recipe, base):
+    """The tanh GELU and its derivative as Triton kernels."""
+    return measure_recipe(lab, "B9", "+fused GELU", recipe, base)
+
+
+def b10_fused_addnorm(lab, recipe, base):
+    """Each residual add fused into the LayerNorm after it; a one-pass LayerNorm backward."""
+    return measure_recipe(lab, "B10", "+fused add+LayerNorm", recipe, base)
+
+
+def b11_max_autotune(lab, recipe, base):
     """torch.compile(mode='max-autotune-no-cudagraphs') (or 'max-autotune' over CUDA graphs)."""
-    return measure_recipe(lab, "B8", "+max-autotune", recipe, base)
+    return measure_recipe(lab, "B11", "+max-autotune", recipe, base)
+
+
+def _fuse(name: str):
+    return lambda r, c: r.replace(fused=(*r.fused, name))
+
+
+TRITON_ON_CPU = ("Triton kernels compile for a GPU; on CPU they run only through Triton's "
+                 "interpreter, in tests/test_torch_fused.py")
 
 
 def _times(factor: int):
@@ -121,7 +147,18 @@ BEYOND = [
     Rung("B7", "attention_kernel", "attention kernel", b7_attention_kernel, stage="beyond",
          alternative=True, section="10.5 fused attention",
          gate="losses over 3 steps vs the seed recipe", attacks="attention"),
-    Rung("B8", "max_autotune", "+max-autotune", b8_max_autotune, stage="beyond",
+    Rung("B8", "fused_rope", "+fused RoPE", b8_fused_rope, stage="beyond", change=_fuse("rope"),
+         section="13.3 fusion (a hand-written kernel)", needs_gpu=TRITON_ON_CPU,
+         gate="logits and gradients vs its base; losses over 3 steps vs the seed recipe",
+         attacks="elementwise: the RoPE apply"),
+    Rung("B9", "fused_gelu", "+fused GELU", b9_fused_gelu, stage="beyond", change=_fuse("gelu"),
+         section="13.3 fusion (a hand-written kernel)", needs_gpu=TRITON_ON_CPU,
+         gate="losses over 3 steps vs the seed recipe", attacks="elementwise: GELU"),
+    Rung("B10", "fused_addnorm", "+fused add+LayerNorm", b10_fused_addnorm, stage="beyond",
+         change=_fuse("addnorm"), section="13.3 fusion (a hand-written kernel)",
+         needs_gpu=TRITON_ON_CPU, gate="losses over 3 steps vs the seed recipe",
+         attacks="reduction/norm: residual add and LayerNorm"),
+    Rung("B11", "max_autotune", "+max-autotune", b11_max_autotune, stage="beyond",
          change=lambda r, c: r.replace(autotune=True), optional=True, section="13.3 compilation",
          gate="losses over 3 steps vs the seed recipe", attacks="elementwise",
          needs_gpu="the Triton GEMM templates it tunes are GPU kernels"),

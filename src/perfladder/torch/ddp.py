@@ -19,42 +19,23 @@ import tempfile
 from pathlib import Path
 
 from ..config import CONFIG_NAMES, LadderConfig, get_config
-from ..costmodel import ring_allreduce_seconds
 from ..multigpu import FORMS, check_form
 from .ddp_worker import PARALLELS, RECIPE_KEYS
 
 BACKENDS = ("nccl", "gloo")
 FAST_BATCH_MULT = 4          # the fast form's per-rank batch: 4 x the ladder's big batch (2048 in full)
 
-# Bus bandwidth the old R5 rung priced with (kept for it; perfladder.costmodel.LINKS is the
-# documented table the new measurement uses).
-ASSUMED_BUS_BW = {"nccl": 200e9, "gloo": 1e9}
-
 # Keep NVLink multicast off in every process we start (it can take shared GPUs down).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-# -- the old rung's cost-model helpers, now one formula in perfladder.costmodel ---------------------
-def allreduce_seconds(num_params: int, k: int, bus_bw: float, bytes_per_param: int = 4) -> float:
-    """Seconds for one ring all-reduce of the fp32 gradients (4 bytes x N) at ``bus_bw``."""
-    return ring_allreduce_seconds(bytes_per_param * num_params, k, bus_bw)
-
-
-def cost_model_floor(k: int, batch_size: int, seq_len: int, t_compute: float,
-                     num_params: int, bus_bw: float) -> dict:
-    """No-overlap floor ``k B T / (t_compute + t_comm)`` and linear ceiling, as a dict."""
-    t_comm = allreduce_seconds(num_params, k, bus_bw)
-    return {"k": k, "batch_per_rank": batch_size, "t_compute_s": t_compute, "t_comm_s": t_comm,
-            "bus_bw": bus_bw, "floor_tokens_per_s": k * batch_size * seq_len / (t_compute + t_comm),
-            "linear_tokens_per_s": k * batch_size * seq_len / t_compute}
 
 
 # -- recipes: what one rank runs ------------------------------------------------------------------
 def seed_recipe(config: LadderConfig) -> dict:
     """The seed's R5 per rank: eager, fp32 (TF32 on CUDA), batch 64, default AdamW, gather embedding."""
     return {"batch_size": config.batch_size, "compiled": False, "bf16": False,
-            "optimizer": "default", "embed": "gather", "mode": None, "attn_backend": None}
+            "optimizer": "default", "embed": "gather", "mode": None, "attn_backend": None,
+            "fused": []}
 
 
 def fast_recipe(config: LadderConfig, *, batch_size: int | None = None, optimizer: str = "fused",
@@ -77,12 +58,12 @@ def normalize_recipe(recipe) -> dict:
     from .model import check_attn_backend, check_embed
     from .steps import OPTIMIZERS, check_mode
     d = dict(recipe.to_dict() if hasattr(recipe, "to_dict") else recipe)
-    folded = {"cudagraphs", "autotune"} if "mode" in d else set()
+    folded = {"cudagraphs", "autotune", "checkpoint"} if "mode" in d else set()
     unknown = set(d) - set(RECIPE_KEYS) - folded
     if unknown:
         raise ValueError(f"unknown recipe keys {sorted(unknown)}; valid keys: {RECIPE_KEYS}")
     out = {"compiled": True, "bf16": True, "optimizer": "default", "embed": "gather", "mode": None,
-           "attn_backend": None}
+           "attn_backend": None, "fused": []}
     out.update({k: v for k, v in d.items() if k in RECIPE_KEYS})
     b = out.get("batch_size")
     if not isinstance(b, int) or isinstance(b, bool) or b < 1:
@@ -219,22 +200,6 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
                      bench_allreduce=bench_allreduce)
     ranks, out = launch(spec, k, out_dir, timeout)
     return {**summarize(ranks), "spec": spec, "out_dir": str(out), "backend": backend}
-
-
-def ddp_tokens(k: int, config, backend: str | None = None, *, batch_size: int | None = None,
-               compiled: bool = True, bf16: bool = True, warmup: int | None = None,
-               timed: int | None = None, windows: int | None = None, check_steps: int = 0,
-               bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0) -> dict:
-    """DDP with ``k`` ranks at ``batch_size`` (default the big batch), compiled / bf16 as asked,
-    default AdamW and gather embedding: the old R5 rung's call, kept for it."""
-    recipe = {"batch_size": int(batch_size or config.big_batch), "compiled": bool(compiled),
-              "bf16": bool(bf16), "optimizer": "default", "embed": "gather"}
-    res = data_parallel_tokens(k, config, "fast", recipe, parallel="ddp", backend=backend,
-                               warmup=warmup, timed=timed, windows=windows,
-                               check_steps=check_steps, bench_allreduce=bench_allreduce,
-                               out_dir=out_dir, timeout=timeout)
-    return {**res, "batch_per_rank": recipe["batch_size"], "compiled": recipe["compiled"],
-            "bf16": recipe["bf16"]}
 
 
 # -- the rank CLI -----------------------------------------------------------------------------------

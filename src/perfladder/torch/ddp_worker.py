@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 PARALLELS = ("ddp", "fsdp2", "none")
-RECIPE_KEYS = ("batch_size", "compiled", "bf16", "optimizer", "embed", "mode", "attn_backend")
+RECIPE_KEYS = ("batch_size", "compiled", "bf16", "optimizer", "embed", "mode", "attn_backend", "fused")
 
 
 def allreduce_bus_bw(numel: int, device, iters: int = 5, warmup: int = 2) -> float:
@@ -91,7 +91,8 @@ def build(spec: dict, device, rank: int):
     data = TimeMachine(cfg.batch_size, cfg.num_steps, num_train=cfg.num_train, num_val=cfg.num_val)
     torch.manual_seed(cfg.seed)                          # identical initial weights on every rank
     gpt_cfg = cfg.gpt(vocab_size=len(data.vocab))
-    model = GPT(gpt_cfg, attn_backend=recipe["attn_backend"], embed=recipe["embed"]).to(device)
+    model = GPT(gpt_cfg, attn_backend=recipe["attn_backend"], embed=recipe["embed"],
+                fused=tuple(recipe.get("fused") or ())).to(device)
     wrapped = wrap(model, spec["parallel"], device)
     opt = make_optimizer(wrapped, cfg.lr, recipe["optimizer"])
     step = make_step(wrapped, opt, compiled=recipe["compiled"], bf16=recipe["bf16"],

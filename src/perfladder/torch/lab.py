@@ -18,6 +18,7 @@ from ..evidence import Compile, Gate, Memory, ProfileSummary, Receipt, Timing
 from ..hardware import achieved_tflops, mfu, peak_for
 from ..ladder import measure_settled
 from ..results import LadderResult, RungResult
+from ..roofline import of_run
 from .gates import PrecisionError
 from .model import GPT
 from .probe import probe_roofs
@@ -96,7 +97,7 @@ class TorchLab:
         r = recipe or self.seed_recipe()
         torch.manual_seed(self.config.seed)
         return GPT(self.gpt_config, attn_backend=r.attn_backend, checkpoint=r.checkpoint,
-                   embed=r.embed).to(self.device)
+                   embed=r.embed, fused=r.fused).to(self.device)
 
     def build_step(self, recipe: Recipe) -> TrainStep:
         """A fresh model, its AdamW and the training step ``recipe`` describes."""
@@ -201,6 +202,9 @@ class TorchLab:
             kb = kernel_breakdown(step, self.stream(recipe.batch_size), steps=steps, warmup=3, top=12)
         d = kb.to_dict()
         d["recipe"] = recipe.to_dict()
+        d["roofline"] = of_run(kb, self.result.roofs, self.gpt_config, batch=recipe.batch_size,
+                               seq=self.config.num_steps, precision=recipe.precision,
+                               stream_fp32=True, embed=recipe.embed)   # autocast: fp32 stream
         return d
 
     def learning_check(self, name: str, recipe: Recipe):

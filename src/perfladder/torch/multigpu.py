@@ -1,106 +1,136 @@
-"""Data parallelism rungs (R5: the seed's batch-64 step per rank; R5x: the fastest recipe per
-rank), predicted before anything is launched.
+"""Data-parallel rungs, predicted before anything is launched:
 
-The prediction is computed and stored on every build, one GPU and CPU included (there the
-rung measures nothing and says so); with k >= 2 GPUs, ``torchrun`` launches DDP and the
-measurement is stored beside the prediction.
+    R5   data_parallel       the seed's form: R0's eager fp32 batch-64 step per rank, DDP
+    R5x  data_parallel_fast  the fastest configuration so far per rank, DDP
+    R5f  fsdp                the same with FSDP2 (``fully_shard``)
+
+The cost model (``perfladder.costmodel``: the single-GPU step plus one ring all-reduce of the
+fp32 gradients over a stated link, no overlap) is printed and stored for k = 2, 4, 8 on every
+build, one GPU and CPU included, where the rung then measures nothing and says so. With k >= 2
+GPUs, ``torchrun`` launches the ranks (``perfladder.torch.dataparallel``) and the measurement
+is stored beside the prediction.
 """
 from __future__ import annotations
 
 import torch
 
+from .. import costmodel
 from ..evidence import Memory, Prediction, Timing
 from ..hardware import achieved_tflops, mfu
 from ..ladder import Rung
+from ..multigpu import baseline_from_windows
 from ..results import RungResult
-from ..timing import Throughput
-from . import ddp
+from . import dataparallel
 from .lab import TorchLab
 
-PREDICT_KS = (2, 4, 8)
+PREDICT_KS = costmodel.PREDICT_KS
 
 
-def single_rate(lab: TorchLab, base: str | None, recipe) -> tuple[float, str]:
-    """Tokens/s of ``recipe`` on one device: the rung it builds on, if it ran and settled."""
+def ddp_recipe(recipe) -> tuple[dict, list[str]]:
+    """The per-rank recipe a DDP launch runs, and what of ``recipe`` it cannot carry (said)."""
+    d = recipe.to_dict()
+    dropped = [k for k in ("checkpoint", "cudagraphs", "autotune") if d.get(k)]
+    out = {k: d[k] for k in ("batch_size", "compiled", "bf16", "optimizer", "embed", "attn_backend")}
+    out["fused"] = list(d.get("fused") or ())
+    out["mode"] = None        # CUDA-graph and autotune modes are not launched under DDP here
+    return out, dropped
+
+
+def baseline_of(lab: TorchLab, base: str | None):
+    """The single-GPU rate the prediction and the efficiency use: the base rung's windows."""
     try:
         r = lab.result.rung(base)
-        if r.measured and r.stable is not False:
-            return r.tokens_per_s, base
     except KeyError:
-        pass
-    step = lab.build_step(recipe)
-    t, _, _ = lab.measure(step, recipe.batch_size)
-    if not t.stable:
-        raise RuntimeError(f"the single-device rate of {recipe} did not settle "
-                           f"({t}); no prediction is made from an unsettled baseline")
-    return t.tokens_per_s, "measured for this rung"
+        return None, None
+    if not r.measured or r.timing is None:
+        return None, None
+    return baseline_from_windows(r.timing.settled_windows), base
 
 
-def predict(lab: TorchLab, recipe, base, backend: str) -> Prediction:
-    rate, source = single_rate(lab, base, recipe)
-    B, T = recipe.batch_size, lab.config.num_steps
-    t_comp = B * T / rate
-    points = [ddp.cost_model_floor(k, B, T, t_comp, lab.num_params, ddp.ASSUMED_BUS_BW[backend])
-              for k in PREDICT_KS]
-    for p in points:
-        print(f"prediction k={p['k']}: t_compute {1e3 * p['t_compute_s']:.2f} ms ({source}) + "
-              f"t_comm {1e3 * p['t_comm_s']:.2f} ms -> no-overlap floor "
-              f"{p['floor_tokens_per_s']:,.0f} tokens/s (linear {p['linear_tokens_per_s']:,.0f})",
-              flush=True)
-    return Prediction(model="ring all-reduce of fp32 gradients after the step (no overlap)",
-                      predicted_tokens_per_s=points[0]["floor_tokens_per_s"],
-                      assumptions={"bus_bw": ddp.ASSUMED_BUS_BW[backend], "backend": backend,
-                                   "single_device_tokens_per_s": rate, "single_device_source": source,
-                                   "bytes_per_param": 4, "num_params": lab.num_params},
-                      points=points)
-
-
-def data_parallel(lab: TorchLab, name: str, label: str, recipe, base) -> RungResult:
-    n_gpu = torch.cuda.device_count() if lab.on_gpu else 0
+def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel: str) -> RungResult:
     backend = "nccl" if lab.on_gpu else "gloo"
-    pred = predict(lab, recipe, base, backend)
+    link = dataparallel.default_link(backend)
+    baseline, source = baseline_of(lab, base)
+    if baseline is None:
+        baseline = dataparallel.measure_baseline(lab.config, form, ddp_recipe(recipe)[0]
+                                                 if form == "fast" else None, backend=backend)
+        source = "measured for this rung (one rank)"
+    B, T = recipe.batch_size, lab.config.num_steps
+    preds = costmodel.predictions(B, T, baseline.tokens_per_s, lab.num_params, link)
+    costmodel.announce(preds, label=f"{name} torch")                 # before any launch
+    pred = Prediction(model="ring all-reduce of the fp32 gradients after the step, no overlap",
+                      predicted_tokens_per_s=preds[0].predicted_tokens_per_s,
+                      points=[p.to_dict() for p in preds],
+                      assumptions={"link": costmodel.get_link(link).to_dict(),
+                                   "single_gpu_tokens_per_s": baseline.tokens_per_s,
+                                   "single_gpu_source": source,
+                                   "single_gpu_settled": baseline.settled})
+    n_gpu = torch.cuda.device_count() if lab.on_gpu else 0
     ks = [k for k in PREDICT_KS if k <= n_gpu]
     if not ks:
-        return RungResult(name=name, key="", label=label, kind="skipped", recipe=recipe.to_dict(),
+        return RungResult(name=name, key="", label="", kind="skipped", recipe=recipe.to_dict(),
                           prediction=pred, error=f"{n_gpu} CUDA GPU(s) here: data parallelism needs "
-                          "at least 2; predicted, not measured")
-    k = ks[-1]
-    lab.reset_memory()
-    meas = ddp.ddp_tokens(k, lab.config, backend=backend, batch_size=recipe.batch_size,
-                          compiled=recipe.compiled, bf16=recipe.bf16)
-    pred.measured_tokens_per_s = meas["tokens_per_s"]
-    pred.predicted_tokens_per_s = next(p for p in pred.points if p["k"] == k)["floor_tokens_per_s"]
-    t = Throughput(tokens_per_s=meas["tokens_per_s"], windows=meas["windows"],
-                   seconds=[1.0] * len(meas["windows"]), steps_per_window=lab.config.timed,
-                   tokens_per_window=0, warmup=lab.config.warmup, stable=meas.get("stable", True),
-                   target_spread=lab.config.target_spread)
-    rate = meas["tokens_per_s"]
+                          "at least 2; predicted for k = 2, 4, 8, not measured")
+    runs = []
+    for k in ks:
+        lab.reset_memory()                               # hand the ranks the parent's cache
+        runs.append(dataparallel.measure(k, lab.config, form, ddp_recipe(recipe)[0]
+                                         if form == "fast" else None,
+                                         parallel=parallel, baseline=baseline, link=link))
+    m = runs[-1]
+    details = {"runs": [r.to_dict() | {"ranks": []} for r in runs],
+               "not_carried_under_ddp": ddp_recipe(recipe)[1]}
+    if m.status != "measured":
+        return RungResult(name=name, key="", label="", kind="skipped", recipe=recipe.to_dict(),
+                          prediction=pred, details=details, error=m.reason)
+    pred.predicted_tokens_per_s = m.predicted_tokens_per_s
+    pred.measured_tokens_per_s = m.measured_tokens_per_s
+    rate = m.measured_tokens_per_s
+    details.update(k=m.k, per_rank_batch=m.per_rank_batch, bus_bw_measured=m.bus_bw_measured,
+                   efficiency_vs_linear=m.efficiency_vs_linear, efficiency_note=m.efficiency_note,
+                   peak_mem_bytes_per_gpu=m.peak_mem_bytes_per_gpu,
+                   predicted_at_measured_bw=m.predicted_at_measured_bw_tokens_per_s)
+    timing = Timing(windows=m.windows, seconds=[1.0] * len(m.windows), settled=len(m.windows),
+                    stable=m.spread is not None and m.spread <= lab.config.target_spread,
+                    target_spread=lab.config.target_spread, steps_per_window=lab.config.timed,
+                    warmup=lab.config.warmup, batch_shape=[B, T])
+    mems = [x for x in m.peak_mem_bytes_per_gpu if x is not None]
     return RungResult(
-        name=name, key="", label=f"{label} x{k}", tokens_per_s=rate, kind="multi-gpu",
-        precision="bf16" if recipe.bf16 else lab.fp32_label(), batch_size=recipe.batch_size,
-        seq_len=lab.config.num_steps, recipe=recipe.to_dict(), timing=Timing.of(t),
+        name=name, key="", label=f"{name_label(parallel)} x{m.k}", tokens_per_s=rate,
+        kind="multi-gpu", precision="bf16" if recipe.bf16 else lab.fp32_label(), batch_size=B,
+        seq_len=T, recipe=recipe.to_dict(), timing=timing,
         tflops=achieved_tflops(rate, lab.flops_per_token),
-        mfu=mfu(rate / k, lab.flops_per_token, lab.device_name, "bf16" if recipe.bf16 else "tf32"),
-        memory=Memory(meas.get("peak_mem_bytes"), "measured peak per GPU"), prediction=pred,
-        details={"k": k, "per_rank_batch": recipe.batch_size, "backend": backend,
-                 "bus_bw_measured": meas.get("bus_bw_measured"),
-                 "efficiency_vs_linear": rate / (k * pred.assumptions["single_device_tokens_per_s"])})
+        mfu=mfu(rate / m.k, lab.flops_per_token, lab.device_name, "bf16" if recipe.bf16 else "tf32"),
+        memory=Memory(max(mems) if mems else None, "measured peak per GPU (largest rank)"),
+        prediction=pred, details=details)
+
+
+def name_label(parallel: str) -> str:
+    return {"ddp": "DDP", "fsdp2": "FSDP2"}[parallel]
 
 
 def r5_data_parallel(lab, recipe, base):
-    return data_parallel(lab, "R5", "DDP", recipe, base)
+    return data_parallel(lab, "R5", recipe, base, form="seed", parallel="ddp")
 
 
 def r5x_data_parallel_fast(lab, recipe, base):
-    return data_parallel(lab, "R5x", "DDP, fastest recipe", recipe, base)
+    return data_parallel(lab, "R5x", recipe, base, form="fast", parallel="ddp")
+
+
+def r5f_fsdp(lab, recipe, base):
+    return data_parallel(lab, "R5f", recipe, base, form="fast", parallel="fsdp2")
 
 
 MULTI = [
     Rung("R5", "data_parallel", "DDP", r5_data_parallel, stage="multi-gpu", kind="multi-gpu",
          builds_on="R0", section="13.5 and 13.6 data parallelism",
-         gate="every rank starts from the same weights (DDP broadcasts rank 0's)",
-         attacks="tokens per step, k-fold"),
+         gate="every rank starts from rank 0's weights (DDP broadcasts them)",
+         attacks="one GPU's throughput: k GPUs, gradients all-reduced"),
     Rung("R5x", "data_parallel_fast", "DDP, fastest recipe", r5x_data_parallel_fast,
          stage="multi-gpu", kind="multi-gpu", section="13.6 data parallelism",
-         gate="every rank starts from the same weights", attacks="tokens per step, k-fold"),
+         gate="every rank starts from rank 0's weights",
+         attacks="one GPU's throughput, from the fastest configuration"),
+    Rung("R5f", "fsdp", "FSDP2, fastest recipe", r5f_fsdp, stage="multi-gpu", kind="multi-gpu",
+         section="13.6 data parallelism", gate="every rank starts from the same weights",
+         attacks="per-GPU memory of the replicated state"),
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .fused import check_fused
 from .model import check_attn_backend, check_embed
 from .steps import OPTIMIZERS
 
@@ -23,6 +24,7 @@ class Recipe:
     embed: str = "gather"            # GPT(embed=...)
     attn_backend: str | None = None  # GPT(attn_backend=...): None lets PyTorch choose
     autotune: bool = False           # torch.compile(mode='max-autotune[-no-cudagraphs]')
+    fused: tuple[str, ...] = ()      # GPT(fused=...): Triton kernels (perfladder.torch.fused)
 
     def __post_init__(self):
         b = self.batch_size
@@ -32,6 +34,7 @@ class Recipe:
             raise ValueError(f"optimizer={self.optimizer!r} is not valid; valid choices: {OPTIMIZERS}")
         check_embed(self.embed)
         check_attn_backend(self.attn_backend)
+        object.__setattr__(self, "fused", check_fused(tuple(self.fused)))
         if (self.cudagraphs or self.autotune) and not self.compiled:
             raise ValueError("cudagraphs / autotune are torch.compile modes: they need compiled=True")
 
@@ -65,4 +68,5 @@ class Recipe:
         return (f"{how}, {'bf16' if self.bf16 else 'fp32'}, batch {self.batch_size}"
                 + (", checkpointed" if self.checkpoint else "")
                 + f", {self.optimizer} AdamW, {self.embed} embedding, "
-                f"{self.attn_backend or 'default'} attention")
+                f"{self.attn_backend or 'default'} attention"
+                + (f", fused {'+'.join(self.fused)}" if self.fused else ""))
