@@ -408,3 +408,21 @@ def test_run_rung_records_into_the_lab_result():
     assert lab.result.rungs == [r] and chain.recipes["R1"] == Recipe(tricks=("compile",))
     assert chain.fastest is None                              # seed rungs leave the beyond chain alone
 
+
+
+def test_resume_continues_an_earlier_run_from_its_file(tmp_path):
+    """A later run (e.g. the multi-GPU rungs on a machine with both GPUs free) continues an
+    earlier results file: its rungs are not run again, the multi-GPU rung builds on the
+    earlier run's fastest configuration, and a file of another framework or config is refused."""
+    lab, res, _ = ladder(plan={"B1": FAST}, names=["R0", "R1", "R2", "B1", "B2"], learn=False)
+    path = res.write(tmp_path / "torch.json")
+    earlier = LadderResult.read(path)
+    lab2, res2, _ = ladder(names=["R0", "M1", "M2"], learn=False, kernels=False, resume=earlier)
+    assert [c[0] for c in lab2.calls] == ["M1", "M2"]                   # R0 is not run again
+    assert [r.name for r in res2.rungs] == ["R0", "R1", "R2", "B1", "B2", "M1", "M2"]
+    assert seen(lab2)["M2"][:2] == ("B1", ("compile", "bf16", "fused"))  # the earlier run's winner
+    assert seen(lab2)["M1"][:2] == ("R0", ())
+    other = LadderResult.read(path)
+    other.config["name"] = "smoke"
+    with pytest.raises(ValueError, match="cannot continue"):
+        ladder(names=["M1"], resume=other)

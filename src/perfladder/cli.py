@@ -103,7 +103,9 @@ def cmd_run(args) -> int:
     names = check_rungs(fw.RUNGS, rungs)              # optional rungs only when named
     progress = None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1))
     command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=progress, command=command)
+    earlier = None if args.resume is None else LadderResult.read(args.resume)
+    result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=progress,
+                           command=command, resume=earlier)
     print(result.table())
     failed = result.learning is not None and not result.learning.passed
     for path in write_run_outputs(result, json_path, figure_path):
@@ -161,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--png", default=None,
                    help="also save the waterfall here (.png, .pdf, .svg, ...: the suffix picks the format)")
     r.add_argument("--no-learn", action="store_true", help="skip the learning check")
+    r.add_argument("--resume", default=None, metavar="JSON",
+                   help="continue an earlier run of the same ladder (its rungs are kept, not re-run)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plot", help="waterfall PNG from results JSON (two files: side by side)")

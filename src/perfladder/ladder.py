@@ -197,8 +197,26 @@ class LadderRun:
     """One ladder on one lab, run rung by rung (a notebook cell per rung) or all at once
     (``run_ladder``). ``result`` is the growing ``LadderResult``."""
 
-    def __init__(self, lab, rungs: dict[str, Rung]):
+    def __init__(self, lab, rungs: dict[str, Rung], resume: LadderResult | None = None):
         self.lab, self.rungs, self.chain = lab, rungs, Chain(rungs, lab)
+        if resume is not None:
+            self._resume(resume)
+
+    def _resume(self, earlier: LadderResult) -> None:
+        """Continue ``earlier`` (a results file of the same framework and config): its rungs
+        stay as measured, the chain picks up from its recipes and its last kept beyond rung."""
+        lab = self.lab
+        if earlier.framework != lab.framework or earlier.config.get("name") != lab.config.name:
+            raise ValueError(f"cannot continue a {earlier.framework} {earlier.config.get('name')!r} "
+                             f"run with a {lab.framework} {lab.config.name!r} ladder")
+        earlier.notes.append(f"continued by: {lab.result.command or 'a later run'}")
+        lab.result = earlier
+        for r in earlier.rungs:
+            if r.measured and r.recipe and r.name in self.rungs:
+                self.chain.recipes[r.name] = lab.recipe_from_dict(r.recipe)
+        kept = [r.name for r in earlier.rungs if r.kept and r.name in self.chain.recipes]
+        if kept:
+            self.chain.fastest = (kept[-1], self.chain.recipes[kept[-1]])
 
     @property
     def result(self) -> LadderResult:
@@ -226,13 +244,17 @@ class LadderRun:
 
 
 def run_ladder(lab, rungs: dict[str, Rung], names=None, *, learn: bool = True, progress=None,
-               optional: bool = False, kernels: bool = True) -> LadderResult:
+               optional: bool = False, kernels: bool = True,
+               resume: LadderResult | None = None) -> LadderResult:
     """Run ``names`` (default: every non-optional rung) of ``rungs`` on ``lab`` in ladder order,
     then the kernel report of the fastest configuration (when beyond rungs ran), then the
     learning check of that configuration. ``progress(event, name, payload)`` hears
-    ``('start', name, None)`` and ``('end', name, RungResult | LearningCheck)``."""
+    ``('start', name, None)`` and ``('end', name, RungResult | LearningCheck)``. ``resume``:
+    an earlier result of the same ladder to continue (its rungs are not run again)."""
     order = check_rungs(rungs, names, optional=optional)
-    run = LadderRun(lab, rungs)
+    run = LadderRun(lab, rungs, resume=resume)
+    done = {r.name for r in run.result.rungs}
+    order = [n for n in order if n not in done]
 
     def step(name, thunk):
         if progress:

@@ -37,13 +37,13 @@ def Ladder(config, command: str = "", device=None) -> LadderRun:
 
 
 def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: str = "",
-               optional: bool = False, kernels: bool = True, device=None):
+               optional: bool = False, kernels: bool = True, device=None, resume=None):
     """Every default rung (or ``rungs``), the kernel report of the fastest configuration and
     its learning check; returns the ``LadderResult``."""
     check_rungs(RUNGS, rungs)               # a typo is refused before the lab loads and probes
     lab = TorchLab(config, device=device, command=command)
     return _run_ladder(lab, RUNGS, rungs, learn=learn, progress=progress, optional=optional,
-                       kernels=kernels)
+                       kernels=kernels, resume=resume)
 
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
