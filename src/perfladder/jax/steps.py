@@ -40,8 +40,14 @@ def loss_fn(model, X, Y, view: Callable | None = None):
     return per_token.mean()
 
 
-def train_step(model, optimizer, X, Y, view: Callable | None = None):
-    """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters."""
+def train_step(model, optimizer, X, Y, view: Callable | None = None, program: str = "nnx.jit"):
+    """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters.
+
+    When traced (under ``jit``), it records the dtype receipt of the program being compiled
+    (``record_receipt``), keyed by ``program`` ('nnx.jit' or 'split'), the model's structure,
+    ``view`` and the batch's shape: ``step_receipt`` reads it back.
+    """
+    record_receipt(program, model, X, view)
     value, grads = nnx.value_and_grad(loss_fn)(model, X, Y, view)
     optimizer.update(model, grads)
     return value
@@ -75,7 +81,7 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
 def _pure_step(graphdef, view, state, X, Y):
     """One training step as a pure function of the split state: merge, step, split again."""
     model, optimizer = nnx.merge(graphdef, state)
-    loss = train_step(model, optimizer, X, Y, view)
+    loss = train_step(model, optimizer, X, Y, view, program="split")
     return loss, nnx.state((model, optimizer))
 
 
@@ -97,8 +103,16 @@ class SplitStep:
         self.graphdef, self.state = nnx.split((model, optimizer))
 
     def __call__(self, X, Y):
+        self._batch = X          # only its shape and dtype are read (``receipt``)
         loss, self.state = _split_jit(self.graphdef, self.view, self.state, X, Y)
         return loss
+
+    @property
+    def receipt(self) -> dict | None:
+        """The dtype receipt the compiled program of the last call recorded while it was traced
+        (None before the first call)."""
+        X = getattr(self, "_batch", None)
+        return None if X is None else step_receipt(self.model, X, view=self.view, program="split")
 
     def lower(self, X, Y):
         return _split_jit.lower(self.graphdef, self.view, self.state, X, Y)
@@ -177,6 +191,53 @@ def scatter_add_dtypes(model, X, Y) -> dict[str, int]:
         if "scatter" in eqn.primitive.name and tuple(getattr(out, "shape", ())) == table:
             counts[str(out.dtype)] += 1
     return dict(counts)
+
+
+# -- receipts recorded by the compiled step itself ------------------------------------------------
+# (program, model structure, view, batch shape, batch dtype) -> receipt. Written while a
+# training step is traced, i.e. once per compiled program; a later step of the same structure
+# reuses that program, and its receipt with it.
+_TRACE_RECEIPTS: dict = {}
+PROGRAMS = ("nnx.jit", "split")
+
+
+def _receipt_key(program: str, model, X, view) -> tuple:
+    return (program, nnx.graphdef(model), view, tuple(X.shape), str(X.dtype))
+
+
+def record_receipt(program: str, model, X, view: Callable | None = None) -> None:
+    """While a training step is being traced: record what the program it compiles computes in.
+
+    The receipt holds the dtype of the logits and of the first activation, and the operand
+    dtypes of every matmul of the forward pass (``{'bfloat16': 13}``), read off the jaxpr of
+    the very forward this step runs (the same module, view and batch, traced at the same
+    moment). Outside a trace (an un-jitted step) it does nothing: no host work per step.
+    """
+    if program not in PROGRAMS:
+        raise ValueError(f"program={program!r} is not valid; valid choices: {PROGRAMS}")
+    if not isinstance(X, jax.core.Tracer):
+        return
+    net = model if view is None else view(model)
+    graphdef, state = nnx.split(net)
+    logits = jax.make_jaxpr(lambda s, X: nnx.merge(graphdef, s)(X))(state, X)
+    first = jax.make_jaxpr(lambda s, X: nnx.merge(graphdef, s).embed(X))(state, X)
+    dots: collections.Counter = collections.Counter()
+    for eqn in _eqns(logits.jaxpr):
+        if eqn.primitive.name == "dot_general":
+            dots["+".join(sorted({str(v.aval.dtype) for v in eqn.invars}))] += 1
+    _TRACE_RECEIPTS[_receipt_key(program, model, X, view)] = {
+        "logits": str(logits.out_avals[0].dtype), "first_activation": str(first.out_avals[0].dtype),
+        "matmul_operands": dict(dots), "loss": "float32", "program": program,
+        "batch_shape": list(X.shape)}
+
+
+def step_receipt(model, X, view: Callable | None = None, program: str = "nnx.jit") -> dict | None:
+    """The receipt recorded when the ``program`` step for ``model``'s structure, ``view`` and
+    ``X``'s shape was traced; None if no such step was ever compiled in this process."""
+    if program not in PROGRAMS:
+        raise ValueError(f"program={program!r} is not valid; valid choices: {PROGRAMS}")
+    got = _TRACE_RECEIPTS.get(_receipt_key(program, model, X, view))
+    return None if got is None else dict(got)
 
 
 def param_dtypes(*trees) -> set[str]:
