@@ -96,3 +96,13 @@ def adamw_skipping_norms(model: GPT, lr: float) -> nnx.Optimizer:
             state)
     tx = optax.multi_transform({"train": optax.adamw(lr), "skip": optax.set_to_zero()}, labels)
     return nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+
+def as_fp32(model: GPT) -> GPT:
+    """A view that hands the step an fp32-computing copy of a bf16 model: the rung is labelled
+    bf16, the model says bf16, and the program that is timed computes in fp32."""
+    copy = nnx.merge(*nnx.split(model))
+    for _, node in nnx.iter_graph(copy):
+        if isinstance(node, nnx.Module) and hasattr(node, "dtype"):
+            node.dtype = jnp.float32
+    return copy

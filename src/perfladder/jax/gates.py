@@ -252,20 +252,17 @@ def _step_name(step) -> str:
 
 
 # -- receipts ------------------------------------------------------------------------------------
-def check_receipt(step, expect: str = "bf16", *, model=None, X=None, view: Callable | None = None,
+def check_receipt(step, expect: str = "bf16", *, model=None, X=None,
                   allow_fp32_matmuls: int = 0) -> dict:
     """Assert that the compiled program the rung times computes in ``expect`` ('bf16' / 'fp32').
 
-    ``step``: a ``SplitStep`` (its own receipt, from its last call), or the ``nnx.jit`` step
-    function with the ``model`` (and ``view``) it steps and a batch ``X`` of the timed shape.
-    The receipt was written while that program was traced (``steps.record_receipt``), so it
-    describes what is timed, not a side path. ``allow_fp32_matmuls``: fp32 matmuls a bf16
-    program may hold (1 for an fp32 one-hot lookup). Raises ``ReceiptError``.
+    ``step``: a ``SplitStep`` (the program of its last call), or a jitted step of
+    ``make_train_step`` with the ``model`` it steps and a batch ``X`` of the timed shape. The
+    receipt was written by that very step object while it traced the program
+    (``steps.record_receipt``), so it describes what is timed, not a side path; a step that
+    never compiled that program has none, and fails. ``allow_fp32_matmuls``: fp32 matmuls a
+    bf16 program may hold (1 for an fp32 one-hot lookup). Raises ``ReceiptError``.
     """
-    if isinstance(step, SplitStep):
-        receipt, what = step.receipt, "the split/merge step"
-    else:
-        if model is None or X is None:
-            raise ValueError("check_receipt of an nnx.jit step needs the model it steps and a batch X")
-        receipt, what = step_receipt(model, X, view=view, program="nnx.jit"), "the nnx.jit step"
-    return _check_receipt_dict(receipt, expect, what=what, allow_fp32_matmuls=allow_fp32_matmuls)
+    what = "the split/merge step" if isinstance(step, SplitStep) else "the nnx.jit step"
+    return _check_receipt_dict(step_receipt(step, model, X), expect, what=what,
+                               allow_fp32_matmuls=allow_fp32_matmuls)

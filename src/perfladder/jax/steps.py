@@ -40,14 +40,15 @@ def loss_fn(model, X, Y, view: Callable | None = None):
     return per_token.mean()
 
 
-def train_step(model, optimizer, X, Y, view: Callable | None = None, program: str = "nnx.jit"):
+def train_step(model, optimizer, X, Y, view: Callable | None = None, receipts: dict | None = None):
     """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters.
 
-    When traced (under ``jit``), it records the dtype receipt of the program being compiled
-    (``record_receipt``), keyed by ``program`` ('nnx.jit' or 'split'), the model's structure,
-    ``view`` and the batch's shape: ``step_receipt`` reads it back.
+    ``receipts`` (a dict owned by the jitted step that runs this): while the step is traced,
+    the dtype receipt of the program being compiled is written into it (``record_receipt``);
+    ``step_receipt`` reads it back.
     """
-    record_receipt(program, model, X, view)
+    if receipts is not None:
+        record_receipt(receipts, model, X, view)
     value, grads = nnx.value_and_grad(loss_fn)(model, X, Y, view)
     optimizer.update(model, grads)
     return value
@@ -73,20 +74,35 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
 
     ``view`` (optional) maps the model to the module the forward pass actually runs (the
     naive bf16 cast of rung R2a); gradients still flow to the original parameters.
+    A jitted step carries ``step.receipts``: one dtype receipt per program it compiled,
+    written while tracing (``step_receipt(step, model, X)`` reads the one for a model and batch).
     """
-    step = partial(train_step, view=view) if view is not None else train_step
-    return nnx.jit(step) if jit else step
+    if not jit:
+        return partial(train_step, view=view) if view is not None else train_step
+    receipts: dict = {}
+
+    def step(model, optimizer, X, Y):
+        return train_step(model, optimizer, X, Y, view, receipts)
+
+    # the compiled module is named after the function: jit_train_step, as the kernel
+    # attribution (perfladder.jax.kernels) and profiles expect
+    step.__name__ = step.__qualname__ = "train_step"
+    jitted = nnx.jit(step)
+    jitted.receipts, jitted.view = receipts, view
+    return jitted
 
 
 def _pure_step(graphdef, view, state, X, Y):
     """One training step as a pure function of the split state: merge, step, split again."""
     model, optimizer = nnx.merge(graphdef, state)
-    loss = train_step(model, optimizer, X, Y, view, program="split")
+    loss = train_step(model, optimizer, X, Y, view, receipts=_SPLIT_RECEIPTS)
     return loss, nnx.state((model, optimizer))
 
 
 # One jitted function for every SplitStep: a fresh model of a structure seen before (same
-# graphdef, same view) reuses the compiled program instead of compiling it again.
+# graphdef, same view) reuses the compiled program instead of compiling it again. Its
+# receipts, one per program it compiled, live next to it.
+_SPLIT_RECEIPTS: dict = {}
 _split_jit = jax.jit(_pure_step, static_argnums=(0, 1), donate_argnums=2)
 
 
@@ -112,7 +128,7 @@ class SplitStep:
         """The dtype receipt the compiled program of the last call recorded while it was traced
         (None before the first call)."""
         X = getattr(self, "_batch", None)
-        return None if X is None else step_receipt(self.model, X, view=self.view, program="split")
+        return None if X is None else _SPLIT_RECEIPTS.get(_receipt_key(self.model, X, self.view))
 
     def lower(self, X, Y):
         return _split_jit.lower(self.graphdef, self.view, self.state, X, Y)
@@ -194,18 +210,13 @@ def scatter_add_dtypes(model, X, Y) -> dict[str, int]:
 
 
 # -- receipts recorded by the compiled step itself ------------------------------------------------
-# (program, model structure, view, batch shape, batch dtype) -> receipt. Written while a
-# training step is traced, i.e. once per compiled program; a later step of the same structure
-# reuses that program, and its receipt with it.
-_TRACE_RECEIPTS: dict = {}
-PROGRAMS = ("nnx.jit", "split")
+def _receipt_key(model, X, view) -> tuple:
+    """What selects a compiled program of one jitted step: the model's structure (its graphdef,
+    static attributes such as the compute dtype included), the view, the batch's shape and dtype."""
+    return (nnx.graphdef(model), view, tuple(X.shape), str(X.dtype))
 
 
-def _receipt_key(program: str, model, X, view) -> tuple:
-    return (program, nnx.graphdef(model), view, tuple(X.shape), str(X.dtype))
-
-
-def record_receipt(program: str, model, X, view: Callable | None = None) -> None:
+def record_receipt(receipts: dict, model, X, view: Callable | None = None) -> None:
     """While a training step is being traced: record what the program it compiles computes in.
 
     The receipt holds the dtype of the logits and of the first activation, and the operand
@@ -213,8 +224,6 @@ def record_receipt(program: str, model, X, view: Callable | None = None) -> None
     the very forward this step runs (the same module, view and batch, traced at the same
     moment). Outside a trace (an un-jitted step) it does nothing: no host work per step.
     """
-    if program not in PROGRAMS:
-        raise ValueError(f"program={program!r} is not valid; valid choices: {PROGRAMS}")
     if not isinstance(X, jax.core.Tracer):
         return
     net = model if view is None else view(model)
@@ -225,18 +234,25 @@ def record_receipt(program: str, model, X, view: Callable | None = None) -> None
     for eqn in _eqns(logits.jaxpr):
         if eqn.primitive.name == "dot_general":
             dots["+".join(sorted({str(v.aval.dtype) for v in eqn.invars}))] += 1
-    _TRACE_RECEIPTS[_receipt_key(program, model, X, view)] = {
+    receipts[_receipt_key(model, X, view)] = {
         "logits": str(logits.out_avals[0].dtype), "first_activation": str(first.out_avals[0].dtype),
-        "matmul_operands": dict(dots), "loss": "float32", "program": program,
-        "batch_shape": list(X.shape)}
+        "matmul_operands": dict(dots), "loss": "float32", "batch_shape": list(X.shape)}
 
 
-def step_receipt(model, X, view: Callable | None = None, program: str = "nnx.jit") -> dict | None:
-    """The receipt recorded when the ``program`` step for ``model``'s structure, ``view`` and
-    ``X``'s shape was traced; None if no such step was ever compiled in this process."""
-    if program not in PROGRAMS:
-        raise ValueError(f"program={program!r} is not valid; valid choices: {PROGRAMS}")
-    got = _TRACE_RECEIPTS.get(_receipt_key(program, model, X, view))
+def step_receipt(step, model=None, X=None) -> dict | None:
+    """The receipt ``step`` recorded when it compiled its program for ``model``'s structure and
+    ``X``'s shape (None if it never did). ``step``: a ``SplitStep`` (its last call's program;
+    ``model`` and ``X`` not needed) or a jitted step of ``make_train_step``."""
+    if isinstance(step, SplitStep):
+        return step.receipt
+    receipts = getattr(step, "receipts", None)
+    if receipts is None:
+        raise ValueError(f"{step!r} keeps no receipts: only a jitted step of make_train_step() "
+                         "or a SplitStep records what it compiled")
+    if model is None or X is None:
+        raise ValueError("step_receipt of a make_train_step() step needs the model it steps and "
+                         "a batch X of the timed shape")
+    got = receipts.get(_receipt_key(model, X, getattr(step, "view", None)))
     return None if got is None else dict(got)
 
 
