@@ -67,13 +67,16 @@ def test_a_candidate_from_other_weights_is_refused():
         model_gate(model(), other, fixed(CFG.batch_size))
 
 
-@pytest.mark.parametrize("step", ["nnx.jit", "split", "shared"])
+@pytest.mark.parametrize("step", [None, "nnx.jit", "split", "shared"])
 def test_optimizer_gate_passes_the_steps_the_rungs_use(step):
     shared = make_train_step()
     m = model(BF16)
     res = optimizer_gate(m, make_optimizer(m, CFG.lr), fixed(CFG.batch_size, n=3), lr=CFG.lr,
                          step=shared if step == "shared" else step)
     assert res.passed and res.gate == "optimizer gate" and res.details["steps"] == 3
+    params = named(nnx.state(m, nnx.Param))
+    assert {k for k in res.measured if k.startswith("update/")} == {f"update/{k}" for k in params}
+    assert any(k.startswith("step/") for k in res.measured) == (step is not None)
     assert max(res.measured.values()) < OPTIMIZER_TOL / 10, res.summary()
     if step == "shared":
         assert shared.receipts                          # the gate ran the step it was handed
@@ -152,3 +155,12 @@ def test_an_honest_split_step_passes_the_learning_check():
                                     steps=SMOKE_LEARN_STEPS, commit=split.commit)
     assert check.passed and check.val_before > 3.0 and check.val_after < check.threshold - 0.1, check
     assert "plain fp32 JAX GPT" in check.evaluated_with
+
+
+@pytest.mark.gpu
+def test_cudnn_attention_passes_on_a_gpu():
+    import jax
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("needs a GPU")
+    res = model_gate(model(), model(BF16, attn_impl="cudnn"), fixed(CFG.big_batch))
+    assert res.passed, res.summary()

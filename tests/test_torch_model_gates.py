@@ -141,3 +141,26 @@ def test_an_honest_step_passes_the_learning_check():
     assert check.val_before > 3.0 and check.val_after < check.threshold - 0.1, check
     assert check.train_last < check.train_first and "plain eager fp32" in check.evaluated_with
     assert LearningCheck.from_dict(check.to_dict()) == check
+
+
+# -- on a GPU: the kernels that exist only there -------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["flash", "efficient", "cudnn", "math"])
+def test_attention_backends_and_cuda_graphs_pass_on_cuda(backend):
+    torch.manual_seed(CFG.seed)
+    ref_model = GPT(GPT_CFG).cuda()
+    torch.manual_seed(CFG.seed)
+    cand_model = GPT(GPT_CFG, attn_backend=backend).cuda()
+    s = batches(DATA, CFG.big_batch, "cuda", seed=7)
+    fixed_cuda = [next(s)]
+    ref = make_step(ref_model, make_optimizer(ref_model, CFG.lr))
+    cand = make_step(cand_model, make_optimizer(cand_model, CFG.lr, "fused"), compiled=True,
+                     bf16=True, mode="reduce-overhead")
+    try:
+        res = model_gate(ref, cand, fixed_cuda)
+    except RuntimeError as e:             # a backend that refuses this shape or GPU
+        pytest.skip(f"{backend} attention not available here: {e}")
+    assert res.passed and res.precision == {"reference": "fp32", "candidate": "bf16"}, res.summary()
+    assert optimizer_gate(ref, cand, [next(s) for _ in range(3)]).passed
+    assert check_receipt(cand, "bf16")

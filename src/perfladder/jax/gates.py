@@ -62,24 +62,28 @@ def _loss_and_logits(model, X, Y, view):
     return loss, logits
 
 
-@nnx.jit(static_argnums=3)
 def _grads(model, X, Y, view):
     """Loss, logits and the gradient w.r.t. every ``nnx.Param``: the step without its update."""
     (loss, logits), grads = nnx.value_and_grad(_loss_and_logits, has_aux=True)(model, X, Y, view)
     return loss, logits, grads
 
 
-def gradients(model, X, Y, view=None, chunks: int = 1) -> tuple[np.ndarray, dict]:
+_grads_jit = nnx.jit(_grads, static_argnums=3)
+
+
+def gradients(model, X, Y, view=None, chunks: int = 1, jit: bool = True) -> tuple[np.ndarray, dict]:
     """``(logits as fp32 numpy, {parameter name: gradient})`` of the mean cross entropy on
-    ``(X, Y)``. ``chunks`` > 1 splits the batch into that many equal parts and averages their
-    gradients: the same mean over the whole batch, computed at a smaller batch."""
+    ``(X, Y)``, compiled (``jit``) or op by op. ``chunks`` > 1 splits the batch into that many
+    equal parts and averages their gradients: the same mean over the whole batch, computed at
+    a smaller batch."""
     B = X.shape[0]
     if not isinstance(chunks, int) or chunks < 1 or B % chunks:
         raise ValueError(f"chunks={chunks!r} must be a positive integer dividing the batch {B}")
     n = B // chunks
     logits, total = [], None
+    run = _grads_jit if jit else _grads
     for i in range(chunks):
-        _, lg, g = _grads(model, X[i * n:(i + 1) * n], Y[i * n:(i + 1) * n], view)
+        _, lg, g = run(model, X[i * n:(i + 1) * n], Y[i * n:(i + 1) * n], view)      # (n, T, V), ...
         logits.append(np.asarray(lg.astype(jnp.float32)))
         g = {k: np.asarray(v, np.float64) for k, v in named(g).items()}
         total = g if total is None else {k: total[k] + g[k] for k in total}
@@ -129,7 +133,8 @@ def _true_fp32(on: bool):
 
 # -- the model gate -------------------------------------------------------------------------------
 def model_gate(reference, candidate, batches, *, view: Callable | None = None,
-               reference_chunks: int = 1, name: str = "model gate") -> GateResult:
+               reference_chunks: int = 1, reference_jit: bool = False,
+               name: str = "model gate") -> GateResult:
     """The candidate computes the reference's model: forward and backward, parameter by parameter.
 
     ``reference``: the plain fp32 GPT (``Ladder.make_model()``); ``candidate``: the rung's model,
@@ -139,7 +144,8 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     it compares the logits and every parameter's gradient (``||diff|| / ||ref||``) against
     ``perfladder.gates.tolerances``; an fp32 reference runs at full fp32 matmul precision.
     ``reference_chunks`` runs the reference on that many equal slices of each batch and
-    averages (a batch rung against the reference at the smaller batch).
+    averages (a batch rung against the reference at the smaller batch). The reference runs op
+    by op (the plain eager model) unless ``reference_jit``; the candidate is compiled.
     Raises ``ModelGateError`` (the worst parameter and its numbers); returns the ``GateResult``.
     """
     _same_start(reference, candidate)
@@ -156,17 +162,19 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     measured: dict = {}
     for X, Y in batches:
         with _true_fp32(p_ref == "fp32"):
-            ref_logits, ref_grads = gradients(ref, X, Y, chunks=reference_chunks)
+            ref_logits, ref_grads = gradients(ref, X, Y, chunks=reference_chunks, jit=reference_jit)
         cand_logits, cand_grads = gradients(cand, X, Y, view)
         _worse(measured, "logits", _rel(cand_logits, ref_logits))
         for k, g in ref_grads.items():
             _worse(measured, f"grad/{k}", _rel(cand_grads.get(k), g))
     tolerance = {k: tol["forward" if k == "logits" else "backward"] for k in measured}
     result = GateResult.judge(
-        name, reference=describe(reference), candidate=describe(candidate, view),
+        name, reference=describe(reference) + (" under jit" if reference_jit else " op by op"),
+        candidate=describe(candidate, view) + " under jit",
         precision={"reference": p_ref, "candidate": p_cand}, measured=measured, tolerance=tolerance,
         details={"metric": METRIC, "batches": len(batches), "batch_shape": list(batches[0][0].shape),
-                 "reference_chunks": reference_chunks, "probe_qk_std": scale})
+                 "reference_chunks": reference_chunks, "reference_jit": reference_jit,
+                 "probe_qk_std": scale})
     return fail_if(result, ModelGateError)
 
 
@@ -187,19 +195,26 @@ def _worse(measured: dict, key: str, value: float) -> None:
 _reference_step = make_train_step()
 
 
-def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str = "nnx.jit",
+def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str | None = None,
                    name: str = "optimizer gate") -> GateResult:
-    """The candidate's step moves every parameter as the reference AdamW does.
+    """The candidate's optimizer (and step) moves every parameter as the reference AdamW does.
 
     ``model`` / ``optimizer``: the candidate's, before its first step (neither is touched: the
-    gate runs on clones). ``step``: the candidate's step function ``step(model, optimizer, X, Y)``
-    (e.g. the ladder's shared ``nnx.jit`` step; 'nnx.jit' for a fresh one), or 'split' for the
-    split/merge ``jax.jit`` step (``make_split_step``). The reference is a clone of the same
-    model (same dtype: the same gradients, up to compilation) with ``make_optimizer(lr)`` under
-    ``nnx.jit``. After ``len(batches)`` steps each parameter's displacement must match,
-    ``||diff|| / ||ref||`` within ``perfladder.gates.OPTIMIZER_TOL``: an optimizer that skips
-    a parameter group (or another learning rate, or a step that drops its state) cannot.
-    Raises ``OptimizerGateError``; returns the ``GateResult``.
+    gate runs on clones). The reference is ``make_optimizer(lr)`` on a clone of the same model.
+
+    * ``update/<parameter>``: for each batch the reference computes the gradients and both
+      optimizers apply those same gradients (``Optimizer.update``), so only the optimizers
+      can differ: a parameter group left out, another learning rate, cannot pass.
+    * ``step/<parameter>`` (when ``step`` is given): the candidate's step function --
+      ``step(model, optimizer, X, Y)`` such as the ladder's shared ``nnx.jit`` step, or
+      'split' for the split/merge ``jax.jit`` step (``make_split_step``) -- runs on the
+      candidate's clones, the reference ``nnx.jit`` step on the reference's: a step that drops
+      its optimizer state or writes back stale parameters cannot pass. The two compute the same
+      gradients up to compilation (on a GPU, the order of atomic adds: ~1e-7 relative).
+
+    Each parameter's displacement after ``len(batches)`` steps must match, ``||diff|| / ||ref||``
+    within ``perfladder.gates.OPTIMIZER_TOL``. Raises ``OptimizerGateError``; returns the
+    ``GateResult``.
     """
     batches = list(batches)
     if not batches:
@@ -208,32 +223,56 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
     if count is not None and int(np.asarray(count[...])) != 0:
         raise ValueError(f"optimizer_gate needs the candidate's optimizer before its first step; "
                          f"it has taken {int(np.asarray(count[...]))}")
+    start = {k: np.asarray(v) for k, v in named(nnx.state(model, nnx.Param)).items()}
+    measured = _displacements("update", start, *_same_gradients(model, optimizer, batches, lr))
+    if step is not None:
+        measured.update(_displacements("step", start, *_own_steps(model, optimizer, batches, lr, step)))
+    result = GateResult.judge(
+        name, reference=f"AdamW(lr={lr:g}) from make_optimizer on {describe(model)}",
+        candidate=f"its own optimizer{'' if step is None else ' and ' + _step_name(step) + ' step'} "
+                  f"on {describe(model)}",
+        precision={"reference": "fp32", "candidate": "fp32"}, measured=measured,
+        tolerance={k: OPTIMIZER_TOL for k in measured},
+        details={"metric": METRIC + " of each parameter's displacement", "steps": len(batches),
+                 "batch_shape": list(batches[0][0].shape)})
+    return fail_if(result, OptimizerGateError)
+
+
+def _same_gradients(model, optimizer, batches, lr):
+    """(reference params, candidate params) after both optimizers applied the reference's gradients."""
     cand_model, cand_opt = clone((model, optimizer))
     ref_model = clone(model)
     ref_opt = make_optimizer(ref_model, lr)
-    start = named(nnx.state(ref_model, nnx.Param))
-    start = {k: np.asarray(v) for k, v in start.items()}
+    for X, Y in batches:
+        grads = _grads_jit(ref_model, X, Y, None)[2]
+        ref_opt.update(ref_model, grads)
+        cand_opt.update(cand_model, grads)
+    return ref_model, cand_model
+
+
+def _own_steps(model, optimizer, batches, lr, step):
+    """(reference params, candidate params) after each ran its own step function."""
+    cand_model, cand_opt = clone((model, optimizer))
+    ref_model = clone(model)
+    ref_opt = make_optimizer(ref_model, lr)
     run = _runner(step, cand_model, cand_opt)
     for X, Y in batches:
         _reference_step(ref_model, ref_opt, X, Y)
         run(X, Y)
     if isinstance(run, SplitStep):
         run.commit()
+    return ref_model, cand_model
+
+
+def _displacements(prefix: str, start: dict, ref_model, cand_model) -> dict:
     ref_now = named(nnx.state(ref_model, nnx.Param))
     cand_now = named(nnx.state(cand_model, nnx.Param))
-    measured = {}
+    out = {}
     for k, p0 in start.items():
         d_ref = np.asarray(ref_now[k], np.float64) - p0
         d_cand = None if k not in cand_now else np.asarray(cand_now[k], np.float64) - p0
-        measured[f"update/{k}"] = _rel(d_cand, d_ref)
-    result = GateResult.judge(
-        name, reference=f"AdamW(lr={lr:g}) under nnx.jit on {describe(model)}",
-        candidate=f"{_step_name(step)} with its own optimizer on {describe(model)}",
-        precision={"reference": "fp32", "candidate": "fp32"}, measured=measured,
-        tolerance={k: OPTIMIZER_TOL for k in measured},
-        details={"metric": METRIC + " of each parameter's displacement", "steps": len(batches),
-                 "batch_shape": list(batches[0][0].shape)})
-    return fail_if(result, OptimizerGateError)
+        out[f"{prefix}/{k}"] = _rel(d_cand, d_ref)
+    return out
 
 
 def _runner(step, model, optimizer):
