@@ -5,6 +5,18 @@ The framework gates (``perfladder.torch.gates``, ``perfladder.jax.gates``) measu
 module holds what they share: the tolerance table, the ``GateResult`` record, the errors,
 and the check of a dtype receipt.
 
+Which gate guards what:
+
+    model gate      logits and every parameter's gradient, by name, against the plain fp32
+                    model at probe weights (below), no optimizer step: compile / jit, bf16,
+                    batch (reference in chunks), checkpointing, one-hot and fp32 embedding
+                    lookups, attention kernels, CUDA graphs, max-autotune
+    optimizer gate  the candidate's optimizer fed the reference's gradients for a few steps
+                    (JAX: also its own step function, e.g. split/merge): fused / compiled AdamW,
+                    a parameter group left out
+    receipt         the dtypes recorded by the timed call itself: every step that claims bf16
+    learning check  ``perfladder.learning``: held-out loss by the reference implementation
+
 The metric. Every quantity a gate compares -- the logits, the gradient of one parameter, the
 update of one parameter -- is reduced to the relative error of the tensor as a whole,
 

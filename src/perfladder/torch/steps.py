@@ -58,7 +58,9 @@ class TrainStep:
     """``step(X, Y) -> loss``: one optimizer step on ``model`` (a GPT, possibly DDP-wrapped).
 
     ``forward`` is the module actually called (the compiled wrapper when ``compiled``);
-    ``logits(X)`` runs it under the step's precision, for gates and receipts.
+    ``logits(X)`` runs it under the step's precision. ``forward_backward(X, Y)`` is the step
+    without its optimizer update (what the gates call), and every call records in ``receipt``
+    the dtypes it computed in (``perfladder.torch.gates.check_receipt`` reads it).
     ``mode`` picks the ``torch.compile`` mode (``compiled`` only); ``compile_optimizer``
     wraps ``opt.step`` in ``torch.compile`` (PyTorch's "compiling the optimizer" recipe).
     """
