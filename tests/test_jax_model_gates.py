@@ -8,12 +8,13 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from perfladder.gates import BACKWARD_TOL, FORWARD_TOL, OPTIMIZER_TOL, ModelGateError, ReceiptError  # noqa: E402
+from perfladder.gates import (BACKWARD_TOL, FORWARD_TOL, OPTIMIZER_TOL, ModelGateError,  # noqa: E402
+                              ReceiptError)
 from perfladder.jax import evaluate  # noqa: E402
 from perfladder.jax.gates import check_receipt, model_gate, named, optimizer_gate  # noqa: E402
 from perfladder.jax.model import GPT  # noqa: E402
 from perfladder.jax.steps import (make_optimizer, make_split_step, make_train_step, naive_bf16,  # noqa: E402
-                                  receipt, step_receipt)
+                                  step_receipt)
 from perfladder.jax.stream import batches  # noqa: E402
 
 SMOKE_LEARN_STEPS = 150      # the learning check's calibrated length (perfladder.learning)

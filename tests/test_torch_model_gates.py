@@ -12,7 +12,7 @@ from perfladder.torch import evaluate
 from perfladder.torch.gates import (ModelGateError, PrecisionError, check_bf16, check_receipt,
                                     model_gate, optimizer_gate)
 from perfladder.torch.model import GPT
-from perfladder.torch.steps import make_step
+from perfladder.torch.steps import make_optimizer, make_step
 from perfladder.torch.stream import batches
 from _torch_gate_helpers import CFG, DATA, GPT_CFG, fixed, model, one_thread, step  # noqa: F401
 
