@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build the book: scripts/build_book.sh PYTHON
+# Build the book: scripts/build_book.sh PYTHON [--key]
 #
 #   PYTHON     the interpreter of the environment (make book passes what setup.sh printed)
+#   --key      print the notebook cache key this build would use (and what it is made of),
+#              then stop without building
 #
 # Environment it reads:
 #   PERFLADDER_CONFIG     smoke | full; default: full when a GPU is present, smoke otherwise
@@ -15,15 +17,23 @@
 #   PERFLADDER_RESULTS_DIR (<out>/_build/results, absolute), where the ladder notebooks
 #   write torch.json / jax.json and the comparison page reads them.
 # * Executed notebooks are cached (jupyter-cache in <out>/_build/.jupyter_cache). The cache
-#   is emptied when the config or the device changed since the last build, or when a
-#   ladder's JSON is missing, so cached pages never show another machine's numbers.
+#   is emptied when its key changed since the last build -- the key (perfladder.bookcache)
+#   hashes the library's source and assets, the framework versions, the config and the
+#   device -- or when a ladder's JSON is missing, so cached pages never show numbers of
+#   another library, another framework version or another machine.
 # * The Sphinx environment (<out>/_build/.doctrees) is dropped every time: every page is
 #   re-read, so -W sees every warning and the forced pages (status, comparison, H200
 #   reference) re-execute; cached notebooks come back from the cache in a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-PY=${1:?usage: scripts/build_book.sh PYTHON}
+PY=${1:?usage: scripts/build_book.sh PYTHON [--key]}
+KEY_ONLY=0
+case "${2:-}" in
+  "") ;;
+  --key) KEY_ONLY=1 ;;
+  *) echo "scripts/build_book.sh: unknown option '$2'; valid: --key" >&2; exit 2 ;;
+esac
 case "$PY" in
   /*) ;;
   */*) PY="$ROOT/$PY" ;;                      # relative path (setup.sh prints .venv/bin/python)
@@ -58,20 +68,28 @@ export PYTHONUNBUFFERED=1
 # caller (pytest's conftest sets MPLBACKEND=Agg) would make plt.show() draw nothing.
 export MPLBACKEND=module://matplotlib_inline.backend_inline
 
+# The notebook cache key: the library's source, the framework versions, config and device.
+KEY=$("$PY" -m perfladder.bookcache --config "$CFG" --device "$DEVICE")
+if [ "$KEY_ONLY" = 1 ]; then
+  "$PY" -m perfladder.bookcache --config "$CFG" --device "$DEVICE" --parts
+  exit 0
+fi
+
 echo "[book] python:  $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
 echo "[book] config:  $CFG ($PERFLADDER_CONFIG_SOURCE)$([ "$CFG" = smoke ] && echo '  (smoke: pages exercise the code; their numbers are NOT performance results)')"
 echo "[book] device:  $DEVICE"
 echo "[book] output:  $BUILD/html"
 echo "[book] results: $PERFLADDER_RESULTS_DIR"
+echo "[book] cache key: $KEY"
 
-stamp="$CFG|$DEVICE"
+stamp="$KEY ($CFG|$DEVICE)"
 stamp_file="$BUILD/.perfladder-build"
 if [ -d "$BUILD/.jupyter_cache" ]; then
   why=""
   if [ "${PERFLADDER_BOOK_FRESH:-0}" = 1 ]; then
     why="PERFLADDER_BOOK_FRESH=1"
   elif [ "$(cat "$stamp_file" 2>/dev/null || true)" != "$stamp" ]; then
-    why="config/device changed ($(cat "$stamp_file" 2>/dev/null || echo none) -> $stamp)"
+    why="cache key changed: library source, framework versions, config or device ($(cat "$stamp_file" 2>/dev/null || echo none) -> $stamp)"
   elif [ ! -f "$PERFLADDER_RESULTS_DIR/torch.json" ] || [ ! -f "$PERFLADDER_RESULTS_DIR/jax.json" ]; then
     why="a ladder's results JSON is missing"
   fi

@@ -152,7 +152,16 @@ class LearningCheck:
         falls = self.first is not None and self.last is not None and self.last < self.first
         if self.threshold is None:
             return falls
-        return falls and self.val_after is not None and self.val_after < self.threshold
+        return (falls and self.val_after is not None and self.val_before is not None
+                and self.val_after < self.val_before and self.val_after <= self.threshold)
+
+    @classmethod
+    def of(cls, check) -> "LearningCheck":
+        """The stored record of a ``perfladder.learning.LearningCheck`` (passed or failed)."""
+        return cls(steps=check.steps, first=check.train_first, last=check.train_last,
+                   window=check.window, losses=list(check.losses), val_before=check.val_before,
+                   val_after=check.val_after, threshold=check.threshold,
+                   evaluated_with=check.evaluated_with)
 
     def to_dict(self) -> dict:
         d = _plain({k: getattr(self, k) for k in self.__dataclass_fields__})

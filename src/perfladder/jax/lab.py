@@ -116,8 +116,19 @@ class JaxLab:
         return d
 
     def learning_check(self, name: str, recipe: Recipe) -> LearningCheck:
-        from .learning import learning_check     # one function: a stronger check can replace it
-        return learning_check(self, recipe)
+        from ..learning import LearningError
+        from .evaluate import learning_check
+        c = self.config
+        data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
+                           num_val=c.num_val)
+        stream = batches(data, recipe.batch_size, seed=c.seed + 1000)
+        step = self.build_step(recipe)
+        try:
+            check = learning_check(step, stream, data, model=step.model, steps=c.learn_steps,
+                                   commit=step.commit)
+        except LearningError as e:
+            check = e.check
+        return LearningCheck.of(check)
 
     # -- building blocks --------------------------------------------------------------------
     @property

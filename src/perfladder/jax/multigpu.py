@@ -35,7 +35,7 @@ def single_device_rate(lab: JaxLab, recipe: Recipe, base: str | None):
         ran = lab.result.rung(base) if base else None
     except KeyError:
         ran = None
-    if ran is not None and ran.measured and ran.recipe == recipe.to_dict() and ran.timing:
+    if ran is not None and ran.measured and ran.timing and lab.recipe_from_dict(ran.recipe) == recipe:
         return baseline_from_windows(ran.timing.settled_windows), base
     step = lab.build_step(recipe)
     lab.first_call(step, *next(lab.stream(recipe.batch_size)))

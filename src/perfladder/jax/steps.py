@@ -42,8 +42,16 @@ def loss_fn(model, X, Y, view: Callable | None = None, observe: dict | None = No
     return per_token.mean()
 
 
-def train_step(model, optimizer, X, Y, view: Callable | None = None, observe: dict | None = None):
-    """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters."""
+def train_step(model, optimizer, X, Y, view: Callable | None = None, observe: dict | None = None,
+               receipts: dict | None = None):
+    """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters.
+
+    ``observe`` (a dict owned by ``TrainStep``) and ``receipts`` (a dict owned by a jitted step
+    of ``make_train_step``) receive, while the step is traced, the dtypes of the program being
+    compiled, so a receipt describes what is timed.
+    """
+    if receipts is not None:
+        record_receipt(receipts, model, X, view)
     # view and observe ride in the closure: as arguments of the transformed function they
     # would be flattened and rebuilt (a copy of ``observe`` would receive the dtypes)
     value, grads = nnx.value_and_grad(partial(loss_fn, view=view, observe=observe))(model, X, Y)
@@ -71,20 +79,35 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
 
     ``view`` (optional) maps the model to the module the forward pass actually runs (the
     naive bf16 cast of rung R2a); gradients still flow to the original parameters.
+    A jitted step carries ``step.receipts``: one dtype receipt per program it compiled,
+    written while tracing (``step_receipt(step, model, X)`` reads the one for a model and batch).
     """
-    step = partial(train_step, view=view) if view is not None else train_step
-    return nnx.jit(step) if jit else step
+    if not jit:
+        return partial(train_step, view=view) if view is not None else train_step
+    receipts: dict = {}
+
+    def step(model, optimizer, X, Y):
+        return train_step(model, optimizer, X, Y, view, receipts)
+
+    # the compiled module is named after the function: jit_train_step, as the kernel
+    # attribution (perfladder.jax.kernels) and profiles expect
+    step.__name__ = step.__qualname__ = "train_step"
+    jitted = nnx.jit(step)
+    jitted.receipts, jitted.view = receipts, view
+    return jitted
 
 
 def _pure_step(graphdef, view, state, X, Y, observe: dict | None = None):
     """One training step as a pure function of the split state: merge, step, split again."""
     model, optimizer = nnx.merge(graphdef, state)
-    loss = train_step(model, optimizer, X, Y, view, observe)
+    loss = train_step(model, optimizer, X, Y, view, observe, receipts=_SPLIT_RECEIPTS)
     return loss, nnx.state((model, optimizer))
 
 
 # One jitted function for every SplitStep: a fresh model of a structure seen before (same
-# graphdef, same view) reuses the compiled program instead of compiling it again.
+# graphdef, same view) reuses the compiled program instead of compiling it again. Its
+# receipts, one per program it compiled, live next to it.
+_SPLIT_RECEIPTS: dict = {}
 _split_jit = jax.jit(_pure_step, static_argnums=(0, 1), donate_argnums=2)
 
 
@@ -105,8 +128,16 @@ class SplitStep:
             partial(_pure_step, observe=observe), static_argnums=(0, 1), donate_argnums=2)
 
     def __call__(self, X, Y):
+        self._batch = X          # only its shape and dtype are read (``receipt``)
         loss, self.state = self._jit(self.graphdef, self.view, self.state, X, Y)
         return loss
+
+    @property
+    def receipt(self) -> dict | None:
+        """The dtype receipt the compiled program of the last call recorded while it was traced
+        (None before the first call)."""
+        X = getattr(self, "_batch", None)
+        return None if X is None else _SPLIT_RECEIPTS.get(_receipt_key(self.model, X, self.view))
 
     def lower(self, X, Y):
         return self._jit.lower(self.graphdef, self.view, self.state, X, Y)
@@ -185,6 +216,53 @@ def scatter_add_dtypes(model, X, Y) -> dict[str, int]:
         if "scatter" in eqn.primitive.name and tuple(getattr(out, "shape", ())) == table:
             counts[str(out.dtype)] += 1
     return dict(counts)
+
+
+# -- receipts recorded by the compiled step itself ------------------------------------------------
+def _receipt_key(model, X, view) -> tuple:
+    """What selects a compiled program of one jitted step: the model's structure (its graphdef,
+    static attributes such as the compute dtype included), the view, the batch's shape and dtype."""
+    return (nnx.graphdef(model), view, tuple(X.shape), str(X.dtype))
+
+
+def record_receipt(receipts: dict, model, X, view: Callable | None = None) -> None:
+    """While a training step is being traced: record what the program it compiles computes in.
+
+    The receipt holds the dtype of the logits and of the first activation, and the operand
+    dtypes of every matmul of the forward pass (``{'bfloat16': 13}``), read off the jaxpr of
+    the very forward this step runs (the same module, view and batch, traced at the same
+    moment). Outside a trace (an un-jitted step) it does nothing: no host work per step.
+    """
+    if not isinstance(X, jax.core.Tracer):
+        return
+    net = model if view is None else view(model)
+    graphdef, state = nnx.split(net)
+    logits = jax.make_jaxpr(lambda s, X: nnx.merge(graphdef, s)(X))(state, X)
+    first = jax.make_jaxpr(lambda s, X: nnx.merge(graphdef, s).embed(X))(state, X)
+    dots: collections.Counter = collections.Counter()
+    for eqn in _eqns(logits.jaxpr):
+        if eqn.primitive.name == "dot_general":
+            dots["+".join(sorted({str(v.aval.dtype) for v in eqn.invars}))] += 1
+    receipts[_receipt_key(model, X, view)] = {
+        "logits": str(logits.out_avals[0].dtype), "first_activation": str(first.out_avals[0].dtype),
+        "matmul_operands": dict(dots), "loss": "float32", "batch_shape": list(X.shape)}
+
+
+def step_receipt(step, model=None, X=None) -> dict | None:
+    """The receipt ``step`` recorded when it compiled its program for ``model``'s structure and
+    ``X``'s shape (None if it never did). ``step``: a ``SplitStep`` (its last call's program;
+    ``model`` and ``X`` not needed) or a jitted step of ``make_train_step``."""
+    if isinstance(step, SplitStep):
+        return step.receipt
+    receipts = getattr(step, "receipts", None)
+    if receipts is None:
+        raise ValueError(f"{step!r} keeps no receipts: only a jitted step of make_train_step() "
+                         "or a SplitStep records what it compiled")
+    if model is None or X is None:
+        raise ValueError("step_receipt of a make_train_step() step needs the model it steps and "
+                         "a batch X of the timed shape")
+    got = receipts.get(_receipt_key(model, X, getattr(step, "view", None)))
+    return None if got is None else dict(got)
 
 
 def param_dtypes(*trees) -> set[str]:

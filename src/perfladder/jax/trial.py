@@ -16,11 +16,13 @@ from ..evidence import Compile, Gate, ProfileSummary, Receipt
 from ..timing import Throughput
 from .hlo import embedding_scatters
 from .lab import JaxLab, Plan
+from .gates import model_gate
 from .recipe import Recipe
 from .steps import assert_fp32_masters, matmul_dtypes, naive_bf16, scatter_add_dtypes
 from .trainstep import TrainStep
 
 GATE_STEPS = 3      # AdamW steps the loss gate compares, from the same init on the same batches
+GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its cost, not its power)
 # Loss after GATE_STEPS steps vs the reference recipe's, relative. The configurations differ in
 # how a sum is accumulated (bf16 or fp32 atomics, a matmul) or in which program runs the step;
 # bf16 keeps 8 significant bits (relative step 2**-8 ~ 4e-3), the logits carry a few such
@@ -49,6 +51,18 @@ class Trial:
         return lab.record(rung, self.recipe, self.t, remeasured=self.remeasured, gates=self.gates,
                           receipt=self.receipt, compile=self.compile, memory=lab.planned(self.plan),
                           profile=self.profile, details=details, **kw)
+
+
+def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate]:
+    """The first line, before the step's first call: its model computes the plain fp32 model's
+    logits and every parameter's gradient (``perfladder.jax.gates.model_gate``, on a few rows of
+    a fixed batch). Not for the naive cast, whose bf16-rounded weights are a real model change
+    (its lesson is its receipt), nor for the plain recipe itself."""
+    plain = Recipe(batch_size=recipe.batch_size)
+    if recipe.naive_cast or recipe.replace(jit="nnx") == plain:
+        return []
+    n = min(GATE_ROWS, X.shape[0])
+    return [model_gate(lab.model(plain), step.model, [(X[:n], Y[:n])]).evidence()]
 
 
 def check_receipt(recipe: Recipe, receipt: Receipt, dots: dict[str, int]) -> None:
@@ -101,7 +115,8 @@ def trial(lab: JaxLab, recipe: Recipe, *, check: Callable | None = None,
     stream = lab.stream(recipe.batch_size) if stream is None else stream
     batch = [next(stream) for _ in range(GATE_STEPS if reference else 1)]
     X, Y = batch[0]
-    gates = list(check(step, X, Y)) if check is not None else []
+    gates = model_gates(lab, recipe, step, X, Y) if devices == 1 else []
+    gates += list(check(step, X, Y)) if check is not None else []
     details = {"matmul_dtypes": matmul_dtypes(naive_bf16(step.model) if recipe.naive_cast
                                               else step.model, X)}
     if evidence:                 # before the first call: a split step donates the model's arrays

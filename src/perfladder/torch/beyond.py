@@ -26,34 +26,34 @@ from .attention import BACKENDS, attention_backends, pick_backend
 from .lab import TorchLab
 from .loss_gate import embed_gate, gate_batches, loss_gate, reference_losses
 from .recipe import Recipe
-from .rungs import measured
+from .rungs import gated_step, measured
 
 
 
 def measure_recipe(lab: TorchLab, name: str, label: str, recipe: Recipe, base: str | None,
-                   *, gates=(), details=None) -> RungResult:
+                   *, gates=(), details=None, optimizer_gate: bool = False) -> RungResult:
     """Build ``recipe``'s step, gate it, time it; the engine records it against ``base``."""
     B = recipe.batch_size
     reference_losses(lab, B)           # the eager reference first: its memory is gone before
-    step = lab.build_step(recipe)      # the configuration under test is built
+    step, first = gated_step(lab, recipe, optimizer_gate)    # the configuration under test is built
     gate, first_s = loss_gate(lab, step, B)
-    return measured(lab, name, label, recipe, step, gates=[*gates, gate],
+    return measured(lab, name, label, recipe, step, gates=[*first, *gates, gate],
                     compile=Compile(first_call_s=first_s), details=details)
 
 
 def b1_fused_adamw(lab, recipe, base):
     """AdamW(fused=True): the whole update in one kernel per parameter group and dtype."""
-    return measure_recipe(lab, "B1", "+fused AdamW", recipe, base)
+    return measure_recipe(lab, "B1", "+fused AdamW", recipe, base, optimizer_gate=True)
 
 
 def b2_compiled_adamw(lab, recipe, base):
     """The default AdamW with its step torch.compile-d, in place of the optimizer so far."""
-    return measure_recipe(lab, "B2", "compiled AdamW", recipe, base)
+    return measure_recipe(lab, "B2", "compiled AdamW", recipe, base, optimizer_gate=True)
 
 
 def b3_cudagraphs(lab, recipe, base):
     """torch.compile(mode='reduce-overhead'): forward and backward replayed as CUDA graphs."""
-    return measure_recipe(lab, "B3", "+CUDA graphs", recipe, base)
+    return measure_recipe(lab, "B3", "+CUDA graphs", recipe, base, optimizer_gate=True)
 
 
 def b4_onehot_embedding(lab, recipe, base):

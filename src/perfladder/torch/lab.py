@@ -208,8 +208,21 @@ class TorchLab:
         return d
 
     def learning_check(self, name: str, recipe: Recipe):
-        from .learn import learning_check
-        return learning_check(self, recipe)
+        """Train ``recipe`` from a fresh init on the learning split; judged on held-out text by
+        the reference model (``perfladder.torch.evaluate``). A failed check is returned, not
+        raised: the result records it and the caller decides."""
+        from ..learning import LearningError
+        from ..results import LearningCheck
+        from .evaluate import learning_check
+        c = self.config
+        data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
+                           num_val=c.num_val)
+        stream = batches(data, recipe.batch_size, self.device, seed=c.seed + 1000)
+        try:
+            check = learning_check(self.build_step(recipe), stream, data, steps=c.learn_steps)
+        except LearningError as e:
+            check = e.check
+        return LearningCheck.of(check)
 
     def __repr__(self) -> str:
         return f"TorchLab(config={self.config.name!r}, device={self.device_name!r})"

@@ -15,7 +15,7 @@ import time
 import torch
 
 from ..evidence import Gate
-from .gates import GateError, MirrorError
+from .gates import GateError, MirrorError, model_gate, optimizer_gate
 from .recipe import Recipe
 from .stream import batches
 from .timer import sync
@@ -119,3 +119,19 @@ def embed_gate(lab, X: torch.Tensor, atol: float = EMBED_ATOL,
     return Gate(name="one-hot vs gather embedding", passed=True,
                 values={"logits_max_abs_diff": diff, "grad_max_rel_diff": gdiff},
                 tolerances={"atol": atol, "grad_rtol": grad_rtol}, reference="gather embedding, true fp32")
+
+
+def model_gates(lab, step, recipe: Recipe, optimizer: bool = False) -> list[Gate]:
+    """The first line: ``step`` computes the plain model's logits and every parameter's gradient
+    (``perfladder.torch.gates.model_gate``) against the eager fp32 model of the same weights, on
+    a fixed batch of its own shape; with ``optimizer``, its AdamW moves every parameter as the
+    default AdamW does on the same gradients. Raises a ``GateError``; returns the evidence."""
+    plain = Recipe(batch_size=recipe.batch_size)
+    if recipe == plain:
+        return []
+    fixed = gate_batches(lab, recipe.batch_size)[:1]
+    out = [model_gate(lab.build_step(plain), step, fixed).evidence()]
+    if optimizer:
+        out.append(optimizer_gate(lab.build_step(plain), step, fixed).evidence())
+    lab.free(graphs=False)
+    return out

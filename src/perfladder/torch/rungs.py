@@ -18,6 +18,7 @@ from ..evidence import Compile
 from ..ladder import Rung
 from .gates import COMPILE_ATOL, COMPILE_RTOL, MIRROR_ATOL, check_compiled, check_mirror
 from .lab import TorchLab, passed_gate
+from .loss_gate import model_gates
 from .recipe import Recipe
 from .timer import sync
 
@@ -32,9 +33,16 @@ def first_call(lab: TorchLab, step, batch_size: int) -> Compile:
     return Compile(first_call_s=time.perf_counter() - t0)
 
 
+def gated_step(lab: TorchLab, recipe: Recipe, optimizer_gate: bool = False):
+    """``(step, gates)``: a fresh step of ``recipe``, gated against the plain model before it
+    takes any step (the gates need both models at the same initial weights)."""
+    step = lab.build_step(recipe)
+    return step, model_gates(lab, step, recipe, optimizer=optimizer_gate)
+
+
 def measured(lab: TorchLab, name: str, label: str, recipe: Recipe, step, *, kind: str = "rung",
              gates=(), compile=None, profile: bool = True, details=None):
-    """Time ``step`` (profiled first, outside the timed windows) and record the rung."""
+    """Profile ``step`` (outside the timed windows), time it, record the rung."""
     prof = lab.profile(step, recipe.batch_size) if profile else None
     t, again, mem = lab.measure(step, recipe.batch_size)
     receipt = lab.receipt(step, "bf16") if recipe.bf16 else None
@@ -50,43 +58,46 @@ def r0_eager(lab: TorchLab, recipe: Recipe, base) -> object:
 
 def r1_compile(lab: TorchLab, recipe: Recipe, base) -> object:
     """+ torch.compile: first-call compile time, the parity gate, then the profile and the time."""
-    step = lab.build_step(recipe)
+    step, gates = gated_step(lab, recipe)
     comp = first_call(lab, step, recipe.batch_size)
     X, _ = next(lab.stream(recipe.batch_size))
     diff = check_compiled(step.model, step.forward, X)
     gate = passed_gate("compiled vs eager logits", "the same model, eager",
                        {"max_abs_diff": diff}, {"atol": COMPILE_ATOL, "rtol": COMPILE_RTOL})
-    return measured(lab, "R1", "compile", recipe, step, gates=[gate], compile=comp)
+    return measured(lab, "R1", "compile", recipe, step, gates=[*gates, gate], compile=comp)
 
 
 def r2_bf16(lab: TorchLab, recipe: Recipe, base) -> object:
     """+ bf16 autocast, compiled, at the seed's batch (the receipt comes from the timed calls)."""
-    step = lab.build_step(recipe)
-    return measured(lab, "R2", "+bf16", recipe, step, compile=first_call(lab, step, recipe.batch_size))
+    step, gates = gated_step(lab, recipe)
+    return measured(lab, "R2", "+bf16", recipe, step, gates=gates,
+                    compile=first_call(lab, step, recipe.batch_size))
 
 
 def r3c_fp32_control(lab: TorchLab, recipe: Recipe, base) -> object:
     """Control: fp32 eager (as in the seed) at the big batch -- its speed and peak memory."""
-    step = lab.build_step(recipe)
-    return measured(lab, "R3c", "fp32 eager @ big batch", recipe, step, kind="control", profile=False)
+    step, gates = gated_step(lab, recipe)
+    return measured(lab, "R3c", "fp32 eager @ big batch", recipe, step, kind="control",
+                    gates=gates, profile=False)
 
 
 def r3_batch(lab: TorchLab, recipe: Recipe, base) -> object:
     """+ the big batch (compiled, bf16): more tokens per fixed per-step cost; re-profiled."""
-    step = lab.build_step(recipe)
-    return measured(lab, "R3", "+batch", recipe, step, compile=first_call(lab, step, recipe.batch_size))
+    step, gates = gated_step(lab, recipe)
+    return measured(lab, "R3", "+batch", recipe, step, gates=gates,
+                    compile=first_call(lab, step, recipe.batch_size))
 
 
 def r4_checkpoint(lab: TorchLab, recipe: Recipe, base) -> object:
     """+ activation checkpointing per block (memory is not the binding constraint here)."""
     plain = lab.make_model(recipe.replace(checkpoint=False))
-    step = lab.build_step(recipe)
+    step, gates = gated_step(lab, recipe)
     X, _ = next(lab.stream(recipe.batch_size))
     diff = check_mirror(plain, step.model, X)
     del plain
     gate = passed_gate("checkpointed mirror", "the same model without checkpointing, fp32",
                        {"max_abs_diff": diff}, {"atol": MIRROR_ATOL})
-    return measured(lab, "R4", "+checkpoint", recipe, step, gates=[gate],
+    return measured(lab, "R4", "+checkpoint", recipe, step, gates=[*gates, gate],
                     compile=first_call(lab, step, recipe.batch_size))
 
 

@@ -58,7 +58,9 @@ class TrainStep:
     """``step(X, Y) -> loss``: one optimizer step on ``model`` (a GPT, possibly DDP-wrapped).
 
     ``forward`` is the module actually called (the compiled wrapper when ``compiled``);
-    ``logits(X)`` runs it under the step's precision, for gates and receipts.
+    ``logits(X)`` runs it under the step's precision. ``forward_backward(X, Y)`` is the step
+    without its optimizer update (what the gates call), and every call records in ``receipt``
+    the dtypes it computed in (``perfladder.torch.gates.check_receipt`` reads it).
     ``mode`` picks the ``torch.compile`` mode (``compiled`` only); ``compile_optimizer``
     wraps ``opt.step`` in ``torch.compile`` (PyTorch's "compiling the optimizer" recipe).
     """
@@ -78,6 +80,7 @@ class TrainStep:
         self.compile_optimizer = bool(compile_optimizer)
         self.vocab_size = getattr(model, "module", model).config.vocab_size
         self.forward = compile_model(model, mode) if compiled else model
+        self.receipt: dict = {}          # what the last call computed in (``forward_backward``)
         self._opt_step = self._compiled_opt_step() if self.compile_optimizer else opt.step
         # what the timed call itself computed in (dtype reads cost no sync): the receipt
         self.receipt: dict[str, str] = {}
@@ -103,15 +106,35 @@ class TrainStep:
         with autocast(self.bf16, self.device_type):
             return self.forward(X)                                       # (B, T, V)
 
-    def __call__(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    def forward_backward(self, X: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step up to (not including) the optimizer: zero the gradients, run the forward
+        under the step's precision, the fp32 loss, the backward. Returns ``(loss, logits)``,
+        both detached; the gradients are left in ``p.grad``. ``__call__`` runs exactly this and
+        then the optimizer, so a gate that calls it checks the code that is timed.
+
+        It records ``self.receipt`` on every call: the dtypes of what this call computed
+        (reading ``.dtype`` is host metadata, no device sync)."""
         self.opt.zero_grad(set_to_none=True)
         logits = self.logits(X)                                          # (B, T, V), bf16 under autocast
         self.receipt["logits"] = str(logits.dtype).removeprefix("torch.")
         loss = F.cross_entropy(logits.float().reshape(-1, self.vocab_size),  # (B*T, V) in fp32
                                Y.reshape(-1))                            # (B*T,)
         loss.backward()
+        self._record_receipt(logits, loss)
+        return loss.detach(), logits.detach()
+
+    def _record_receipt(self, logits: torch.Tensor, loss: torch.Tensor) -> None:
+        # The logits come out of the tied output matmul, so under autocast their dtype is that
+        # matmul's compute dtype; the first parameter's gradient dtype says the masters stayed fp32.
+        grad = next(iter(self.model.parameters())).grad
+        self.receipt = {"logits": str(logits.dtype), "loss": str(loss.dtype),
+                        "grad": None if grad is None else str(grad.dtype),
+                        "calls": self.receipt.get("calls", 0) + 1}
+
+    def __call__(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        loss, _ = self.forward_backward(X, Y)
         self._opt_step()
-        return loss.detach()
+        return loss
 
     def __repr__(self) -> str:
         extra = "".join(f", {k}={v!r}" for k, v in (("mode", self.mode),

@@ -1,0 +1,108 @@
+"""Planted bugs for the JAX gates: each breaks the model (or its training) in one way that a
+rung could plausibly introduce, while looking right from the outside. Used by
+tests/test_planted_jax.py; nothing here is imported by the library."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from perfladder.jax.model import GPT, CausalAttention, rope
+
+
+class NonCausalAttention(CausalAttention):
+    """Attention that also sees the future (``is_causal=False``): the next token leaks in."""
+    causal = False
+    rope_k = True
+
+    def __call__(self, x):
+        B, T, D = x.shape
+        qkv = self.W_qkv(x)
+        heads = (B, T, self.num_heads, self.head_dim)
+        q, k, v = (part.reshape(heads) for part in jnp.split(qkv, 3, axis=-1))
+        q = rope(q, self.rope_base)
+        if self.rope_k:
+            k = rope(k, self.rope_base)
+        out = jax.nn.dot_product_attention(q, k, v, implementation=self.attn_impl,
+                                           is_causal=self.causal)
+        return self.W_o(out.reshape(B, T, D))
+
+
+class NoRopeOnKAttention(NonCausalAttention):
+    """RoPE applied to q only: k keeps no position."""
+    causal = True
+    rope_k = False
+
+
+def swap_attention(model: GPT, cls) -> GPT:
+    for blk in model.blks:
+        blk.attn.__class__ = cls
+    return model
+
+
+@jax.custom_vjp
+def _scale_grad(x, scale):
+    return x
+
+
+def _fwd(x, scale):
+    return x, scale
+
+
+def _bwd(scale, g):
+    return g * scale, None
+
+
+_scale_grad.defvjp(_fwd, _bwd)
+
+
+class ScaledLookupGPT(GPT):
+    """The embedding lookup's gradient scaled by ``lookup_grad_scale`` (0.5: halved; 0: dropped);
+    the tied output projection's share of the table's gradient is untouched."""
+    lookup_grad_scale = 0.5
+
+    def embed(self, X):
+        return _scale_grad(super().embed(X), self.lookup_grad_scale)
+
+
+def scaled_lookup(model: GPT, scale: float) -> GPT:
+    model.__class__ = type(f"ScaledLookupGPT_{scale}", (ScaledLookupGPT,),
+                           {"lookup_grad_scale": scale})
+    return model
+
+
+class FrozenBlocksGPT(GPT):
+    """Every block runs on ``stop_gradient``-ed parameters: the blocks never learn."""
+
+    def __call__(self, X):
+        H = self.embed(X)
+        for blk in self.blks:
+            graphdef, state = nnx.split(blk)
+            H = nnx.merge(graphdef, jax.lax.stop_gradient(state))(H)
+        return self.token_emb.attend(self.norm(H))
+
+
+def freeze_blocks(model: GPT) -> GPT:
+    model.__class__ = FrozenBlocksGPT
+    return model
+
+
+def adamw_skipping_norms(model: GPT, lr: float) -> nnx.Optimizer:
+    """AdamW over every parameter but the LayerNorms' (their updates set to zero)."""
+    def labels(state):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "skip" if any("norm" in str(getattr(k, "key", k)) for k in path) else "train",
+            state)
+    tx = optax.multi_transform({"train": optax.adamw(lr), "skip": optax.set_to_zero()}, labels)
+    return nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+
+def as_fp32(model: GPT) -> GPT:
+    """A view that hands the step an fp32-computing copy of a bf16 model: the rung is labelled
+    bf16, the model says bf16, and the program that is timed computes in fp32."""
+    copy = nnx.merge(*nnx.split(model))
+    for _, node in nnx.iter_graph(copy):
+        if isinstance(node, nnx.Module) and hasattr(node, "dtype"):
+            node.dtype = jnp.float32
+    return copy
