@@ -3,6 +3,7 @@
 #
 #   benchmarks/gpu_run.sh start OUT   # detached: survives the shell that started it
 #   benchmarks/gpu_run.sh wait N      # waits up to N seconds, then reports
+#   benchmarks/gpu_run.sh collect DIR # results JSON, waterfalls, status and the logs into DIR
 #
 # 1. the device probe (matmul and copy ceilings: device.json);
 # 2. the single-GPU rungs of both ladders at once, PyTorch on GPU 0 and JAX on GPU 1, each
@@ -20,6 +21,8 @@ case "${1:-}" in
     OUT=${2:?start OUT}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
     rm -rf "$JOB"; mkdir -p "$JOB"; echo "$OUT" > "$JOB/out"
     export PY=${PYTHON:-python3} CONFIG=${CONFIG:-full}
+    # run from a copy: a checkout replaced while the job runs would pull the code from under it
+    rm -rf /tmp/perfladder-tree && cp -a . /tmp/perfladder-tree && cd /tmp/perfladder-tree
     setsid bash -c '
       OUT=$(cat '"$JOB"'/out)
       export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -51,5 +54,11 @@ case "${1:-}" in
     for f in "$OUT"/*.log; do echo "--- $f"; grep -v USDT "$f" | tail -n 4; done
     [ -f "$JOB/t1" ] && echo "DONE" || echo "RUNNING"
     ;;
-  *) echo "usage: $0 start OUT | wait SECONDS" >&2; exit 2 ;;
+  collect)   # DIR: the results, the PNGs and one archive of the logs (few files to copy)
+    dst=${2:?collect DIR}; OUT=$(cat "$JOB/out"); mkdir -p "$dst"
+    cp "$OUT"/*.json "$OUT"/*.png "$JOB"/status "$dst"/ 2>/dev/null
+    tar czf "$dst/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) 2>/dev/null
+    ls -la "$dst"
+    ;;
+  *) echo "usage: $0 start OUT | wait SECONDS | collect DIR" >&2; exit 2 ;;
 esac

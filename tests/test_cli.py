@@ -36,7 +36,7 @@ def test_table(two_files, capsys):
     out = capsys.readouterr().out
     assert "torch on NVIDIA H200 (full config)" in out and "slower" in out
     assert "jax on NVIDIA H200" in out
-    assert "| rung | torch tokens/s" in out                 # the side-by-side table
+    assert "| technique | torch" in out                     # the side-by-side table, by technique key
 
 
 def test_malformed_json_exits_2(tmp_path, capsys):
@@ -95,7 +95,7 @@ class FakeRun:
     def __init__(self, learning=None):
         self.calls, self.learning = [], learning
 
-    def __call__(self, cfg, rungs=None, learn=True, progress=None, command=""):
+    def __call__(self, cfg, rungs=None, learn=True, progress=None, command="", resume=None):
         self.calls.append(dict(config=cfg.name, rungs=rungs, learn=learn, command=command))
         if progress is not None:
             for name in rungs:

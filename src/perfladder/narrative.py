@@ -100,7 +100,7 @@ def regime_phrase(reg: dict | None) -> str:
     if word == MEMORY:
         return (f"memory-bound: elementwise, normalisation, copy and optimizer kernels took {mem:.0%} "
                 f"of kernel time (matmul and attention {comp:.0%})")
-    if word == "mixed" and not (comp or mem):
+    if word == "device-bound" or (word == "mixed" and not (comp or mem)):
         return (f"busy on the device{'' if busy is None else f' {busy:.0%} of its step'}, with no "
                 "kernel breakdown recorded to say on what")
     if word == "mixed":
@@ -244,7 +244,8 @@ def next_move(result: LadderResult, r: RungResult, plan=None) -> str:
         prefix = (f"{r.name} was not profiled, so its own regime is not known; the last profiled step "
                   f"before it, {who.name}, was {word}. ")
     reg = who.regime or {}
-    if word == "mixed" and not (reg.get("compute_share") or reg.get("memory_share")):
+    unbroken = not (reg.get("compute_share") or reg.get("memory_share"))
+    if word == "device-bound" or (word == "mixed" and unbroken):
         return prefix + f"{who.name}'s kernels were not broken down by kind: profile them to see what binds."
     move, keys = NEXT_MOVES[word]
     out = prefix + (f"The next move for a {word} step is to {move}." if prefix

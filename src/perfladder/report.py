@@ -171,7 +171,7 @@ def _regime_cell(r: RungResult) -> tuple[str, str]:
     shares = reg.get("compute_share") or reg.get("memory_share")
     if word in ("compute-bound", "memory-bound", "mixed") and shares:
         return word, f"matmul+attn {reg.get('compute_share', 0):.0%}, memory {reg.get('memory_share', 0):.0%}"
-    if word == "mixed":
+    if word in ("mixed", "device-bound"):
         return word, "no breakdown"
     return word, ""
 
