@@ -155,8 +155,12 @@ class TorchLab:
         return summary_of(kb)
 
     def receipt(self, step: TrainStep, claimed: str) -> Receipt:
-        """The dtypes the timed call itself produced (recorded by ``TrainStep.__call__``)."""
-        return Receipt(claimed=claimed, observed=dict(step.receipt), where="TrainStep.__call__")
+        """What the last timed call computed in, from the receipt that call recorded
+        (``TrainStep.__call__``); ``PrecisionError`` when it is not ``claimed``."""
+        from .gates import check_receipt
+        check_receipt(step, "bf16" if claimed == "bf16" else "fp32")
+        observed = {"logits": str(step.receipt["logits"]).removeprefix("torch.")}
+        return Receipt(claimed=claimed, observed=observed, where="TrainStep.__call__")
 
     def record(self, name: str, label: str, recipe: Recipe, t, remeasured: bool, mem: Memory, *,
                kind: str = "rung", gates=(), receipt: Receipt | None = None,
