@@ -152,7 +152,7 @@ def test_learning_check_and_progress(run):
     data = JaxLab(CFG, probe=False).data
     assert check.threshold == pytest.approx(val_threshold(data.train_arrays()[1], len(data.vocab)))
     assert check.threshold < math.log(len(data.vocab))
-    assert "reference model" in check.evaluated_with and check.configuration in RUNGS
+    assert "plain fp32" in check.evaluated_with and check.configuration in RUNGS
     assert [n for e, n, _ in events if e == "start"] == list(RUNGS) + ["learning"]
     ends = {n: p for e, n, p in events if e == "end"}
     assert ends["R3"] is res.rung("R3") and ends["learning"] is check
