@@ -192,7 +192,7 @@ def test_b4_recorded_its_embed_gate(res):
     assert r.recipe["embed"] == "onehot"
     g = r.gate("one-hot vs gather embedding")
     assert g.passed and g.values["logits_max_abs_diff"] <= EMBED_ATOL
-    assert [x.name for x in r.gates] == ["one-hot vs gather embedding", "loss over steps"]
+    assert [x.name for x in r.gates] == ["model gate", "one-hot vs gather embedding", "loss over steps"]
 
 
 # -- B5 / B6 / B7 -------------------------------------------------------------------------------------
