@@ -56,9 +56,10 @@ def test_b_rungs_follow_the_seed_and_are_well_formed(run):
     assert names[names.index("R4") + 1:names.index("R5")] == B_NAMES
     for r in _b(res):
         assert r.stage == "beyond" and r.section == RUNGS[r.name].section
-        if r.name == "B4" and not has_gpu():
+        if r.name in ("B4", "B7") and not has_gpu():
             assert r.kind == "skipped" and r.tokens_per_s is None and r.kept is False
-            assert "not applicable on CPU" in r.error and "cuDNN" in r.error
+            assert "not applicable on CPU" in r.error
+            assert ("cuDNN" if r.name == "B4" else "interpreter") in r.error
             continue
         assert r.kind == "rung", (r.name, r.error)                  # no run-time failure on CPU
         assert r.tokens_per_s > 0 and r.timing.settled == CFG.windows and r.precision == "bf16"

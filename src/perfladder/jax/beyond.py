@@ -207,6 +207,8 @@ B6 = Rung("B6", "batch_x4", "+batch x4", b6_batch_x4, **STAGE,
 B7 = Rung("B7", "fused_addnorm", "+fused add+LayerNorm", b7_fused_addnorm, **STAGE,
           change=lambda r, c: r.replace(fused=(*r.fused, "addnorm")),
           section="13.3 fusion (a hand-written kernel)", gate=LOSS_GATE,
-          attacks="reduction/norm: residual add and LayerNorm")
+          attacks="reduction/norm: residual add and LayerNorm",
+          needs_gpu="Pallas kernels compile for a GPU; on CPU they run only through Pallas's "
+                    "interpreter, in tests/test_jax_fused.py")
 
 BEYOND = [B1, B2, B3, B4, B5, B6, B7]
