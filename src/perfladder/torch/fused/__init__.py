@@ -20,18 +20,11 @@ is a clear error, never a silent fallback to the reference ops.
 """
 from __future__ import annotations
 
+from ...checks import check_options
+
 FUSED = ("rope", "addnorm", "gelu")
 
 
 def check_fused(fused) -> tuple[str, ...]:
-    """``fused`` as a sorted tuple of known option names; a clear error for anything else."""
-    if isinstance(fused, str):
-        fused = (fused,)
-    try:
-        names = tuple(fused)
-    except TypeError:
-        raise ValueError(f"fused={fused!r} must be a tuple of option names; valid choices: {FUSED}") from None
-    bad = [n for n in names if n not in FUSED]
-    if bad:
-        raise ValueError(f"fused={names!r}: unknown option(s) {bad}; valid choices: {FUSED}")
-    return tuple(n for n in FUSED if n in names)
+    """``fused`` as a tuple of known option names; a clear error for anything else."""
+    return check_options("fused", fused, FUSED)
