@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from . import cards, plot, reading, report
+from . import cards, multigpu_page, plot, reading, report
 from .claims import is_smoke, rate
 from .config import pick_config
 from .narrative import learning_text, smoke_check
@@ -133,6 +133,8 @@ class LadderPage:
             plan = None if self.config.is_smoke else self.plan
             display_html(cards.evidence_card_html(self.live, res.name, plan=plan),
                          cards.evidence_card_text(self.live, res.name, plan=plan))
+            if not res.measured:
+                self._committed_multi_gpu(name)
             return
         self._smoke_box(f"smoke check on {self.live.device}", smoke_check(res))
         ref = self._shown_rung(name)
@@ -147,6 +149,19 @@ class LadderPage:
         display_html(f'<p style="margin: 0.4em 0 0 0; font-size: 0.85em; color: #666;">{esc(label)}</p>'
                      + cards.evidence_card_html(self.reference, ref.name),
                      label + "\n" + cards.evidence_card_text(self.reference, ref.name))
+        if not ref.measured:
+            self._committed_multi_gpu(name)
+
+    def _committed_multi_gpu(self, name: str) -> None:
+        """A multi-GPU rung this page cannot show measured: the committed 2-GPU run's numbers."""
+        rows = multigpu_page.measurements(self.framework, name)
+        if not rows:
+            return
+        text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
+                f"(benchmarks/results/{multigpu_page.MULTI_GPU_RUN}), each prediction written before "
+                "its launch:")
+        display_html(paragraphs_html([text]) + multigpu_page.table_html(rows),
+                     text + "\n" + multigpu_page.table_text(rows))
 
     def _smoke_box(self, title: str, text: str) -> None:
         display_html(box_html(title, f'<p style="margin: 0; font-size: 0.9em;">{esc(text)}</p>', "smoke",
