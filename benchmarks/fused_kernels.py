@@ -113,12 +113,12 @@ def run_torch(args, res: Results) -> None:
     import torch.nn.functional as F
 
     from perfladder.torch import GPT
-    from perfladder.torch.ladder import Ladder
+    from perfladder.torch.lab import TorchLab
     from perfladder.torch.model import rope_angles, rotate
     from perfladder.torch.steps import make_optimizer, make_step
     from perfladder.torch.timer import sync, throughput, versions
 
-    ladder = Ladder(args.config)
+    ladder = TorchLab(args.config)
     cuda = ladder.on_gpu
     dev, g, B = ladder.device, ladder.gpt_config, args.batch
     T, D, H, Dh, Fw = ladder.config.num_steps, g.num_hiddens, g.num_heads, g.head_dim, g.ffn_mult * g.num_hiddens
@@ -221,16 +221,17 @@ def run_jax(args, res: Results) -> None:
     import jax.numpy as jnp
 
     from perfladder.jax.fused.add_layer_norm import add_layer_norm
-    from perfladder.jax.ladder import Ladder
-    from perfladder.jax.steps import make_split_step
+    from perfladder.jax.lab import JaxLab
+    from perfladder.jax.recipe import Recipe
+    from perfladder.jax.steps import make_optimizer, make_split_step
     from perfladder.jax.timer import throughput, versions
 
-    ladder = Ladder(args.config)
-    on_gpu = ladder.gpu
+    ladder = JaxLab(args.config, probe=False)
+    on_gpu = ladder.on_gpu
     g, B, T = ladder.gpt_config, args.batch, ladder.config.num_steps
     D = g.num_hiddens
     res.data["versions"] = versions()
-    res.data["device"] = ladder.device
+    res.data["device"] = ladder.device_name
     res.data["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     sync = lambda: jax.effects_barrier()  # noqa: E731
 
@@ -267,9 +268,10 @@ def run_jax(args, res: Results) -> None:
         ref_losses = None
         for name in args.configs:
             try:
-                model, opt = ladder.build(jnp.bfloat16, embed_fp32=True,
-                                          attn_impl="cudnn" if on_gpu else None,
-                                          fused=JAX_CONFIGS[name])
+                model = ladder.model(Recipe(batch_size=B, dtype="bfloat16", embed_fp32=True,
+                                            attn_impl="cudnn" if on_gpu else None,
+                                            fused=JAX_CONFIGS[name]))
+                opt = make_optimizer(model, ladder.config.lr)
                 step = make_split_step(model, opt)
                 t0 = time.perf_counter()
                 losses = [float(step(X, Y)) for X, Y in fixed]

@@ -16,7 +16,9 @@ from perfladder.schema import MAX_DEPTH, validate
 from perfladder.verdict import MIN_EFFECT, VERDICTS, regime, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
-V1_FILES = sorted(p for fw in ("torch", "jax") for p in ROOT.glob(f"benchmarks/results/*/{fw}.json"))
+COMMITTED = sorted(p for fw in ("torch", "jax") for p in ROOT.glob(f"benchmarks/results/*/{fw}.json"))
+V1_FILES = [p for p in COMMITTED if json.loads(p.read_text())["schema_version"] == 1]
+V2_FILES = [p for p in COMMITTED if json.loads(p.read_text())["schema_version"] == 2]
 
 
 # -- derived numbers: ratios, verdicts, regimes -----------------------------------------------------
@@ -186,6 +188,18 @@ def test_framework_must_be_known():
 # -- the committed version-1 files -----------------------------------------------------------------------
 def test_there_are_committed_v1_files():
     assert len(V1_FILES) >= 6
+
+
+@pytest.mark.parametrize("path", V2_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_v2_files_validate_and_round_trip(path, tmp_path):
+    """Every committed GPU run written by the engine validates against the schema, carries
+    typed evidence, and survives a write and a read unchanged."""
+    res = LadderResult.read(path)
+    assert res.schema_read == 2 and res.framework == path.stem and res.roofs
+    measured = [r for r in res.rungs if r.measured]
+    assert measured and all(r.timing is not None and r.key for r in measured)
+    back = LadderResult.read(res.write(tmp_path / path.name))
+    assert back.to_dict() == res.to_dict()
 
 
 @pytest.mark.parametrize("path", V1_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")

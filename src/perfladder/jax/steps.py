@@ -36,7 +36,8 @@ def loss_fn(model, X, Y, view: Callable | None = None, observe: dict | None = No
 
     ``observe``: passed to ``GPT.__call__`` (the dtypes the forward computes in)."""
     net = model if view is None else view(model)
-    logits = net(X, observe=observe).astype(jnp.float32)                  # (B, T, V) fp32
+    out = net(X) if observe is None else net(X, observe=observe)          # (B, T, V)
+    logits = out.astype(jnp.float32)                                      # fp32 for the loss
     flat = logits.reshape(-1, logits.shape[-1])                           # (B*T, V)
     per_token = optax.softmax_cross_entropy_with_integer_labels(flat, Y.reshape(-1))  # (B*T,)
     return per_token.mean()
@@ -87,7 +88,7 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
     receipts: dict = {}
 
     def step(model, optimizer, X, Y):
-        return train_step(model, optimizer, X, Y, view, receipts)
+        return train_step(model, optimizer, X, Y, view, receipts=receipts)
 
     # the compiled module is named after the function: jit_train_step, as the kernel
     # attribution (perfladder.jax.kernels) and profiles expect
