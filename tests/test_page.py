@@ -117,7 +117,7 @@ def test_bad_framework():
 
 
 def test_reference_run_reads_the_committed_pointer(tmp_path):
-    assert reference_run() == H200
+    assert (reference_run() / "torch.json").is_file() and (reference_run() / "jax.json").is_file()
     assert reference_run(ROOT).name == (ROOT / "benchmarks/results/reference.txt").read_text().split()[-1]
     pointer = tmp_path / "benchmarks" / "results"
     (pointer / "run-a").mkdir(parents=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from perfladder.evidence import Receipt
+
 from perfladder.config import get_config
 from perfladder.torch import GPT, CorrectnessError, GateError, MirrorError, PrecisionError
 from perfladder.torch.gates import check_bf16
@@ -76,10 +78,11 @@ def test_bf16_receipt_comes_from_the_timed_call():
     step.logits(X)                                    # a side path leaves no receipt
     assert step.receipt == {}
     step(X, X)
-    assert step.receipt == {"logits": "bfloat16"}
+    assert step.receipt["logits"] == "torch.bfloat16" and step.receipt["calls"] == 1
+    assert step.receipt["loss"] == step.receipt["grad"] == "torch.float32"   # fp32 by design
     fp32 = make_step(m, make_optimizer(m, 1e-3), bf16=False, device_type="cpu")
     fp32(X, X)
-    assert fp32.receipt == {"logits": "float32"}
+    assert fp32.receipt["logits"] == "torch.float32"
     with pytest.raises(PrecisionError):
         check_bf16(torch.zeros(2, dtype=torch.float16))
     assert check_bf16(torch.zeros(2, dtype=torch.bfloat16)) == "torch.bfloat16"
@@ -90,8 +93,10 @@ def test_a_bf16_rung_whose_timed_step_ran_fp32_is_refused():
     recipe = Recipe(batch_size=8, bf16=True)
     fp32 = lab.build_step(recipe.replace(bf16=False))          # the wrong step for this recipe
     t, again, mem = lab.measure(fp32, 8, warmup=1, timed=1, windows=1)
-    receipt = lab.receipt(fp32, "bf16")
-    assert receipt.where == "TrainStep.__call__" and receipt.observed == {"logits": "float32"}
+    with pytest.raises(PrecisionError, match="claims bf16 but computed"):
+        lab.receipt(fp32, "bf16")                      # the timed call's own receipt refuses it
+    assert lab.receipt(fp32, "fp32").observed == {"logits": "float32"}
+    receipt = Receipt(claimed="bf16", observed={"logits": "float32"}, where="TrainStep.__call__")
     assert not receipt.ok
     with pytest.raises(PrecisionErrorFromReceipt, match="claims bf16 but its timed step produced"):
         lab.record("R2", "+bf16", recipe, t, again, mem, receipt=receipt)

@@ -86,7 +86,7 @@ def local_batches(data, per_device_batch: int, mesh, seed: int):
 
     from ..data import check_batch_size
     from .parallel import batch_sharding
-    from .stream import _gather, _stream
+    from .stream import Batches, _gather
     sharding = batch_sharding(mesh)
     X_all, Y_all = data.train_arrays()
     per_epoch = check_batch_size(per_device_batch, len(X_all))
@@ -96,7 +96,7 @@ def local_batches(data, per_device_batch: int, mesh, seed: int):
     for d in mesh.devices.flat:
         if d.process_index == jax.process_index():   # committed to d: each gather runs on d
             Xd, Yd = jax.device_put(X_all, d), jax.device_put(Y_all, d)
-            streams.append(_stream(Xd, Yd, gather, per_epoch, per_device_batch, seed + 7919 * d.id))
+            streams.append(Batches(Xd, Yd, gather, per_epoch, per_device_batch, seed + 7919 * d.id))
     while True:
         pairs = [next(s) for s in streams]                        # one (B, T) pair per local device
         yield (jax.make_array_from_single_device_arrays(shape, sharding, [x for x, _ in pairs]),
@@ -140,8 +140,11 @@ def run(spec: dict, out: Path) -> dict:
         return _check(spec, rep, data, mesh, out)
     stream = local_batches(data, recipe["batch_size"], mesh, seed=cfg.seed + 300)
     bw = allreduce_bus_bw(mesh, n) if k > 1 else 0.0
+    # every process times the same number of windows: one that stopped early (its windows
+    # settled) would leave the others waiting in the step's all-reduce
     t = throughput(rep.step, stream, warmup=spec["warmup"], timed=spec["timed"],
-                   windows=spec["windows"])
+                   windows=spec["windows"], max_windows=spec["windows"],
+                   target_spread=cfg.target_spread)
     local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     mems = peak_mem_bytes(local)
     mine = {"process_id": jax.process_index(), "host": socket.gethostname(),
