@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _ladders import H200, host_bound, rung, result, seed_ladder
+from _ladders import H200, ROOT, host_bound, rung, result, seed_ladder
 
 from perfladder import cards, narrative, reading, report
 from perfladder.claims import call, ceiling, rate, short_reason
@@ -280,3 +280,14 @@ def test_tflops_text_and_box_kinds():
     assert report.tflops_text(None) == ""
     with pytest.raises(ValueError, match="kind='loud'.*valid choices"):
         report.box_html("t", "", "loud")
+
+
+def test_kernel_report_shows_the_roofline_when_the_run_probed_its_ceilings():
+    from perfladder import cards
+    res = LadderResult.read(ROOT / "benchmarks" / "results" / "h200x2-run3" / "jax.json")
+    kb = next(r for r in res.rungs if r.kernels).kernels
+    html, text = cards.kernel_html(kb), cards.kernel_text(kb)
+    assert "Roofline per kernel group" in html and "floor ms" in html
+    assert f"floor {kb['roofline']['floor_ms']:.2f} ms" in text
+    bare = {k: v for k, v in kb.items() if k != "roofline"}
+    assert "Roofline" not in cards.kernel_html(bare) and "roofline" not in cards.kernel_text(bare)

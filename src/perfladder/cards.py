@@ -209,7 +209,28 @@ def kernel_html(kb: dict, title: str = "") -> str:
     return (f'<div class="perfladder-kernels"><p style="margin: 0.2em 0;"><strong>{esc(head)}</strong></p>'
             + table_html(["ms/step", "share", "category"], cat_rows, numeric={0, 1})
             + table_html(["ms/step", "share", "calls/step", "category", "kernel"], top, numeric={0, 1, 2})
+            + roofline_html(kb.get("roofline"))
             + (f'<ul style="font-size: 0.85em; color: {MUTED};">{notes}</ul>' if notes else "") + "</div>")
+
+
+def _roofline_rows(rl: dict) -> list[list[str]]:
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    return [[f(r["time_ms"], ".2f"), f(r["floor_ms"], ".2f"), f(r["above_ms"], ".2f"), esc(r["group"]),
+             esc(r.get("bound") or ""), f(None if r.get("bw_frac") is None else 100 * r["bw_frac"], ".0f"),
+             f(None if r.get("mm_frac") is None else 100 * r["mm_frac"], ".0f")]
+            for r in rl.get("rows", []) if r.get("time_ms")]
+
+
+def roofline_html(rl: dict | None) -> str:
+    """The roofline per kernel group: time, the floor its bytes and FLOPs set at this run's
+    measured ceilings, and how far above it each group stands (``perfladder.roofline``)."""
+    if not rl:
+        return ""
+    head = (f"Roofline per kernel group: {rl['time_ms']:.2f} ms of kernels per step against a floor "
+            f"of {rl['floor_ms']:.2f} ms at this run's measured copy and matmul ceilings")
+    return (f'<p style="margin: 0.6em 0 0.2em 0;"><strong>{esc(head)}</strong></p>'
+            + table_html(["ms/step", "floor ms", "above ms", "group", "bound by", "% copy roof",
+                          "% matmul roof"], _roofline_rows(rl), numeric={0, 1, 2, 5, 6}))
 
 
 def kernel_text(kb: dict, title: str = "") -> str:
@@ -220,4 +241,8 @@ def kernel_text(kb: dict, title: str = "") -> str:
             lines.append(f"  {us / steps / 1000:8.3f} ms  {c}")
     for k in kb.get("top", []):
         lines.append(f"  {k['total_us'] / steps / 1000:8.3f} ms  {k['category']:<14} {k['name'][:60]}")
+    rl = kb.get("roofline")
+    if rl:
+        lines.append(f"roofline: {rl['time_ms']:.2f} ms of kernels per step, floor {rl['floor_ms']:.2f} ms")
+        lines += [f"  {r[0]:>8} ms  floor {r[1]:>6}  above {r[2]:>6}  {r[3]}" for r in _roofline_rows(rl)]
     return "\n".join(lines)
