@@ -12,7 +12,7 @@ import re
 
 from .claims import gib, rate, receipt_ok, regime_of, settled, target
 from .results import LadderResult, RungResult
-from .report import MUTED, esc, small, story_html, story_text, table_html, tflops_text
+from .report import MUTED, esc, story_html, story_text, table_html, tflops_text
 
 PROFILE_ROWS = 8
 _SKIP_DETAILS = {"profile_table", "traceback", "kernels_recipe"}

@@ -50,10 +50,10 @@ def reading(result: LadderResult) -> list[str]:
     if is_smoke(result):
         return [f"These {len(bars)} bars come from a smoke run on {result.device}: they show that every "
                 "rung ran and that the plot can be drawn; their heights and ratios are not performance."]
-    out = [f"Each bar is a configuration's median tokens/s over its settled windows and its whisker the "
-           f"range of those windows; each bar keeps every choice to its left that paid. A label is the "
-           f"ratio to the configuration the rung builds on, printed only where the verdict is beyond "
-           f"the noise; a hatched bar did not settle and is credited with nothing."]
+    out = ["Each bar is a configuration's median tokens/s over its settled windows and its whisker the "
+           "range of those windows; each bar keeps every choice to its left that paid. A label is the "
+           "ratio to the configuration the rung builds on, printed only where the verdict is beyond "
+           "the noise; a hatched bar did not settle and is credited with nothing."]
     base = next((r for r in bars if r.name == result.baseline), None)
     best = result.best()
     if base is not None:
