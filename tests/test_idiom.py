@@ -42,12 +42,12 @@ def test_torch_chapter_idiom_trains_one_step():
 
     device = d2l.try_gpu()
     data = d2l.TimeMachine(**TINY)
-    vocab_size = len(data.vocab)
-    assert vocab_size == 28
+    V = len(data.vocab)
+    assert V == 28
     torch.manual_seed(0)
-    model = d2l.GPT(vocab_size, num_hiddens=32, num_blks=2).to(device)
+    model = d2l.GPT(V, num_hiddens=32, num_blks=2).to(device)
     torch.manual_seed(0)
-    same = d2l.GPT(GPTConfig(vocab_size=vocab_size, num_hiddens=32, num_blks=2)).to(device)
+    same = d2l.GPT(GPTConfig(vocab_size=V, num_hiddens=32, num_blks=2)).to(device)
     assert model.config == same.config
     for (name, a), (_, b) in zip(model.state_dict().items(), same.state_dict().items()):
         assert torch.equal(a, b), name
@@ -60,10 +60,10 @@ def test_torch_chapter_idiom_trains_one_step():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in model.parameters()]
     X, Y = first[0].to(device), first[1].to(device)
-    loss = F.cross_entropy(model(X).reshape(-1, vocab_size), Y.reshape(-1))
+    loss = F.cross_entropy(model(X).flatten(0, 1), Y.flatten())
     loss.backward()
     opt.step()
-    assert abs(loss.item() - math.log(vocab_size)) < 0.1     # near-uniform logits at init
+    assert abs(loss.item() - math.log(V)) < 0.1     # near-uniform logits at init
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
 
 
@@ -109,9 +109,9 @@ def test_jax_chapter_idiom_trains_one_step():
     from perfladder import jax as d2l
 
     data = d2l.TimeMachine(**TINY)
-    vocab_size = len(data.vocab)
-    model = d2l.GPT(vocab_size, num_hiddens=32, num_blks=2, rngs=nnx.Rngs(0))
-    same = d2l.GPT(GPTConfig(vocab_size=vocab_size, num_hiddens=32, num_blks=2), rngs=nnx.Rngs(0))
+    V = len(data.vocab)
+    model = d2l.GPT(V, num_hiddens=32, num_blks=2, rngs=nnx.Rngs(0))
+    same = d2l.GPT(GPTConfig(vocab_size=V, num_hiddens=32, num_blks=2), rngs=nnx.Rngs(0))
     assert model.config == same.config
     for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                     jax.tree.leaves(nnx.state(same, nnx.Param))):
@@ -127,11 +127,11 @@ def test_jax_chapter_idiom_trains_one_step():
 
     def loss_fn(model):
         logits = model(X)                                      # (B, T, V)
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits.reshape(-1, vocab_size), Y.reshape(-1)).mean()
+        per_token = optax.softmax_cross_entropy_with_integer_labels(logits, Y)   # (B, T)
+        return per_token.mean()
     loss, grads = nnx.value_and_grad(loss_fn)(model)
     opt.update(model, grads)
-    assert abs(float(loss) - math.log(vocab_size)) < 0.1
+    assert abs(float(loss) - math.log(V)) < 0.1
     after = jax.tree.leaves(nnx.state(model, nnx.Param))
     assert all(not np.array_equal(a, np.asarray(p)) for a, p in zip(before, after))
 

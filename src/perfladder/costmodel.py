@@ -56,8 +56,8 @@ LINKS: dict[str, Link] = {link.name: link for link in (
     Link("nvlink4-h200", 360e9, "intra-node", "H200 SXM, NVLink 4 through NVSwitch, NVLS off",
          "80% of the 450 GB/s each-way NVLink-4 rate (H200 datasheet: 18 links, 900 GB/s "
          "bidirectional); point-to-point copies reach ~380 GB/s"),
-    # The seed chapter's box: four RTX 4090s, no NVLink and no peer-to-peer, so every byte
-    # between two GPUs is staged through host memory over PCIe. The seed prices its
+    # The seed chapter's box: four RTX 4090s without NVLink or peer-to-peer access, so data
+    # moving from one GPU to another goes through host memory, over PCIe. The seed prices its
     # all-reduce with 4.5 GB/s in a bytes-per-device convention where t = 2 S / beta,
     # which at k = 2 is the same time as a bus bandwidth of 2.25 GB/s in ours
     # (t = 2 (k-1)/k S / busbw); NCCL's own busbw on that box read ~2 GB/s.

@@ -1,8 +1,8 @@
 """The chapter's idiom on the JAX side: ``from perfladder import jax as d2l``.
 
-    data = d2l.TimeMachine(batch_size=64, num_steps=128, tokenization='char')
-    vocab_size = len(data.vocab)
-    model = d2l.GPT(vocab_size, num_hiddens=512, num_blks=6, rngs=nnx.Rngs(0))
+    data = d2l.TimeMachine(tokenization='char', num_steps=128, batch_size=64)
+    V = len(data.vocab)
+    model = d2l.GPT(V, num_blks=6, num_hiddens=512, rngs=nnx.Rngs(0))
     for X, Y in data.train_dataloader():           # int32 jax arrays, (B, T) each
         ...
     d2l.plt.bar(...)                               # matplotlib.pyplot

@@ -1,10 +1,10 @@
 """The chapter's idiom on the PyTorch side: ``from perfladder import torch as d2l``.
 
     device = d2l.try_gpu()
-    data = d2l.TimeMachine(batch_size=64, num_steps=128, tokenization='char')
-    vocab_size = len(data.vocab)
+    data = d2l.TimeMachine(tokenization='char', num_steps=128, batch_size=64)
+    V = len(data.vocab)
     torch.manual_seed(0)
-    model = d2l.GPT(vocab_size, num_hiddens=512, num_blks=6).to(device)
+    model = d2l.GPT(V, num_blks=6, num_hiddens=512).to(device)
     for X, Y in data.train_dataloader():           # int64 CPU tensors, (B, T) each
         ...
     d2l.plt.bar(...)                               # matplotlib.pyplot
