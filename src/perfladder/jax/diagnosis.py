@@ -11,6 +11,8 @@ import time
 
 import jax
 
+from .profile import issue_and_finish_ms
+
 
 def per_step_times(step, stream, n: int, sync=jax.block_until_ready) -> list[float]:
     """Seconds of each of ``n`` steps, each closed by a device sync (batch draw included)."""
@@ -44,14 +46,7 @@ def host_overhead(step, stream, n: int) -> dict:
     first number is well under the synced step time, the host runs ahead and its cost is
     hidden; if it is close, the host sets the pace.
     """
-    jax.block_until_ready(step(*next(stream)))
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(n):
-        out = step(*next(stream))
-    issued = time.perf_counter() - t0
-    jax.block_until_ready(out)
-    done = time.perf_counter() - t0
+    issued, done = issue_and_finish_ms(step, stream, n)
     synced = step_stats(per_step_times(step, stream, n))
-    return {"n": n, "dispatch_ms_per_step": 1e3 * issued / n,
-            "unsynced_ms_per_step": 1e3 * done / n, "synced_median_ms": synced["median_ms"]}
+    return {"n": n, "dispatch_ms_per_step": issued, "unsynced_ms_per_step": done,
+            "synced_median_ms": synced["median_ms"]}

@@ -18,8 +18,9 @@ from .kernels import kernel_breakdown
 ROWS = 8      # the profile's top kernels kept with the summary
 
 
-def issue_ms(step, stream, n: int) -> float:
-    """Milliseconds Python spends issuing one of ``n`` steps, the device idle at the start."""
+def issue_and_finish_ms(step, stream, n: int) -> tuple[float, float]:
+    """Milliseconds per step, of ``n`` steps issued back to back with the device idle at the
+    start: until Python has issued the last one, and until the device has finished it."""
     jax.block_until_ready(step(*next(stream)))
     t0 = time.perf_counter()
     out = None
@@ -27,7 +28,13 @@ def issue_ms(step, stream, n: int) -> float:
         out = step(*next(stream))
     issued = time.perf_counter() - t0
     jax.block_until_ready(out)
-    return 1e3 * issued / n
+    done = time.perf_counter() - t0
+    return 1e3 * issued / n, 1e3 * done / n
+
+
+def issue_ms(step, stream, n: int) -> float:
+    """Milliseconds Python spends issuing one of ``n`` steps, the device idle at the start."""
+    return issue_and_finish_ms(step, stream, n)[0]
 
 
 def profile_step(step, stream, *, steps: int, hlo_text: str | None = None, devices: int = 1,
