@@ -7,11 +7,12 @@
 #
 # The job: the device probe (matmul and copy ceilings) and `make book` (scripts/setup.sh
 # installs the book's wheels from .whl/ offline; build_book.sh picks the full config because a
-# GPU is present). With two or more GPUs, the GPU-only tests run on the last GPU alongside the
-# first minutes of the build (the ladders use every GPU only at their multi-GPU rungs, last).
-# ANOMALY=1 adds the JAX bf16 anomaly diagnostics first. It runs detached
-# (setsid), so it survives the shell or ssh connection that started it; `wait` can be called
-# again from a later one. Everything lands in /tmp/perfladder-job.
+# GPU is present). With two or more GPUs the build runs the two ladder notebooks side by side,
+# one GPU and half the physical cores each (PERFLADDER_BOOK_PARALLEL=1), and the GPU-only tests
+# run after it; with one GPU, one notebook after another and no GPU tests. ANOMALY=1 adds the
+# JAX bf16 anomaly diagnostics first. It runs detached (setsid), so it survives the shell or
+# ssh connection that started it; `wait` can be called again from a later one. Everything
+# lands in /tmp/perfladder-job.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOB=/tmp/perfladder-job
@@ -27,17 +28,21 @@ case "${1:-}" in
       date +%s > '"$JOB"'/t0
       timeout 90 python3 benchmarks/device_probe.py --out '"$JOB"'/device.json > '"$JOB"'/probe.log 2>&1
       ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-      if [ "$ngpu" -ge 2 ]; then
-        (CUDA_VISIBLE_DEVICES=$((ngpu - 1)) timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests \
-          > '"$JOB"'/gpu_tests.log 2>&1; echo "gpu tests exit $?" >> '"$JOB"'/status) &
-      fi
       if [ "${ANOMALY:-0}" = 1 ]; then
         timeout 300 python3 benchmarks/jax_bf16_anomaly.py --config full --out '"$JOB"'/anomaly.json > '"$JOB"'/anomaly.log 2>&1
         echo "anomaly exit $?" >> '"$JOB"'/status
       fi
       unset PYTHONPATH
-      PYTHON=python3 make book > '"$JOB"'/book.log 2>&1
+      par=0; [ "$ngpu" -ge 2 ] && par=1
+      echo "PERFLADDER_BOOK_PARALLEL=$par PYTHON=python3 make book" > '"$JOB"'/command
+      PERFLADDER_BOOK_PARALLEL=$par PYTHON=python3 make book > '"$JOB"'/book.log 2>&1
       echo "book exit $?" >> '"$JOB"'/status
+      date +%s > '"$JOB"'/t_book
+      cp -r _build/side_by_side '"$JOB"'/ 2>/dev/null
+      if [ "$ngpu" -ge 2 ]; then
+        timeout 400 .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider tests > '"$JOB"'/gpu_tests.log 2>&1
+        echo "gpu tests exit $?" >> '"$JOB"'/status
+      fi
       date +%s > '"$JOB"'/t1
     ' > /dev/null 2>&1 < /dev/null &
     echo "started"
@@ -47,6 +52,8 @@ case "${1:-}" in
     while [ ! -f "$JOB/t1" ] && [ "$waited" -lt "$limit" ]; do sleep 10; waited=$((waited + 10)); done
     echo "== status after ${waited}s =="; cat "$JOB/status" 2>/dev/null
     tail -n 5 "$JOB/anomaly.log" 2>/dev/null; grep -v USDT "$JOB/book.log" 2>/dev/null | tail -n 25
+    # the ladder notebooks' own output lands in the notebooks, not in book.log: show the GPUs
+    nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
     [ -f "$JOB/t1" ] && echo "DONE" || echo "RUNNING"
     ;;
   collect)

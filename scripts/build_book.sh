@@ -10,6 +10,10 @@
 #   PERFLADDER_BOOK_OUT   folder that receives _build/ (default: the repository root)
 #   PERFLADDER_BOOK_FRESH 1: empty the notebook cache first, so every notebook executes in a
 #                         fresh kernel in this build (the test suite's build does this)
+#   PERFLADDER_BOOK_PARALLEL  1: execute the two ladder notebooks at the same time first, each
+#                         on its own GPU and its own physical CPU cores (needs two GPUs; on a
+#                         machine without GPUs the cores alone are split), then build
+#                         (perfladder.bookexec); 0 or unset: one notebook after another
 #
 # * Runs `jupyter-book build . -W -n --keep-going`: any Sphinx warning, any failing
 #   notebook, any broken reference fails the build (non-zero exit).
@@ -33,6 +37,10 @@ case "${2:-}" in
   "") ;;
   --key) KEY_ONLY=1 ;;
   *) echo "scripts/build_book.sh: unknown option '$2'; valid: --key" >&2; exit 2 ;;
+esac
+case "${PERFLADDER_BOOK_PARALLEL:-0}" in
+  0|1) ;;
+  *) echo "scripts/build_book.sh: PERFLADDER_BOOK_PARALLEL='${PERFLADDER_BOOK_PARALLEL}' is not valid; valid: 0, 1" >&2; exit 2 ;;
 esac
 case "$PY" in
   /*) ;;
@@ -95,12 +103,25 @@ if [ -d "$BUILD/.jupyter_cache" ]; then
   fi
   if [ -n "$why" ]; then
     echo "[book] emptying the notebook cache: $why"
-    rm -rf "$BUILD/.jupyter_cache" "$PERFLADDER_RESULTS_DIR"
+    rm -rf "$BUILD/.jupyter_cache" "$PERFLADDER_RESULTS_DIR" "$BUILD/side_by_side"
   fi
 fi
 rm -rf "$BUILD/.doctrees"
 mkdir -p "$BUILD" "$PERFLADDER_RESULTS_DIR"
 echo "$stamp" > "$stamp_file"
+
+case "${PERFLADDER_BOOK_PARALLEL:-0}" in
+  0) ;;
+  1)
+    side=()
+    [ "$DEVICE" = cpu ] && side=(--no-gpu)
+    "$PY" -m perfladder.bookexec run "$BUILD/.jupyter_cache" "$BUILD/side_by_side" \
+        notebooks/01_pytorch_ladder.ipynb notebooks/02_jax_ladder.ipynb "${side[@]}" || {
+      echo "[book] FAILED: the ladder notebooks side by side (PERFLADDER_BOOK_PARALLEL=1), after $((SECONDS - start))s" >&2
+      exit 1
+    }
+    ;;
+esac
 
 args=(build "$ROOT" -W -n --keep-going)
 [ "$OUT" != "$ROOT" ] && args+=(--path-output "$OUT")
