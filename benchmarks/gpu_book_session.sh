@@ -40,7 +40,7 @@ case "${1:-}" in
       date +%s > '"$JOB"'/t_book
       cp -r _build/side_by_side '"$JOB"'/ 2>/dev/null
       if [ "$ngpu" -ge 2 ]; then
-        timeout 400 .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider tests > '"$JOB"'/gpu_tests.log 2>&1
+        timeout 240 .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider tests > '"$JOB"'/gpu_tests.log 2>&1
         echo "gpu tests exit $?" >> '"$JOB"'/status
       fi
       date +%s > '"$JOB"'/t1
