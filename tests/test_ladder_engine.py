@@ -245,12 +245,34 @@ def test_full_keeps_only_a_faster_verdict():
     assert res.rung("B4").ratio_prev == pytest.approx(203.0 / 201.0)
 
 
+def test_a_disturbed_base_does_not_discard_a_settled_rung_above_all_its_windows():
+    """R2 never settles (windows 80-120); B1 settles above every one of them: its speedup is not
+    credited, but the chain builds on it. B2 settles inside R2's range: neither."""
+    plan = {"R2": ([80.0, 120.0, 100.0], False),
+            "B1": [150.0, 151.0, 152.0],
+            "B2": [110.0, 111.0, 112.0]}
+    lab, res, _ = ladder(plan=plan, names=["R0", "R1", "R2", "B1", "B2"], learn=False, kernels=False,
+                         on_gpu=True)
+    b1, b2 = res.rung("B1"), res.rung("B2")
+    assert b1.verdict["verdict"] == "unsettled" and b1.verdict["unsettled"] == ["R2"]
+    assert b1.verdict["against_all"] == [80.0, 120.0] and b1.kept is True
+    assert seen(lab)["B2"][0] == "B1"                      # built on B1, not on the disturbed R2
+    assert b2.verdict["against"] == "B1" and b2.verdict["verdict"] == "slower" and not b2.kept
+
+
 def test_keeps_directly():
     rung = RUNGS["B1"]
     res = RungResult(name="B1", key="fused", label="x", tokens_per_s=2.0, timing=timing_of([2.0]))
     for v, kept in (("faster", True), ("slower", False), ("within noise", False), ("unsettled", False)):
         res.verdict = {"verdict": v}
         assert keeps(rung, res, smoke=False) is kept, v
+    above = {"verdict": "unsettled", "against": "R3", "unsettled": ["R3"], "range": [2.0, 2.1],
+             "against_all": [0.5, 1.9]}
+    assert keeps(rung, res.__class__(**{**res.__dict__, "verdict": above}), smoke=False) is True
+    for change in ({"unsettled": ["B1"]}, {"unsettled": ["B1", "R3"]}, {"against_all": [0.5, 2.0]},
+                   {"against_all": None}):
+        res.verdict = {**above, **change}                    # itself unsettled, or not above all
+        assert keeps(rung, res, smoke=False) is False, change
     res.verdict = None                                       # nothing to compare with
     assert keeps(rung, res, smoke=False) is False
     assert keeps(rung, res, smoke=True) is True

@@ -133,6 +133,20 @@ def test_loss_against_an_unsettled_base_is_still_a_loss():
     assert "slower" in did and "R1's windows did not settle" in did and "uncertain" in did
 
 
+def test_a_rung_kept_above_an_unsettled_base_says_why_without_credit():
+    r = result([rung("R0", "eager", [50e3, 51e3, 52e3]),
+                rung("R1", "compile", [100e3, 150e3, 200e3], "R0", stable=False),
+                rung("R2", "bf16", [300e3, 301e3, 302e3], "R1")])
+    r2 = r.rung("R2")
+    r2.kept = True
+    did = narrative.did(r, r2)
+    assert "no speedup is credited" in did and "every window lies above R1's fastest" in did
+    assert "build on it all the same" in did and rate(200e3) in did
+    assert not call(r, r2).credited
+    r2.kept = False                                   # a rung not kept says nothing of the kind
+    assert "all the same" not in narrative.did(r, r2)
+
+
 def test_prediction_beside_measurement():
     r = result([rung("R0", "eager", [1e5, 1e5, 1e5]),
                 rung("R5", "data_parallel", [1.6e5, 1.6e5, 1.6e5], "R0", kind="multi-gpu", stage="multi-gpu",

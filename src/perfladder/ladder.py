@@ -16,7 +16,9 @@ that rung's recipe with its own ``change`` applied, whether or not that rung ran
 ladder. The beyond rungs start from the lab's ``seed_top`` and build on the fastest
 configuration so far: a rung is kept (the next one builds on it) when its verdict is
 'faster' -- judged against both measurements' noise, and never for a measurement that did
-not settle. In the smoke configuration the numbers mean nothing, so they do not decide:
+not settle. One exception keeps a disturbed base from discarding a real fix: a settled rung
+whose slowest window beats every window of a base that did not settle is kept, though its
+speedup is not credited. In the smoke configuration the numbers mean nothing, so they do not decide:
 every added technique is kept and a choice between implementations (``alternative``) is
 not, so a smoke run always walks the same configurations. Multi-GPU rungs run last.
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 from .results import STAGES, LadderResult, RungResult
+from .verdict import above_unsettled_base
 
 KEY = re.compile(r"^[a-z0-9_]+$")
 RUNG_KINDS = ("rung", "control", "multi-gpu")
@@ -114,7 +117,7 @@ def keeps(rung: Rung, res: RungResult, smoke: bool) -> bool:
         return False
     if smoke:
         return not rung.alternative
-    return bool(res.verdict) and res.verdict["verdict"] == "faster"
+    return bool(res.verdict) and (res.verdict["verdict"] == "faster" or above_unsettled_base(res.verdict))
 
 
 class Chain:

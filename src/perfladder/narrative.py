@@ -18,7 +18,7 @@ from .claims import (Call, against, call, gib, is_smoke, rate, receipt_ok, regim
                      settled, unsettled_clause, windows_text)
 from .results import LadderResult, RungResult
 from .techniques import COMPUTE, CONTROLS, DIAGNOSES, HOST, MEMORY, NEXT_MOVES, technique
-from .verdict import MIN_EFFECT
+from .verdict import MIN_EFFECT, above_unsettled_base
 
 
 BASELINE = "the baseline, against which the ladder's cumulative factor is taken"
@@ -75,6 +75,10 @@ def did(result: LadderResult, r: RungResult) -> str:
             out += f" {unsettled_clause(r)}."
     else:
         out = f"{head}, {_comparison(c, r, base)}."
+        if r.kept and above_unsettled_base(r.verdict):
+            out += (f" The rungs after it build on it all the same: it settled, and its slowest "
+                    f"window beats every window {c.against} showed ({rate(r.verdict['against_all'][1])} "
+                    "at best).")
         if r.name == result.baseline:
             out += f" {r.name} is {BASELINE}."
     p = r.prediction

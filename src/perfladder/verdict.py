@@ -42,9 +42,11 @@ def verdict(r, before) -> dict:
     ratio = r.tokens_per_s / before.tokens_per_s
     out = {"against": before.name, "ratio": ratio, "range": [lo, hi], "against_range": [blo, bhi],
            "min_effect": MIN_EFFECT}
+    if before.timing is not None and before.timing.windows:
+        out["against_all"] = [min(before.timing.windows), max(before.timing.windows)]
     if not (ok and bok):
         who = [x.name for x, s in ((r, ok), (before, bok)) if not s]
-        out.update(verdict="unsettled", why=f"windows of {', '.join(who)} did not settle")
+        out.update(verdict="unsettled", why=f"windows of {', '.join(who)} did not settle", unsettled=who)
     elif lo > bhi and ratio > 1 + MIN_EFFECT:
         out.update(verdict="faster", why="its slowest window beats the other's fastest")
     elif hi < blo and ratio < 1 - MIN_EFFECT:
@@ -53,6 +55,16 @@ def verdict(r, before) -> dict:
         out.update(verdict="within noise", why="the window ranges overlap or differ by under "
                    f"{100 * MIN_EFFECT:.0f}%")
     return out
+
+
+def above_unsettled_base(v: dict | None) -> bool:
+    """Did a settled rung beat every window its unsettled base ever showed?
+
+    Its speedup is not credited (a disturbed base makes any ratio meaningless), but it is the
+    better configuration to build on: a settled measurement above everything the base showed.
+    """
+    return (bool(v) and v.get("verdict") == "unsettled" and v.get("unsettled") == [v.get("against")]
+            and v.get("against_all") is not None and v["range"][0] > v["against_all"][1])
 
 
 def credited(r) -> bool:
