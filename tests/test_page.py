@@ -103,7 +103,7 @@ def test_page_cells_after_the_rungs(capsys, reference, tmp_path):
 
 def test_smoke_page_without_a_reference_shows_its_own_run(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("perfladder.page.reference_run",
-                        lambda: (_ for _ in ()).throw(FileNotFoundError("no reference.txt here")))
+                        lambda **kw: (_ for _ in ()).throw(FileNotFoundError("no reference.txt here")))
     page = smoke_page()
     assert "no reference.txt here" in capsys.readouterr().out
     page.rung("R0")
@@ -117,8 +117,9 @@ def test_bad_framework():
 
 
 def test_reference_run_reads_the_committed_pointer(tmp_path):
-    assert (reference_run() / "torch.json").is_file() and (reference_run() / "jax.json").is_file()
-    assert reference_run(ROOT).name == (ROOT / "benchmarks/results/reference.txt").read_text().split()[-1]
+    for fw in ("torch", "jax"):
+        assert (reference_run(framework=fw) / f"{fw}.json").is_file()
+        assert reference_run(ROOT, fw).name in (ROOT / "benchmarks/results/reference.txt").read_text().split()
     pointer = tmp_path / "benchmarks" / "results"
     (pointer / "run-a").mkdir(parents=True)
     (pointer / "reference.txt").write_text("# comment\n\nrun-b\n")
@@ -126,6 +127,19 @@ def test_reference_run_reads_the_committed_pointer(tmp_path):
         reference_run(tmp_path)
     (pointer / "reference.txt").write_text("run-a\n")
     assert reference_run(tmp_path) == pointer / "run-a"
+    # one framework can move to a newer run: its own line wins, the other takes the default
+    (pointer / "run-c").mkdir()
+    (pointer / "reference.txt").write_text("run-a\njax run-c\n")
+    assert reference_run(tmp_path, "jax").name == "run-c" and reference_run(tmp_path, "torch").name == "run-a"
+    assert reference_run(tmp_path).name == "run-a"
+    (pointer / "reference.txt").write_text("jax run-c\n")
+    with pytest.raises(ValueError, match="names no run folder for torch"):
+        reference_run(tmp_path, "torch")
+    with pytest.raises(ValueError, match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
+        reference_run(tmp_path, "mxnet")
+    (pointer / "reference.txt").write_text("numpy run-c\n")
+    with pytest.raises(ValueError, match=r"line 'numpy run-c' is not 'FOLDER' or 'FRAMEWORK FOLDER'"):
+        reference_run(tmp_path, "jax")
     (pointer / "reference.txt").unlink()
     with pytest.raises(FileNotFoundError, match="reference.txt is missing"):
         reference_run(tmp_path)

@@ -305,3 +305,21 @@ def test_kernel_report_shows_the_roofline_when_the_run_probed_its_ceilings():
     assert f"floor {kb['roofline']['floor_ms']:.2f} ms" in text
     bare = {k: v for k, v in kb.items() if k != "roofline"}
     assert "Roofline" not in cards.kernel_html(bare) and "roofline" not in cards.kernel_text(bare)
+
+
+def test_a_model_gate_card_summarises_its_gradients():
+    """One value per parameter gradient would be a wall of text in the card: how many, how
+    many over, and the one closest to its limit, with every other value listed as it is."""
+    from perfladder.evidence import Gate
+    tol = {"logits": 0.0078, **{f"grad/b{i}.w": 0.0156 for i in range(10)}}
+    vals = {"logits": 0.001, **{f"grad/b{i}.w": 0.0001 * i for i in range(10)}}
+    text = cards._gate_values(Gate(name="model gate", passed=True, values=vals, tolerances=tol))
+    assert text.startswith("logits 0.001 (tolerance 0.0078)")
+    assert "10 parameter gradients, 0 over tolerance" in text
+    assert "closest to its limit grad/b9.w 0.0009 (tolerance 0.0156)" in text
+    assert "grad/b3.w" not in text
+    vals["grad/b3.w"] = 0.5
+    text = cards._gate_values(Gate(name="model gate", passed=False, values=vals, tolerances=tol))
+    assert "1 over tolerance (grad/b3.w)" in text and "closest to its limit grad/b3.w 0.5" in text
+    few = Gate(name="mirror", passed=True, values={"a": 1.0, "grad/x": 2.0}, tolerances={"a": 3.0})
+    assert cards._gate_values(few) == "a 1 (tolerance 3), grad/x 2"

@@ -100,8 +100,7 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
                                     "memory_share", "fraction_of_roof") if reg.get(k) is not None}
         out.append(("regime", f"{regime_of(r)}: {reg.get('why', '')}" + (f" ({_flat(nums)})" if nums else "")))
     for g in r.gates:
-        vals = ", ".join(f"{k} {_num(v)}" + (f" (tolerance {_num(g.tolerances[k])})" if k in g.tolerances else "")
-                         for k, v in g.values.items())
+        vals = _gate_values(g)
         extra = ", ".join(f"{k} {_num(v)}" for k, v in g.tolerances.items() if k not in g.values)
         out.append(("gate", f"{g.name}: {'passed' if g.passed else 'FAILED'}"
                     + (f"; {vals}" if vals else "") + (f"; tolerances {extra}" if extra else "")
@@ -184,6 +183,30 @@ def evidence_card_text(result: LadderResult, name: str, sentences: bool = True, 
 
 
 # -- the kernel breakdown ------------------------------------------------------------------------
+GATE_LISTED = 6     # a gate with more values than this (one per parameter gradient) is summarised
+
+
+def _gate_values(g) -> str:
+    """A gate's measured values against their tolerances. A model gate measures every
+    parameter's gradient: those are summarised as how many, how many over, and the one
+    closest to its limit, so the card stays readable; the file keeps them all."""
+    def one(k, v):
+        return f"{k} {_num(v)}" + (f" (tolerance {_num(g.tolerances[k])})" if k in g.tolerances else "")
+    items = list(g.values.items())
+    grads = [(k, v) for k, v in items if k.startswith("grad/")]
+    if len(items) <= GATE_LISTED or not grads:
+        return ", ".join(one(k, v) for k, v in items)
+    rest = ", ".join(one(k, v) for k, v in items if not k.startswith("grad/"))
+    judged = [(k, v) for k, v in grads if g.tolerances.get(k)]
+    over = [k for k, v in judged if v > g.tolerances[k]]
+    text = f"{len(grads)} parameter gradients"
+    if judged:
+        k, v = max(judged, key=lambda kv: kv[1] / g.tolerances[kv[0]])
+        text += (f", {len(over)} over tolerance" + (f" ({', '.join(over)})" if over else "")
+                 + f"; closest to its limit {one(k, v)}")
+    return ", ".join(x for x in (rest, text) if x)
+
+
 def kernel_rung(result: LadderResult) -> RungResult | None:
     """The rung that carries the ladder's kernel breakdown (the fastest configuration's)."""
     with_kb = [r for r in result.rungs if r.kernels]

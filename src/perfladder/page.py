@@ -71,7 +71,7 @@ class LadderPage:
         self.reference, self.reference_source, self.reference_error = reference, "", ""
         if self.config.is_smoke and reference is None:
             try:
-                folder = reference_run()
+                folder = reference_run(framework=framework)
                 self.reference = read_run(folder / f"{framework}.json")
                 self.reference_source = f"benchmarks/results/{folder.name}/{framework}.json"
             except (FileNotFoundError, ValueError, ResultsError) as e:

@@ -40,13 +40,18 @@ def build_results_dir() -> Path:
 
 
 REFERENCE_FILE = Path("benchmarks") / "results" / "reference.txt"
+REFERENCE_FRAMEWORKS = ("torch", "jax")
 
 
-def reference_run(root: str | Path | None = None) -> Path:
-    """The committed run a page shows when this build cannot measure one itself: the folder
-    under ``benchmarks/results/`` named by the first line of ``benchmarks/results/reference.txt``
-    that is neither blank nor a ``#`` comment. ``root``: the repository (default: the book root
-    above the working directory, else above this package)."""
+def reference_run(root: str | Path | None = None, framework: str | None = None) -> Path:
+    """The committed run a page shows when this build cannot measure one itself: a folder
+    under ``benchmarks/results/`` named in ``benchmarks/results/reference.txt``.
+
+    Each line that is neither blank nor a ``#`` comment is ``FOLDER`` (the run of every
+    framework) or ``FRAMEWORK FOLDER`` (that framework's run, which wins for it), so one
+    framework's reference can move to a newer run without the other's. ``root``: the
+    repository (default: the book root above the working directory, else above this package).
+    """
     base = Path(root) if root is not None else (repo_root() or repo_root(Path(__file__).parent))
     if base is None:
         raise FileNotFoundError(f"no book root (_config.yml + _toc.yml) above {Path.cwd()} or "
@@ -55,13 +60,26 @@ def reference_run(root: str | Path | None = None) -> Path:
     if not pointer.is_file():
         raise FileNotFoundError(f"{pointer} is missing: it names the committed reference run "
                                 "(a folder under benchmarks/results/)")
-    names = [ln.strip() for ln in pointer.read_text().splitlines()
-             if ln.strip() and not ln.strip().startswith("#")]
-    if not names:
-        raise ValueError(f"{pointer} names no run folder")
-    folder = pointer.parent / names[0]
-    if not folder.is_dir() or "/" in names[0] or names[0] in (".", ".."):
+    if framework is not None and framework not in REFERENCE_FRAMEWORKS:
+        raise ValueError(f"framework={framework!r} is not valid; valid choices: {REFERENCE_FRAMEWORKS}")
+    default, named = None, {}
+    for ln in pointer.read_text().splitlines():
+        words = ln.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) == 1:
+            default = default or words[0]
+        elif len(words) == 2 and words[0] in REFERENCE_FRAMEWORKS:
+            named.setdefault(words[0], words[1])
+        else:
+            raise ValueError(f"{pointer}: line {ln.strip()!r} is not 'FOLDER' or 'FRAMEWORK FOLDER' "
+                             f"(FRAMEWORK one of {', '.join(REFERENCE_FRAMEWORKS)})")
+    name = named.get(framework) or default
+    if name is None:
+        raise ValueError(f"{pointer} names no run folder" + (f" for {framework}" if framework else ""))
+    folder = pointer.parent / name
+    if not folder.is_dir() or "/" in name or name in (".", ".."):
         choices = sorted(p.name for p in pointer.parent.iterdir() if p.is_dir())
-        raise ValueError(f"{pointer} names {names[0]!r}, which is not a run folder; "
+        raise ValueError(f"{pointer} names {name!r}, which is not a run folder; "
                          f"valid choices: {', '.join(choices)}")
     return folder

@@ -40,8 +40,9 @@ def mean_loss(model: nn.Module, X: np.ndarray, Y: np.ndarray, batch_size: int = 
     total, count = 0.0, 0
     with true_fp32(), torch.autocast(device.type, enabled=False):
         for i in range(0, len(X), batch_size):
-            x = torch.as_tensor(X[i:i + batch_size], dtype=torch.long, device=device)   # (b, T)
-            y = torch.as_tensor(Y[i:i + batch_size], dtype=torch.long, device=device)   # (b, T)
+            # torch.tensor copies: the windows are read-only views of the corpus
+            x = torch.tensor(X[i:i + batch_size], dtype=torch.long, device=device)      # (b, T)
+            y = torch.tensor(Y[i:i + batch_size], dtype=torch.long, device=device)      # (b, T)
             logits = model(x).float()                                                     # (b, T, V)
             total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                      reduction="sum").item()
