@@ -103,3 +103,36 @@ def test_roofs_from_probe_and_bad_input():
         Roofs(0.0, 1.0)
     with pytest.raises(TypeError, match="Workload"):
         roofline(planted(), {"batch": 2}, ROOFS)
+
+
+def test_a_stored_report_is_reread_by_todays_taxonomy():
+    """A report whose own Triton kernels were profiled as 'other' (as an older taxonomy sorted
+    them) reads back with their time in their categories and the roofline rows derived again
+    from the report's own workload and roofs; categories other than 'other' stay as stored."""
+    from perfladder.kernels import categorize
+    from perfladder.results import reread_kernels
+    assert categorize("_rope_fwd_kernel") == categorize("_gelu_bwd_kernel") == "elementwise"
+    assert categorize("_ln_bwd_kernel") == "reduction/norm"
+    kb = planted({"_rope_fwd_kernel": 3.0, "_gelu_bwd_kernel": 2.0, "_ln_fwd_kernel": 1.0,
+                  "mystery_kernel": 0.25}).to_dict()
+    for k in kb["top"]:                                  # as an older taxonomy stored them
+        if k["name"].startswith("_"):
+            kb["category_us"][k["category"]] -= k["total_us"]
+            kb["category_us"]["other"] += k["total_us"]
+            k["category"] = "other"
+    kb["top"][0]["category"] = "reduction/norm"          # e.g. refined from the HLO: kept
+    kb["roofline"] = roofline(kb, W, ROOFS, title="t").to_dict()
+    assert kb["roofline"]["rows"][-1]["time_ms"] == pytest.approx(6.25)        # 'other'
+    new = reread_kernels(kb)
+    ms = {c: us / STEPS / 1e3 for c, us in new["category_us"].items()}
+    assert ms["other"] == pytest.approx(0.25) and ms["reduction/norm"] == pytest.approx(16 + 1)
+    assert new["top"][0]["category"] == "reduction/norm"
+    rows = {r["group"]: r for r in new["roofline"]["rows"]}
+    assert rows["elementwise: RoPE"]["time_ms"] == pytest.approx(12 + 3)
+    assert rows["elementwise: GELU"]["time_ms"] == pytest.approx(9 + 2)
+    assert rows["other"]["time_ms"] == pytest.approx(0.25) and new["roofline"]["title"] == "t"
+    assert new["other_names"] == ["mystery_kernel"]
+    assert "_rope_fwd_kernel" in new["notes"][-1]
+    assert reread_kernels(new) == new                    # nothing left to move
+    summary = {"device": "gpu", "category_us": {}}       # an older file's summary: as it is
+    assert reread_kernels(summary) is summary

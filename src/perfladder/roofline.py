@@ -390,3 +390,4 @@ def of_run(kb, roofs: dict | None, gpt, *, batch: int, seq: int, precision: str,
                  blocks=gpt.num_blks, vocab=gpt.vocab_size, precision=precision,
                  stream_fp32=stream_fp32, embed=embed)
     return roofline(kb, w, r).to_dict()
+

@@ -6,6 +6,7 @@ stalls) are not in ``total_us`` -- compare it with ``wall_us`` for that.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -80,6 +81,26 @@ class KernelBreakdown:
             "num_kernels": self.num_kernels, "num_events": self.num_events,
             "other_names": list(self.other_names), "notes": list(self.notes),
         }
+
+    def recategorized(self) -> "KernelBreakdown":
+        """This breakdown with each named kernel that was sorted into 'other' read again by
+        today's taxonomy: a kernel it has learned to name since the profile was taken moves
+        its time to its category. Only 'other' is re-read: every other category may come from
+        more than a name (the HLO of an XLA fusion), which the name alone cannot overrule."""
+        cat, top, moved = dict(self.category_us), [], []
+        for k in self.top:
+            new = categorize(k.name) if k.category == "other" else k.category
+            if new != k.category:
+                cat["other"] = max(0.0, cat.get("other", 0.0) - k.total_us)
+                cat[new] = cat.get(new, 0.0) + k.total_us
+                moved.append(k.name)
+            top.append(dataclasses.replace(k, category=new))
+        if not moved:
+            return self
+        return dataclasses.replace(
+            self, category_us=cat, top=top,
+            other_names=[n for n in self.other_names if n not in moved],
+            notes=[*self.notes, f"re-sorted on reading by the current taxonomy: {', '.join(moved)}"])
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelBreakdown":

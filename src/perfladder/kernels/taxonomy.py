@@ -51,6 +51,10 @@ PATTERNS: tuple[tuple[str, str, str], ...] = (
                r"|(^|[^a-z])dot([^a-z]|$)|^aten::(mm|addmm|bmm|baddbmm|linear|matmul|_addmm_activation)$",
      "cuBLAS(Lt) sm90_xmma_gemm_*, nvjet_*, cutlass, XLA dot / gemm_fusion / triton_gemm, aten mm ops"),
     ("matmul", r"cudnn.*(gemm|matmul|conv)", "cuDNN GEMM engines (XLA's cuDNN GEMM fusions)"),
+    ("elementwise", r"^_(rope|gelu)_(fwd|bwd)_kernel$",
+     "perfladder's own Triton kernels: the fused RoPE apply and GELU (perfladder.torch.fused)"),
+    ("reduction/norm", r"^_ln_(fwd|bwd)_kernel$",
+     "perfladder's own fused residual add + LayerNorm (Triton; the Pallas ones say layer_norm)"),
     ("other", r"cudnn", "any other cuDNN kernel: its kind is not in its name (kept in other_names)"),
     ("memcpy/memset", r"copy|transpose|(^|_)convert",
      "device copies, dtype casts and layout changes: torch direct_copy_kernel, aten::copy_/_to_copy, "
