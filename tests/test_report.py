@@ -323,3 +323,42 @@ def test_a_model_gate_card_summarises_its_gradients():
     assert "1 over tolerance (grad/b3.w)" in text and "closest to its limit grad/b3.w 0.5" in text
     few = Gate(name="mirror", passed=True, values={"a": 1.0, "grad/x": 2.0}, tolerances={"a": 3.0})
     assert cards._gate_values(few) == "a 1 (tolerance 3), grad/x 2"
+
+
+def test_the_roofline_table_says_what_was_tried_against_each_group():
+    """Each roofline row lists the rungs whose declaration targets its group, read from their
+    own verdicts: a credited ratio, a loss, a skip with its reason."""
+    from perfladder.ladder import Rung
+    decls = {"B8": Rung("B8", "fused_rope", "+fused RoPE", None, stage="beyond", targets=("elementwise: RoPE",)),
+             "B9": Rung("B9", "fused_gelu", "+fused GELU", None, stage="beyond", targets=("elementwise: GELU",)),
+             "B10": Rung("B10", "fused_addnorm", "+addnorm", None, stage="beyond",
+                         targets=("layernorm/reductions",)),
+             "B5": Rung("B5", "batch_x2", "batch x2", None, stage="beyond")}
+    r = result([rung("R0", "eager", [100e3, 101e3, 102e3]),
+                rung("B5", "batch_x2", [200e3, 201e3, 202e3], "R0", stage="beyond"),
+                rung("B8", "fused_rope", [300e3, 302e3, 304e3], "B5", stage="beyond", label="+fused RoPE"),
+                rung("B9", "fused_gelu", [250e3, 251e3, 252e3], "B8", stage="beyond", label="+fused GELU"),
+                rung("B10", "fused_addnorm", stage="beyond", label="+addnorm",
+                     error="RuntimeError: Triton is not installed; the kernel cannot run")])
+    tried = cards.tried_against(r, decls)
+    assert tried["elementwise: RoPE"] == [f"B8 +fused RoPE: {302e3 / 201e3:.2f}x B5, faster"]
+    assert tried["elementwise: GELU"] == [f"B9 +fused GELU: {251e3 / 302e3:.2f}x B8, slower"]
+    assert tried["layernorm/reductions"] == ["B10 +addnorm: skipped (RuntimeError: Triton is not installed)"]
+    assert "matmul" not in tried                                  # B5 targets no group
+    rl = {"time_ms": 10.0, "floor_ms": 6.0,
+          "rows": [{"group": g, "time_ms": 2.0, "floor_ms": 1.0, "above_ms": 1.0, "bound": "memory",
+                    "bw_frac": 0.5, "mm_frac": None} for g in ("matmul", "elementwise: RoPE")]}
+    html = cards.roofline_html(rl, tried)
+    assert "tried against it" in html and "B8 +fused RoPE" in html
+    assert "tried against it" not in cards.roofline_html(rl)
+    text = cards.kernel_text({"steps": 1, "total_us": 1.0, "category_us": {}, "roofline": rl}, "t", tried)
+    assert "matmul  tried: -" in text and "elementwise: RoPE  tried: B8 +fused RoPE" in text
+
+
+def test_a_rung_targets_only_roofline_groups():
+    from perfladder.ladder import Rung
+    with pytest.raises(ValueError, match=r"targets=\('rope',\) must be a tuple of roofline groups; "
+                                         r"valid choices: matmul, attention"):
+        Rung("B8", "fused_rope", "x", None, targets=("rope",))
+    with pytest.raises(ValueError, match="must be a tuple"):
+        Rung("B8", "fused_rope", "x", None, targets="matmul")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .claims import gib, rate, receipt_ok, regime_of, settled, target
+from .claims import call, gib, rate, receipt_ok, regime_of, settled, short_reason, target
 from .results import LadderResult, RungResult
 from .report import MUTED, esc, story_html, story_text, table_html, tflops_text
 
@@ -213,7 +213,7 @@ def kernel_rung(result: LadderResult) -> RungResult | None:
     return with_kb[-1] if with_kb else None
 
 
-def kernel_html(kb: dict, title: str = "") -> str:
+def kernel_html(kb: dict, title: str = "", tried: dict[str, list[str]] | None = None) -> str:
     """A ``KernelBreakdown.to_dict()``: time by category, then the top kernels, device time first."""
     steps = kb.get("steps") or 1
     ms = lambda us: us / steps / 1000.0  # noqa: E731
@@ -232,31 +232,55 @@ def kernel_html(kb: dict, title: str = "") -> str:
     return (f'<div class="perfladder-kernels"><p style="margin: 0.2em 0;"><strong>{esc(head)}</strong></p>'
             + table_html(["ms/step", "share", "category"], cat_rows, numeric={0, 1})
             + table_html(["ms/step", "share", "calls/step", "category", "kernel"], top, numeric={0, 1, 2})
-            + roofline_html(kb.get("roofline"))
+            + roofline_html(kb.get("roofline"), tried)
             + (f'<ul style="font-size: 0.85em; color: {MUTED};">{notes}</ul>' if notes else "") + "</div>")
 
 
-def _roofline_rows(rl: dict) -> list[list[str]]:
+def _roofline_rows(rl: dict, tried: dict[str, list[str]] | None = None) -> list[list[str]]:
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     return [[f(r["time_ms"], ".2f"), f(r["floor_ms"], ".2f"), f(r["above_ms"], ".2f"), esc(r["group"]),
              esc(r.get("bound") or ""), f(None if r.get("bw_frac") is None else 100 * r["bw_frac"], ".0f"),
              f(None if r.get("mm_frac") is None else 100 * r["mm_frac"], ".0f")]
+            + ([esc("; ".join(tried.get(r["group"], [])) or "-")] if tried is not None else [])
             for r in rl.get("rows", []) if r.get("time_ms")]
 
 
-def roofline_html(rl: dict | None) -> str:
+def tried_against(result: LadderResult, decls) -> dict[str, list[str]]:
+    """``{roofline group: ["B8 +fused RoPE: 1.08x B5, faster", ...]}``: every rung of
+    ``result`` whose declaration (``decls``: name -> ``Rung``) targets that group, with what
+    its evidence says (the same words the cards use: a ratio only where one may be printed)."""
+    out: dict[str, list[str]] = {}
+    for r in result.rungs:
+        d = decls.get(r.name)
+        if d is None or not d.targets:
+            continue
+        c = call(result, r)
+        if c.word == "skipped":
+            what = f"skipped ({short_reason(r.error or '; '.join(r.notes), 60)})"
+        elif c.label:
+            what = f"{c.label} {c.against}, {c.word}"
+        else:
+            what = c.word
+        for g in d.targets:
+            out.setdefault(g, []).append(f"{r.name} {r.label}: {what}")
+    return out
+
+
+def roofline_html(rl: dict | None, tried: dict[str, list[str]] | None = None) -> str:
     """The roofline per kernel group: time, the floor its bytes and FLOPs set at this run's
-    measured ceilings, and how far above it each group stands (``perfladder.roofline``)."""
+    measured ceilings, and how far above it each group stands (``perfladder.roofline``);
+    with ``tried``, the rungs that went after each group and what came of them."""
     if not rl:
         return ""
     head = (f"Roofline per kernel group: {rl['time_ms']:.2f} ms of kernels per step against a floor "
             f"of {rl['floor_ms']:.2f} ms at this run's measured copy and matmul ceilings")
+    cols = ["ms/step", "floor ms", "above ms", "group", "bound by", "% copy roof", "% matmul roof"]
     return (f'<p style="margin: 0.6em 0 0.2em 0;"><strong>{esc(head)}</strong></p>'
-            + table_html(["ms/step", "floor ms", "above ms", "group", "bound by", "% copy roof",
-                          "% matmul roof"], _roofline_rows(rl), numeric={0, 1, 2, 5, 6}))
+            + table_html(cols + (["tried against it"] if tried is not None else []),
+                         _roofline_rows(rl, tried), numeric={0, 1, 2, 5, 6}))
 
 
-def kernel_text(kb: dict, title: str = "") -> str:
+def kernel_text(kb: dict, title: str = "", tried: dict[str, list[str]] | None = None) -> str:
     steps = kb.get("steps") or 1
     lines = [f"{title + ': ' if title else ''}{kb.get('total_us', 0) / steps / 1000:.2f} ms/step of kernels"]
     for c, us in sorted(kb.get("category_us", {}).items(), key=lambda kv: -kv[1]):
@@ -267,5 +291,9 @@ def kernel_text(kb: dict, title: str = "") -> str:
     rl = kb.get("roofline")
     if rl:
         lines.append(f"roofline: {rl['time_ms']:.2f} ms of kernels per step, floor {rl['floor_ms']:.2f} ms")
-        lines += [f"  {r[0]:>8} ms  floor {r[1]:>6}  above {r[2]:>6}  {r[3]}" for r in _roofline_rows(rl)]
+        for r in rl.get("rows", []):
+            if r.get("time_ms"):
+                lines.append(f"  {r['time_ms']:8.2f} ms  floor {r['floor_ms']:6.2f}  above {r['above_ms']:6.2f}  "
+                             f"{r['group']}" + ("" if tried is None else
+                                                f"  tried: {'; '.join(tried.get(r['group'], [])) or '-'}"))
     return "\n".join(lines)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 from .results import STAGES, LadderResult, RungResult
+from .roofline import GROUPS as ROOFLINE_GROUPS
 from .verdict import above_unsettled_base
 
 KEY = re.compile(r"^[a-z0-9_]+$")
@@ -59,6 +60,7 @@ class Rung:
     gate: str = ""                             # what proves the same model
     section: str = ""                          # the chapter section whose tool it applies
     attacks: str = ""                          # kernel category / cost it goes after
+    targets: tuple[str, ...] = ()              # the roofline groups it attacks (perfladder.roofline)
     alternative: bool = False                  # a choice between implementations
     optional: bool = False                     # run only when named
     needs_gpu: str | None = None               # why the technique does not exist on CPU
@@ -70,6 +72,10 @@ class Rung:
             raise ValueError(f"rung {self.name!r}: stage={self.stage!r}; valid choices: {STAGES}")
         if self.kind not in RUNG_KINDS:
             raise ValueError(f"rung {self.name!r}: kind={self.kind!r}; valid choices: {RUNG_KINDS}")
+        bad = [t for t in self.targets if t not in ROOFLINE_GROUPS]
+        if isinstance(self.targets, str) or bad:
+            raise ValueError(f"rung {self.name!r}: targets={self.targets!r} must be a tuple of roofline "
+                             f"groups; valid choices: {', '.join(ROOFLINE_GROUPS)}")
 
     def __call__(self, lab, recipe, base: str | None) -> RungResult:
         return self.fn(lab, recipe, base)

@@ -194,7 +194,8 @@ class LadderPage:
             display_html(paragraphs_html([text]), text)
             return
         title = f"{r.name} ({r.label}), the fastest configuration"
-        display_html(cards.kernel_html(r.kernels, title), cards.kernel_text(r.kernels, title))
+        tried = cards.tried_against(self.shown, self.fw.RUNGS)
+        display_html(cards.kernel_html(r.kernels, title, tried), cards.kernel_text(r.kernels, title, tried))
 
     def learning_check(self) -> None:
         """Train the fastest configuration (live); show the shown ladder's check and loss curve."""

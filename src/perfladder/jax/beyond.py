@@ -181,12 +181,14 @@ LOSS_GATE = "loss over the first steps == its base's (same init, same batches)"
 STAGE = dict(stage="beyond")
 B1 = Rung("B1", "embed_fp32_lookup", "+fp32 embedding grad", b1_embed_fp32_lookup, **STAGE,
           change=lambda r, c: r.replace(embed_fp32=True), section="13.4 mixed precision",
-          gate=LOSS_GATE, attacks="the embedding gradient's bf16 scatter-add (contended atomics)")
+          gate=LOSS_GATE, attacks="the embedding gradient's bf16 scatter-add (contended atomics)",
+          targets=('elementwise: rest',))
 B2 = Rung("B2", "onehot_embedding", "+one-hot embedding", b2_onehot_embedding, **STAGE,
           change=lambda r, c: r.replace(embed="onehot"), alternative=True,
           section="13.1 roofline: arithmetic intensity",
           gate="one-hot rows == gathered rows; " + LOSS_GATE,
-          attacks="the embedding gradient's scatter, replaced by a matmul")
+          attacks="the embedding gradient's scatter, replaced by a matmul",
+          targets=('elementwise: rest',))
 B3 = Rung("B3", "split_jit", "+split jit, donated", b3_split_jit, **STAGE,
           change=lambda r, c: r.replace(jit="split"), section="13.3 overhead",
           gate=LOSS_GATE, attacks="host work per call (graph traversal, fresh state buffers)")
@@ -194,7 +196,8 @@ B4 = Rung("B4", "attention_kernel", "+cuDNN attention", b4_attention_kernel, **S
           change=lambda r, c: r.replace(attn_impl="cudnn"), section="10.5 fused attention",
           gate="logits == XLA attention's; " + LOSS_GATE,
           attacks="attention: scores, mask and softmax through memory",
-          needs_gpu="cuDNN fused attention (jax.nn.dot_product_attention(implementation='cudnn'))")
+          needs_gpu="cuDNN fused attention (jax.nn.dot_product_attention(implementation='cudnn'))",
+          targets=('attention',))
 B5 = Rung("B5", "batch_x2", "+batch x2", b5_batch_x2, **STAGE,
           change=lambda r, c: r.replace(batch_size=2 * c.big_batch),
           section="13.1 roofline: arithmetic intensity", gate="its base's step; only the batch changes",
@@ -209,6 +212,7 @@ B7 = Rung("B7", "fused_addnorm", "+fused add+LayerNorm", b7_fused_addnorm, **STA
           section="13.3 fusion (a hand-written kernel)", gate=LOSS_GATE,
           attacks="reduction/norm: residual add and LayerNorm",
           needs_gpu="Pallas kernels compile for a GPU; on CPU they run only through Pallas's "
-                    "interpreter, in tests/test_jax_fused.py")
+                    "interpreter, in tests/test_jax_fused.py",
+          targets=('layernorm/reductions',))
 
 BEYOND = [B1, B2, B3, B4, B5, B6, B7]
