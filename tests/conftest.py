@@ -4,8 +4,10 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +24,13 @@ def pytest_collection_modifyitems(config, items):
 
     Each GPU test also carries its own ``skipif``; this only makes sure that a forgotten
     one skips cleanly on the CPU machine instead of failing there.
+
+    Also moves the modules that read the smoke book to the end of the session (in their
+    order), so that the book builds in the background while the other tests run
+    (``BookBuild``).
     """
+    late = {it.module for it in items if BOOK_FIXTURES & set(it.fixturenames)}
+    items[:] = [it for it in items if it.module not in late] + [it for it in items if it.module in late]
     gpu_items = [it for it in items if it.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
@@ -34,7 +42,26 @@ def pytest_collection_modifyitems(config, items):
         it.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """Start the book build now when a selected test will read it and no GPU is present: the
+    build (one CPU core, most of its time) overlaps the tests that run before the book's
+    readers. On a GPU it starts when first needed, so that it never shares the device with
+    the GPU tests' timings."""
+    if session.config.option.collectonly:
+        return
+    if any("smoke_book" in it.fixturenames for it in session.items):
+        from perfladder.config import gpu_present
+        if not gpu_present():
+            BookBuild.start()
+
+
+def pytest_sessionfinish(session):
+    BookBuild.stop()       # a session that ended early leaves no build running
+
+
 ROOT = Path(__file__).resolve().parents[1]
+# fixtures that read the smoke book (the ladders do when the session builds it)
+BOOK_FIXTURES = {"smoke_book", "torch_smoke_ladder", "jax_smoke_ladder"}
 
 
 @dataclass(frozen=True)
@@ -68,28 +95,59 @@ class SmokeBook:
         return nb
 
 
-@pytest.fixture(scope="session")
-def smoke_book() -> SmokeBook:
-    """Build the whole book once per session: smoke config, CPU, through the script `make book`
-    uses, into ``_build/test/`` (a GPU build in ``_build/`` is never touched).
+class BookBuild:
+    """The session's one smoke build of the book: ``scripts/build_book.sh`` with the smoke
+    config into ``_build/test/`` (a GPU build in ``_build/`` is never touched), started once
+    (``start``: in the background), waited for by ``smoke_book``.
 
     ``PERFLADDER_BOOK_FRESH=1`` empties the notebook cache first, so every notebook runs top to
     bottom in a fresh kernel (myst-nb executes through jupyter-cache and nbclient) in this
-    build; the book tests read its HTML, the notebook tests its executed notebooks, and the
-    ladder tests the results they wrote (``torch_smoke_ladder``). One execution serves all.
-    """
-    out = ROOT / "_build" / "test"
-    env = {**os.environ, "PERFLADDER_CONFIG": "smoke", "PERFLADDER_BOOK_OUT": str(out),
-           "PERFLADDER_BOOK_FRESH": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("PERFLADDER_RESULTS_DIR", None)          # the build script sets its own
-    started = _utc_now()
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    log = proc.stdout + proc.stderr
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "build.log").write_text(log)
-    assert proc.returncode == 0, f"book build failed (exit {proc.returncode}); log tail:\n{log[-6000:]}"
-    return SmokeBook(log=log, out=out, started=started)
+    build."""
+    OUT = ROOT / "_build" / "test"
+    TIMEOUT_S = 1500
+    proc: subprocess.Popen | None = None
+    started = ""                 # UTC, as LadderResult.created writes it
+    t0 = 0.0
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.proc is not None:
+            return
+        env = {**os.environ, "PERFLADDER_CONFIG": "smoke", "PERFLADDER_BOOK_OUT": str(cls.OUT),
+               "PERFLADDER_BOOK_FRESH": "1", "PYTHONUNBUFFERED": "1"}
+        env.pop("PERFLADDER_RESULTS_DIR", None)          # the build script sets its own
+        cls.OUT.mkdir(parents=True, exist_ok=True)
+        cls.started, cls.t0 = _utc_now(), time.monotonic()
+        with open(cls.OUT / "build.log", "w") as log:   # a file: nobody reads a pipe meanwhile
+            cls.proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable],
+                                        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    @classmethod
+    def wait(cls) -> "SmokeBook":
+        cls.start()
+        try:
+            rc = cls.proc.wait(timeout=max(1.0, cls.TIMEOUT_S - (time.monotonic() - cls.t0)))
+        except subprocess.TimeoutExpired:
+            cls.stop()
+            pytest.fail(f"book build did not finish within {cls.TIMEOUT_S}s")
+        log = (cls.OUT / "build.log").read_text()
+        assert rc == 0, f"book build failed (exit {rc}); log tail:\n{log[-6000:]}"
+        return SmokeBook(log=log, out=cls.OUT, started=cls.started)
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.proc is not None and cls.proc.poll() is None:
+            os.killpg(cls.proc.pid, signal.SIGTERM)      # the script, sphinx and the notebook kernels
+            cls.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def smoke_book() -> SmokeBook:
+    """The whole book, built once per session (``BookBuild``): the book tests read its HTML,
+    the notebook tests its executed notebooks, and the ladder tests the results they wrote
+    (``torch_smoke_ladder``). One execution serves all."""
+    return BookBuild.wait()
 
 
 def _utc_now() -> str:
