@@ -1,9 +1,13 @@
 """Shared test fixtures (framework-free: importing this file must not import torch or jax)."""
 from __future__ import annotations
 
+import datetime
+import importlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +24,13 @@ def pytest_collection_modifyitems(config, items):
 
     Each GPU test also carries its own ``skipif``; this only makes sure that a forgotten
     one skips cleanly on the CPU machine instead of failing there.
+
+    Also moves the modules that read the smoke book to the end of the session (in their
+    order), so that the book builds in the background while the other tests run
+    (``BookBuild``).
     """
+    late = {it.module for it in items if BOOK_FIXTURES & set(it.fixturenames)}
+    items[:] = [it for it in items if it.module not in late] + [it for it in items if it.module in late]
     gpu_items = [it for it in items if it.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
@@ -32,7 +42,26 @@ def pytest_collection_modifyitems(config, items):
         it.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """Start the book build now when a selected test will read it and no GPU is present: the
+    build (one CPU core, most of its time) overlaps the tests that run before the book's
+    readers. On a GPU it starts when first needed, so that it never shares the device with
+    the GPU tests' timings."""
+    if session.config.option.collectonly:
+        return
+    if any("smoke_book" in it.fixturenames for it in session.items):
+        from perfladder.config import gpu_present
+        if not gpu_present():
+            BookBuild.start()
+
+
+def pytest_sessionfinish(session):
+    BookBuild.stop()       # a session that ended early leaves no build running
+
+
 ROOT = Path(__file__).resolve().parents[1]
+# fixtures that read the smoke book (the ladders do when the session builds it)
+BOOK_FIXTURES = {"smoke_book", "torch_smoke_ladder", "jax_smoke_ladder"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +69,7 @@ class SmokeBook:
     """The test suite's one book build: its log and where its outputs are."""
     log: str
     out: Path                    # PERFLADDER_BOOK_OUT: holds _build/
+    started: str = ""            # when the build began (UTC, as LadderResult.created writes it)
 
     @property
     def html(self) -> Path:
@@ -65,27 +95,64 @@ class SmokeBook:
         return nb
 
 
-@pytest.fixture(scope="session")
-def smoke_book() -> SmokeBook:
-    """Build the whole book once per session: smoke config, CPU, through the script `make book`
-    uses, into ``_build/test/`` (a GPU build in ``_build/`` is never touched).
+class BookBuild:
+    """The session's one smoke build of the book: ``scripts/build_book.sh`` with the smoke
+    config into ``_build/test/`` (a GPU build in ``_build/`` is never touched), started once
+    (``start``: in the background), waited for by ``smoke_book``.
 
     ``PERFLADDER_BOOK_FRESH=1`` empties the notebook cache first, so every notebook runs top to
     bottom in a fresh kernel (myst-nb executes through jupyter-cache and nbclient) in this
-    build; the book tests read its HTML, the notebook tests its executed notebooks and the
-    results they wrote. One execution serves both.
-    """
-    out = ROOT / "_build" / "test"
-    env = {**os.environ, "PERFLADDER_CONFIG": "smoke", "PERFLADDER_BOOK_OUT": str(out),
-           "PERFLADDER_BOOK_FRESH": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("PERFLADDER_RESULTS_DIR", None)          # the build script sets its own
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    log = proc.stdout + proc.stderr
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "build.log").write_text(log)
-    assert proc.returncode == 0, f"book build failed (exit {proc.returncode}); log tail:\n{log[-6000:]}"
-    return SmokeBook(log=log, out=out)
+    build."""
+    OUT = ROOT / "_build" / "test"
+    TIMEOUT_S = 1500
+    proc: subprocess.Popen | None = None
+    started = ""                 # UTC, as LadderResult.created writes it
+    t0 = 0.0
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.proc is not None:
+            return
+        env = {**os.environ, "PERFLADDER_CONFIG": "smoke", "PERFLADDER_BOOK_OUT": str(cls.OUT),
+               "PERFLADDER_BOOK_FRESH": "1", "PYTHONUNBUFFERED": "1"}
+        env.pop("PERFLADDER_RESULTS_DIR", None)          # the build script sets its own
+        cls.OUT.mkdir(parents=True, exist_ok=True)
+        cls.started, cls.t0 = _utc_now(), time.monotonic()
+        with open(cls.OUT / "build.log", "w") as log:   # a file: nobody reads a pipe meanwhile
+            cls.proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable],
+                                        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    @classmethod
+    def wait(cls) -> "SmokeBook":
+        cls.start()
+        try:
+            rc = cls.proc.wait(timeout=max(1.0, cls.TIMEOUT_S - (time.monotonic() - cls.t0)))
+        except subprocess.TimeoutExpired:
+            cls.stop()
+            pytest.fail(f"book build did not finish within {cls.TIMEOUT_S}s")
+        log = (cls.OUT / "build.log").read_text()
+        assert rc == 0, f"book build failed (exit {rc}); log tail:\n{log[-6000:]}"
+        return SmokeBook(log=log, out=cls.OUT, started=cls.started)
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.proc is not None and cls.proc.poll() is None:
+            os.killpg(cls.proc.pid, signal.SIGTERM)      # the script, sphinx and the notebook kernels
+            cls.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def smoke_book() -> SmokeBook:
+    """The whole book, built once per session (``BookBuild``): the book tests read its HTML,
+    the notebook tests its executed notebooks, and the ladder tests the results they wrote
+    (``torch_smoke_ladder``). One execution serves all."""
+    return BookBuild.wait()
+
+
+def _utc_now() -> str:
+    """Now, in the format of ``LadderResult.created`` (so the two compare as strings)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def timing_of(windows, *, stable: bool = True, settled: int | None = None,
@@ -125,37 +192,64 @@ def make_result(framework: str = "torch", device: str = "NVIDIA H200",
     return res
 
 
-@pytest.fixture(scope="session")
-def torch_smoke_ladder():
-    """The PyTorch ladder in the smoke config -- seed rungs, beyond rungs, multi-GPU rungs, the
-    kernel report and the learning check -- run ONCE per session (it is the expensive part of
-    the suite) and shared by tests/test_torch_ladder.py and tests/test_torch_beyond.py.
-    Returns ``(LadderResult, events)``, ``events`` the ``progress`` calls in order. Treat both
-    as read-only."""
-    pytest.importorskip("torch")
+@dataclass(frozen=True)
+class SmokeLadder:
+    """One framework's whole smoke ladder -- every default rung, the kernel report and the
+    learning check -- and who ran it: ``command`` is what that runner passed as the ladder's
+    command (a test checks the result recorded it). Treat ``result`` as read-only."""
+    result: LadderResult
+    command: str
+    source: str                  # where the result came from, for failure messages
+
+
+# what perfladder.page.LadderPage passes as the command of the ladder a book build runs
+BOOK_COMMAND = "perfladder.page.LadderPage({!r}) in a book build"
+
+
+def _book_builds_this_session(request) -> bool:
+    """Does a selected test of this session use the smoke book (``-m "not slow"`` deselects them all)?"""
+    return any("smoke_book" in item.fixturenames for item in request.session.items)
+
+
+def _smoke_ladder(request, framework: str) -> SmokeLadder:
+    """The smoke ladder of ``framework``, run once per session.
+
+    When the session builds the book, its ladder notebook has just run exactly this ladder
+    (``LadderPage`` runs every default rung, the kernel report and the learning check, and
+    ``page.save()`` writes the result): the tests read that JSON instead of running the same
+    ladder a second time, which also checks that everything they inspect survives the file
+    the book pages render from. Without the book (``-m "not slow"``, or a single test file)
+    the ladder runs here, in-process.
+    """
+    if _book_builds_this_session(request):
+        book = request.getfixturevalue("smoke_book")
+        path = book.results / f"{framework}.json"
+        result = LadderResult.read(path)
+        assert result.created >= book.started, f"{path} is older than this session's book build"
+        return SmokeLadder(result, BOOK_COMMAND.format(framework), f"{path} (the book build)")
     from perfladder.config import get_config
-    from perfladder.torch import run_ladder
-    events = []
-    result = run_ladder(get_config("smoke"), progress=lambda *e: events.append(e), command="pytest")
-    return result, events
+    run_ladder = importlib.import_module(f"perfladder.{framework}").run_ladder
+    return SmokeLadder(run_ladder(get_config("smoke"), command="pytest"), "pytest", "run_ladder in-process")
 
 
 @pytest.fixture(scope="session")
-def jax_smoke_ladder():
-    """The JAX ladder in the smoke config -- every rung, the kernel report and the learning
-    check -- run once per session and shared by tests/test_jax_rungs.py and
-    tests/test_jax_beyond.py. Returns ``(LadderResult, events)``, ``events`` the ``progress``
-    calls in order. Treat both as read-only."""
+def torch_smoke_ladder(request) -> SmokeLadder:
+    """The PyTorch smoke ladder (``_smoke_ladder``), shared by tests/test_torch_ladder.py and
+    tests/test_torch_beyond.py."""
+    pytest.importorskip("torch")
+    return _smoke_ladder(request, "torch")
+
+
+@pytest.fixture(scope="session")
+def jax_smoke_ladder(request) -> SmokeLadder:
+    """The JAX smoke ladder (``_smoke_ladder``), shared by tests/test_jax_rungs.py and
+    tests/test_jax_beyond.py."""
     pytest.importorskip("jax")
     import shutil
     from perfladder.jax.timer import fast_cpu_compiles
     if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk cache
         fast_cpu_compiles()
-    from perfladder.config import get_config
-    from perfladder.jax import run_ladder
-    events = []
-    result = run_ladder(get_config("smoke"), progress=lambda *e: events.append(e), command="pytest")
-    return result, events
+    return _smoke_ladder(request, "jax")
 
 
 @pytest.fixture

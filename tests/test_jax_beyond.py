@@ -32,7 +32,7 @@ B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
 # what each B rung changes in the recipe it builds on
 CHANGES = {"B1": {"embed_fp32": True}, "B2": {"embed": "onehot"}, "B3": {"jit": "split"},
            "B4": {"attn_impl": "cudnn"}, "B5": {"batch_size": 2 * CFG.big_batch},
-           "B6": {"batch_size": 4 * CFG.big_batch}, "B7": {"fused": ("addnorm",)}}
+           "B6": {"batch_size": 4 * CFG.big_batch}, "B7": {"fused": ["addnorm"]}}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def _best(res) -> str:
 
 
 def test_b_rungs_follow_the_seed_and_are_well_formed(run):
-    res, _ = run
+    res = run.result
     names = [r.name for r in res.rungs]
     assert names[names.index("R4") + 1:names.index("R5")] == B_NAMES
     for r in _b(res):
@@ -74,7 +74,7 @@ def test_b_rungs_follow_the_seed_and_are_well_formed(run):
 def test_each_rung_changes_one_thing_and_builds_on_the_winner_so_far(run):
     """The chain moves to a kept rung; in smoke every added technique is kept, the
     alternative (B2) is not."""
-    res = run[0]
+    res = run.result
     best, recipe = "R3", res.rung("R3").recipe
     for r in _b(res):
         assert r.builds_on == best, r.name
@@ -90,7 +90,7 @@ def test_each_rung_changes_one_thing_and_builds_on_the_winner_so_far(run):
 
 
 def test_every_b_rung_is_gated_against_its_base(run):
-    res = run[0]
+    res = run.result
     for r in _b(res):
         if r.kind == "skipped":
             continue
@@ -105,7 +105,7 @@ def test_every_b_rung_is_gated_against_its_base(run):
 
 
 def test_anomaly_evidence_is_recorded(run):
-    res = run[0]
+    res = run.result
     r3, r3c, b1, b2 = (res.rung(n) for n in ("R3", "R3c", "B1", "B2"))
     # the program asks for the embedding's scatter-add in bf16; B1 moves it to fp32
     assert b1.details["before"]["jaxpr_embedding_scatter_add"] == {"bfloat16": 1}
@@ -127,7 +127,7 @@ def test_anomaly_evidence_is_recorded(run):
 
 
 def test_split_rung_gates_and_measures_host_overhead(run):
-    b3 = run[0].rung("B3")
+    b3 = run.result.rung("B3")
     assert b3.gate("loss vs base").values["max_rel_diff"] <= beyond.SPLIT_LOSS_TOL
     for kind in ("base", "split"):
         h = b3.details["host_overhead"][kind]
@@ -136,7 +136,7 @@ def test_split_rung_gates_and_measures_host_overhead(run):
 
 
 def test_kernel_report_is_stored_on_the_fastest_rung(run):
-    res = run[0]
+    res = run.result
     best = _best(res)
     assert [r.name for r in res.rungs if r.kernels] == [best]
     kb = KernelBreakdown.from_dict(res.rung(best).kernels)

@@ -1,5 +1,6 @@
 """The JAX ladder in the smoke config: the seed rungs, the registry and the engine's rules on
-the JAX lab. The run is shared with test_jax_beyond.py (conftest.jax_smoke_ladder)."""
+the JAX lab. The whole ladder is shared with test_jax_beyond.py (conftest.jax_smoke_ladder: the
+one the book build ran, or one run in-process)."""
 import math
 import shutil
 import statistics
@@ -37,6 +38,17 @@ def run(jax_smoke_ladder):
     return jax_smoke_ladder
 
 
+@pytest.fixture(scope="module")
+def small_run():
+    """A real ladder of a few rungs -- named out of ladder order, one of each stage -- with its
+    ``progress`` events, still in memory: ``(LadderResult, events)``. Its learning check is
+    short (its verdict is read off the whole ladder); here only its event and record matter."""
+    events = []
+    res = run_ladder(CFG.replace(learn_steps=40), rungs=["R5", "B4", "R3"],
+                     progress=lambda *e: events.append(e), command="pytest")
+    return res, events
+
+
 def test_registry_names_keys_and_declarations():
     assert {n: r.key for n, r in RUNGS.items()} == KEYS
     assert list(RUNGS) == list(KEYS)                                  # ladder order
@@ -51,9 +63,10 @@ def test_registry_names_keys_and_declarations():
 
 
 def test_every_rung_is_a_well_formed_result(run):
-    res, _ = run
+    res = run.result
     assert [r.name for r in res.rungs] == list(RUNGS)
     assert res.framework == "jax" and res.baseline == "R1" and res.device == "cpu"
+    assert res.config["name"] == "smoke" and res.command == run.command
     assert res.peak_tflops is None and res.roofs is None and any("no device probe" in n for n in res.notes)
     for r in (res.rung(n) for n in SEED):
         assert isinstance(r, RungResult) and r.kind in KINDS and r.key == KEYS[r.name]
@@ -79,7 +92,7 @@ def test_every_rung_is_a_well_formed_result(run):
 
 
 def test_stable_verdict_and_profile_on_every_measured_rung(run):
-    res, _ = run
+    res = run.result
     for r in res.rungs:
         if not r.measured:
             continue
@@ -98,7 +111,7 @@ def test_stable_verdict_and_profile_on_every_measured_rung(run):
 
 
 def test_ratios_are_derived_from_the_rungs_they_build_on(run):
-    res = run[0]
+    res = run.result
     t = {r.name: r.tokens_per_s for r in res.rungs if r.measured}
     assert res.rung("R1").ratio_base == 1.0
     assert res.rung("R0").ratio_base == pytest.approx(t["R0"] / t["R1"])
@@ -109,7 +122,7 @@ def test_ratios_are_derived_from_the_rungs_they_build_on(run):
 
 
 def test_r1_records_the_step_accounting(run):
-    r1 = run[0].rung("R1")
+    r1 = run.result.rung("R1")
     gate = r1.gate("jit parity")
     assert gate.passed and gate.values["rel_diff"] < 1e-4 <= gate.tolerances["rel_diff"]   # CPU: no TF32
     assert r1.compile.first_call_s > 0 and r1.compile.compilations >= 1
@@ -121,7 +134,7 @@ def test_r1_records_the_step_accounting(run):
 
 
 def test_precision_receipts_are_read_from_the_timed_step(run):
-    res = run[0]
+    res = run.result
     r2a, r2 = res.rung("R2a"), res.rung("R2")
     assert r2a.receipt.claimed == "bf16" and not r2a.receipt.ok                 # the lesson
     assert r2a.receipt.observed == {"first_activation": "float32", "logits": "float32"}
@@ -135,7 +148,7 @@ def test_precision_receipts_are_read_from_the_timed_step(run):
 
 
 def test_checkpoint_rung_gated_and_its_recomputation_counted(run):
-    res = run[0]
+    res = run.result
     r3, r4 = res.rung("R3"), res.rung("R4")
     assert r4.gate("checkpoint mirror").values["rel_diff"] <= 1e-2
     assert r4.recipe == {**r3.recipe, "checkpoint": True}
@@ -144,8 +157,8 @@ def test_checkpoint_rung_gated_and_its_recomputation_counted(run):
     assert r3.memory.bytes > 0 and r4.memory.bytes > 0 and res.rung("R3c").memory.bytes > 0
 
 
-def test_learning_check_and_progress(run):
-    res, events = run
+def test_learning_check_and_progress(run, small_run):
+    res = run.result
     check = res.learning
     assert isinstance(check, LearningCheck) and check.passed and check.steps == CFG.learn_steps
     assert check.val_after < check.val_before
@@ -153,22 +166,32 @@ def test_learning_check_and_progress(run):
     assert check.threshold == pytest.approx(val_threshold(data.train_arrays()[1], len(data.vocab)))
     assert check.threshold < math.log(len(data.vocab))
     assert "plain fp32" in check.evaluated_with and check.configuration in RUNGS
-    assert [n for e, n, _ in events if e == "start"] == list(RUNGS) + ["learning"]
+    small, events = small_run
+    assert [n for e, n, _ in events if e == "start"] == ["R3", "B4", "R5", "learning"]   # ladder order
+    assert [(e, n) for e, n, _ in events] == [(e, n) for n in ["R3", "B4", "R5", "learning"]
+                                              for e in ("start", "end")]
     ends = {n: p for e, n, p in events if e == "end"}
-    assert ends["R3"] is res.rung("R3") and ends["learning"] is check
+    assert ends["R3"] is small.rung("R3") and ends["learning"] is small.learning
+    assert [ends[r.name] for r in small.rungs] == small.rungs and ends["B4"].kind == "skipped"
 
 
-def test_results_round_trip(run, tmp_path):
-    res = run[0]
+def test_results_round_trip(run, small_run, tmp_path):
+    res = run.result
     back = LadderResult.read(res.write(tmp_path / "jax.json"))
     assert [r.name for r in back.rungs] == list(RUNGS)
     assert back.learning.passed and back.versions["jax"] == jax.__version__
     assert back.rung("R2a").receipt == res.rung("R2a").receipt
     assert back.rung("R1").profile == res.rung("R1").profile
+    # a run straight from memory (its kernel report included) comes back as it went in
+    small = small_run[0]
+    back = LadderResult.read(small.write(tmp_path / "small.json"))
+    assert back.to_dict() == small.to_dict() and back.learning == small.learning
+    assert back.rung("R3").kernels == small.rung("R3").kernels is not None
+    assert back.rung("R3").receipt == small.rung("R3").receipt and back.rung("R3").recipe == small.rung("R3").recipe
 
 
 def test_multi_gpu_rungs_on_one_device_store_their_prediction(run):
-    res = run[0]
+    res = run.result
     for name in MULTI:
         r = res.rung(name)
         assert r.kind == "skipped" and r.tokens_per_s is None and "one device" in r.error

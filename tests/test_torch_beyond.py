@@ -35,7 +35,7 @@ def timed_steps(config, batch_size):
 
 @pytest.fixture(scope="module")
 def res(torch_smoke_ladder):
-    return torch_smoke_ladder[0]
+    return torch_smoke_ladder.result
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The whole smoke ladder (conftest.py runs it once per session), checked rung by rung: the seed
-rungs here, the beyond rungs in test_torch_beyond.py."""
+"""The whole smoke ladder (conftest.py: the one the book build ran, or one run in-process),
+checked rung by rung: the seed rungs here, the beyond rungs in test_torch_beyond.py."""
 from __future__ import annotations
 
 import json
@@ -32,6 +32,18 @@ def ladder_run(torch_smoke_ladder):
     return torch_smoke_ladder          # conftest.py: one smoke ladder per session
 
 
+@pytest.fixture(scope="module")
+def small_run():
+    """A real ladder of a few rungs -- named out of ladder order, one of each stage -- with its
+    ``progress`` events, still in memory: ``(LadderResult, events)``. Its learning check is
+    short (its verdict is test_learning_check's, on the whole ladder); here only its event
+    and its record matter."""
+    events = []
+    res = run_ladder(CFG.replace(learn_steps=40), rungs=["R5", "B1", "R3c", "R0"],
+                     progress=lambda *e: events.append(e), command="pytest")
+    return res, events
+
+
 def measured(res):
     return [r for r in res.rungs if r.measured]
 
@@ -55,23 +67,25 @@ def test_rung_declarations():
 
 
 # -- the run ---------------------------------------------------------------------------------------------
-def test_rungs_in_order_and_progress_events(ladder_run):
-    result, events = ladder_run
+def test_rungs_in_order_and_progress_events(ladder_run, small_run):
     default = check_rungs(RUNGS)
     assert default == SEED + BEYOND + FUSED + MULTI                  # B11 only when named
-    assert [r.name for r in result.rungs] == default
-    names = default + ["learning"]
+    assert [r.name for r in ladder_run.result.rungs] == default
+    result, events = small_run
+    names = ["R0", "R3c", "B1", "R5", "learning"]                    # ladder order, not the caller's
+    assert [r.name for r in result.rungs] == names[:-1]
     assert [(e[0], e[1]) for e in events] == [(k, n) for n in names for k in ("start", "end")]
     assert all(e[2] is None for e in events if e[0] == "start")
     assert events[1][2] is result.rung("R0")
     assert [e[2] for e in events if e[0] == "end"][:-1] == result.rungs
     assert isinstance(events[-1][2], LearningCheck) and events[-1][2] is result.learning
+    assert result.rung("B1").kernels is not None                    # the kernel report ran, unannounced
 
 
 def test_result_header(ladder_run):
-    result, _ = ladder_run
+    result = ladder_run.result
     assert result.framework == "torch" and result.baseline == "R0"
-    assert result.config["name"] == "smoke" and result.command == "pytest"
+    assert result.config["name"] == "smoke" and result.command == ladder_run.command
     assert result.versions["torch"] == torch.__version__
     assert (result.peak_tflops is None) == (peak_for(result.device) is None)
     assert result.device == (torch.cuda.get_device_name(0) if ON_GPU else "cpu")
@@ -79,7 +93,7 @@ def test_result_header(ladder_run):
 
 
 def test_every_rung_carries_its_declaration(ladder_run):
-    for r in ladder_run[0].rungs:
+    for r in ladder_run.result.rungs:
         d = RUNGS[r.name]
         assert (r.key, r.stage, r.section) == (d.key, d.stage, d.section), r.name
         assert r.label, r.name
@@ -87,7 +101,7 @@ def test_every_rung_carries_its_declaration(ladder_run):
 
 @pytest.mark.parametrize("name", SEED)
 def test_measured_seed_rung_is_well_formed(ladder_run, name):
-    res = ladder_run[0]
+    res = ladder_run.result
     r = res.rung(name)
     t = r.timing
     assert r.tokens_per_s > 0 and t.settled == CFG.windows and len(t.windows) >= CFG.windows
@@ -114,7 +128,7 @@ def test_measured_seed_rung_is_well_formed(ladder_run, name):
 def test_every_measured_rung_carries_its_evidence(ladder_run):
     """stable, a verdict against the rung it builds on (not the baseline), a regime, and a
     profile for every compiled rung."""
-    res = ladder_run[0]
+    res = ladder_run.result
     for r in measured(res):
         assert isinstance(r.stable, bool), r.name
         assert r.regime["regime"] in REGIMES and r.regime["why"], r.name
@@ -132,7 +146,7 @@ def test_every_measured_rung_carries_its_evidence(ladder_run):
 
 
 def test_every_bf16_rung_has_a_receipt_from_the_timed_call(ladder_run):
-    res = ladder_run[0]
+    res = ladder_run.result
     for r in measured(res):
         if r.name in BF16:
             assert isinstance(r.receipt, Receipt), r.name
@@ -143,7 +157,7 @@ def test_every_bf16_rung_has_a_receipt_from_the_timed_call(ladder_run):
 
 
 def test_ratio_prev_follows_builds_on(ladder_run):
-    res = ladder_run[0]
+    res = ladder_run.result
     t = {r.name: r.tokens_per_s for r in measured(res)}
     assert res.rung("R0").ratio_prev is None
     for name, prev in (("R1", "R0"), ("R2", "R1"), ("R3c", "R0"), ("R3", "R2"), ("R4", "R3")):
@@ -155,7 +169,7 @@ def test_ratio_prev_follows_builds_on(ladder_run):
 
 
 def test_seed_recipes(ladder_run):
-    res = ladder_run[0]
+    res = ladder_run.result
     rec = {n: res.rung(n).recipe for n in SEED}
     assert not rec["R0"]["compiled"] and not rec["R0"]["bf16"] and rec["R0"]["batch_size"] == CFG.batch_size
     assert rec["R1"] == {**rec["R0"], "compiled": True}
@@ -166,7 +180,7 @@ def test_seed_recipes(ladder_run):
 
 
 def test_r0_is_profiled_before_it_is_timed(ladder_run):
-    r0 = ladder_run[0].rung("R0")
+    r0 = ladder_run.result.rung("R0")
     names = [row["name"] for row in r0.profile.rows]
     assert ("CUDA kernels" if ON_GPU else "CPU operators") in r0.profile.tool
     if not ON_GPU:
@@ -175,7 +189,7 @@ def test_r0_is_profiled_before_it_is_timed(ladder_run):
 
 
 def test_r1_compile_time_gate_and_its_own_profile(ladder_run):
-    res = ladder_run[0]
+    res = ladder_run.result
     r1 = res.rung("R1")
     # the compile is timed where it is paid (the step's first forward and backward, before the
     # gates run it): a compiled rung's first call costs many times the eager R0's
@@ -191,14 +205,14 @@ def test_r1_compile_time_gate_and_its_own_profile(ladder_run):
 
 
 def test_r4_mirror_gate_recorded(ladder_run):
-    r4 = ladder_run[0].rung("R4")
+    r4 = ladder_run.result.rung("R4")
     g = r4.gate("checkpointed mirror")
     assert g.passed and g.values["max_abs_diff"] <= MIRROR_ATOL == g.tolerances["atol"]
     assert r4.recipe["checkpoint"] and r4.verdict["against"] == "R3"
 
 
 def test_data_parallel_rungs(ladder_run):
-    res = ladder_run[0]
+    res = ladder_run.result
     r5, r5x, r5f = res.rung("R5"), res.rung("R5x"), res.rung("R5f")
     assert [r.name for r in res.rungs][-3:] == MULTI
     assert r5.builds_on == "R0" and r5.recipe == res.rung("R0").recipe
@@ -217,7 +231,7 @@ def test_data_parallel_rungs(ladder_run):
 
 
 def test_learning_check(ladder_run):
-    res = ladder_run[0]
+    res = ladder_run.result
     lc = res.learning
     assert lc is not None and lc.passed and lc.steps == CFG.learn_steps == len(lc.losses)
     assert lc.last < lc.first and lc.val_after < lc.threshold < lc.val_before
@@ -226,13 +240,19 @@ def test_learning_check(ladder_run):
     assert lc.configuration == kept[-1]
 
 
-def test_json_round_trip(ladder_run, tmp_path):
-    res = ladder_run[0]
-    path = res.write(tmp_path / "torch.json")
-    data = json.loads(path.read_text())
-    validate(data)
-    back = LadderResult.read(path)
-    assert back.to_dict() == res.to_dict()
+def test_json_round_trip(ladder_run, small_run, tmp_path):
+    """The whole ladder, and a run straight from memory (kernel report included), come back from
+    their JSON as they went in."""
+    full, small = ladder_run.result, small_run[0]
+    for res, name in ((full, "torch.json"), (small, "small.json")):
+        path = res.write(tmp_path / name)
+        data = json.loads(path.read_text())
+        validate(data)
+        back = LadderResult.read(path)
+        assert back.to_dict() == res.to_dict()
+        assert back.learning == res.learning and back.rung("R0").profile == res.rung("R0").profile
+    assert back.rung("B1").kernels == small.rung("B1").kernels and back.rung("B1").receipt.ok
+    back = LadderResult.read(tmp_path / "torch.json")
     assert back.learning.passed and back.rung("R2").receipt.ok
 
 

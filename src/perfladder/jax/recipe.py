@@ -76,7 +76,8 @@ class Recipe:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """JSON types only (``fused`` a list): a result in memory equals its file read back."""
+        return {**dataclasses.asdict(self), "fused": list(self.fused)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Recipe":

@@ -102,9 +102,9 @@ def fast_cpu_compiles(cache_dir=SMOKE_CACHE_DIR) -> bool:
     faster compiles, slower generated code -- irrelevant for smoke numbers, which are not
     performance results). It must not be used for real measurements. ``cache_dir`` (None:
     off) also keeps compiled programs on disk -- JAX's persistent compilation cache -- so
-    the tests, the notebook and a book build share one set of compilations; a program
-    loaded from it still counts as a compilation for the recompile guard, and first-call
-    times then measure a cache load, not a compile.
+    the tests, the notebook, a book build and the processes they start share one set of
+    compilations; a program loaded from it still counts as a compilation for the recompile
+    guard, and first-call times then measure a cache load, not a compile.
 
     Returns whether the flag took effect (it cannot once JAX's backend is initialised).
     """
@@ -117,9 +117,12 @@ def fast_cpu_compiles(cache_dir=SMOKE_CACHE_DIR) -> bool:
     if took and FAST_COMPILE_FLAG.split("=")[0] not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_FLAG}".strip()
     if cache_dir is not None:
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        cache = {"jax_compilation_cache_dir": str(cache_dir),
+                 "jax_persistent_cache_min_compile_time_secs": 0.0,
+                 "jax_persistent_cache_min_entry_size_bytes": 0}
+        for name, value in cache.items():
+            jax.config.update(name, value)
+            os.environ[name.upper()] = str(value)   # processes started from here share it, as XLA_FLAGS
     return took
 
 
