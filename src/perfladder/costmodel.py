@@ -259,3 +259,17 @@ def announce(preds, label: str = "", file=None) -> str:
     text = "\n".join(f"{label + ' ' if label else ''}{p.line()}" for p in preds)
     print(text, file=file, flush=True)
     return text
+
+
+def prediction(preds, link, single_tokens_per_s: float, source: str, settled, unit: str = "device"):
+    """The ``Prediction`` a data-parallel rung records before any launch: ``preds`` (from
+    ``predictions``, its first point the rung's own k) and what they assumed. ``unit`` names
+    the single-rank measurement in the assumption keys ("gpu" for PyTorch, "device" for JAX)."""
+    from .evidence import Prediction as Recorded       # not this module's Prediction: a rung's evidence
+    return Recorded(model="ring all-reduce of the fp32 gradients after the step, no overlap",
+                    predicted_tokens_per_s=preds[0].predicted_tokens_per_s,
+                    points=[p.to_dict() for p in preds],
+                    assumptions={"link": get_link(link).to_dict(),
+                                 f"single_{unit}_tokens_per_s": single_tokens_per_s,
+                                 f"single_{unit}_source": source,
+                                 f"single_{unit}_settled": settled})

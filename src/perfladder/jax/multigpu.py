@@ -50,13 +50,7 @@ def predict(lab: JaxLab, recipe: Recipe, base: str | None, label: str) -> tuple[
     preds = costmodel.predictions(recipe.batch_size, lab.config.num_steps, single.tokens_per_s,
                                   expected_num_params(lab.gpt_config), link)
     costmodel.announce(preds, label=label)
-    pred = Prediction(model="ring all-reduce of the fp32 gradients after the step, no overlap",
-                      predicted_tokens_per_s=preds[0].predicted_tokens_per_s,
-                      points=[p.to_dict() for p in preds],
-                      assumptions={"link": costmodel.get_link(link).to_dict(),
-                                   "single_device_tokens_per_s": single.tokens_per_s,
-                                   "single_device_source": source,
-                                   "single_device_settled": single.settled})
+    pred = costmodel.prediction(preds, link, single.tokens_per_s, source, single.settled, unit="device")
     return pred, single
 
 

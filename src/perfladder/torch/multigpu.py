@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import costmodel
-from ..evidence import Memory, Prediction, Timing
+from ..evidence import Memory, Timing
 from ..hardware import achieved_tflops, mfu
 from ..ladder import Rung
 from ..multigpu import baseline_from_windows
@@ -58,13 +58,7 @@ def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel
     B, T = recipe.batch_size, lab.config.num_steps
     preds = costmodel.predictions(B, T, baseline.tokens_per_s, lab.num_params, link)
     costmodel.announce(preds, label=f"{name} torch")                 # before any launch
-    pred = Prediction(model="ring all-reduce of the fp32 gradients after the step, no overlap",
-                      predicted_tokens_per_s=preds[0].predicted_tokens_per_s,
-                      points=[p.to_dict() for p in preds],
-                      assumptions={"link": costmodel.get_link(link).to_dict(),
-                                   "single_gpu_tokens_per_s": baseline.tokens_per_s,
-                                   "single_gpu_source": source,
-                                   "single_gpu_settled": baseline.settled})
+    pred = costmodel.prediction(preds, link, baseline.tokens_per_s, source, baseline.settled, unit="gpu")
     n_gpu = torch.cuda.device_count() if lab.on_gpu else 0
     ks = [k for k in PREDICT_KS if k <= n_gpu]
     if not ks:
