@@ -46,7 +46,7 @@ if not gpu_present():                    # the kernels run in Triton's interpret
     os.environ.setdefault("TRITON_INTERPRET", "1")   # must be set before triton is imported
 
 GATE_STEPS = 3
-LOSS_ATOL = 2e-2          # as the beyond rungs' loss gate (perfladder.torch.beyond.LOSS_ATOL)
+LOSS_ATOL = 2e-2          # as the beyond rungs' loss gate (perfladder.torch.rungs.beyond.LOSS_ATOL)
 TORCH_CONFIGS = {"none": (), "rope": ("rope",), "addnorm": ("addnorm",), "gelu": ("gelu",),
                  "rope+addnorm": ("rope", "addnorm"), "all": ("rope", "addnorm", "gelu")}
 JAX_CONFIGS = {"none": (), "addnorm": ("addnorm",)}
@@ -115,7 +115,7 @@ def run_torch(args, res: Results) -> None:
     from perfladder.torch import GPT
     from perfladder.torch.lab import TorchLab
     from perfladder.torch.model import rope_angles, rotate
-    from perfladder.torch.steps import make_optimizer, make_step
+    from perfladder.torch.step import make_optimizer, make_step
     from perfladder.torch.timer import sync, throughput, versions
 
     ladder = TorchLab(args.config)
@@ -223,7 +223,7 @@ def run_jax(args, res: Results) -> None:
     from perfladder.jax.fused.add_layer_norm import add_layer_norm
     from perfladder.jax.lab import JaxLab
     from perfladder.jax.recipe import Recipe
-    from perfladder.jax.steps import make_optimizer, make_split_step
+    from perfladder.jax.step import make_optimizer, make_split_step
     from perfladder.jax.timer import throughput, versions
 
     ladder = JaxLab(args.config, probe=False)

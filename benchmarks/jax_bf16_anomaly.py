@@ -124,10 +124,10 @@ def summarize_ptx(files: list[Path]) -> dict:
 def run_variant(name, spec, lab, args, hlo_dir: Path, dump_dir: Path | None, jax, jnp):
     from perfladder.jax import Recipe
     from perfladder.jax.diagnosis import per_step_times, step_stats
-    from perfladder.jax.hlo import embedding_scatters, scatters_in_hlo
-    from perfladder.jax.steps import planned_temp_bytes, scatter_add_dtypes, traced_flops
+    from perfladder.jax.program import embedding_scatters, scatters_in_hlo
+    from perfladder.jax.step import planned_temp_bytes, scatter_add_dtypes, traced_flops
     from perfladder.jax.timer import compile_count, throughput
-    from perfladder.timing import RecompileError
+    from perfladder.measure.timing import RecompileError
     cfg = lab.config
     kw = {k: v for k, v in spec.items() if k != "split"}
     recipe = Recipe(batch_size=cfg.big_batch, jit="split" if spec.get("split") else "nnx", **kw)
@@ -314,6 +314,7 @@ def main(argv=None) -> int:
         fast_cpu_compiles()
     import jax
     import jax.numpy as jnp
+
     from perfladder.jax import JaxLab, has_gpu, versions
     gpu = has_gpu()
     if not gpu:
@@ -379,8 +380,8 @@ def main(argv=None) -> int:
 
 
 def scatters_in_hlo(text: str, table_shape: tuple[int, int]) -> list[dict]:
-    """``perfladder.jax.hlo.scatters_in_hlo`` (kept here for the script's readers and tests)."""
-    from perfladder.jax.hlo import scatters_in_hlo as parse
+    """``perfladder.jax.program.scatters_in_hlo`` (kept here for the script's readers and tests)."""
+    from perfladder.jax.program import scatters_in_hlo as parse
     return parse(text, table_shape)
 
 

@@ -117,7 +117,7 @@ class Stage:
         return m
 
     def baseline(self, key: str, fn):
-        from perfladder.multigpu import Baseline
+        from perfladder.multigpu.measurement import Baseline
         if key in self.doc["baselines"]:
             return Baseline.from_dict(self.doc["baselines"][key])
         print(f"== {self.name}: baseline {key}", flush=True)
@@ -130,7 +130,7 @@ class Stage:
 
 
 def earlier_baseline(args, stage: str, key: str):
-    from perfladder.multigpu import Baseline
+    from perfladder.multigpu.measurement import Baseline
     path = stage_file(Path(args.out), stage, "json")
     if not path.is_file() or key not in json.loads(path.read_text())["baselines"]:
         return None
@@ -139,9 +139,9 @@ def earlier_baseline(args, stage: str, key: str):
 
 def stage_torch(args, s: Stage, only: str | None = None) -> None:
     from perfladder.config import get_config
-    from perfladder.multigpu import not_measured
-    from perfladder.torch import dataparallel as dp
-    from perfladder.torch.ddp import fast_recipe, recipe_for
+    from perfladder.multigpu.measurement import not_measured
+    from perfladder.torch.parallel import measure as dp
+    from perfladder.torch.parallel.launch import fast_recipe, recipe_for
     from perfladder.torch.timer import versions
     cfg = get_config(args.config)
     s.doc["versions"] = versions()
@@ -168,7 +168,7 @@ def stage_torch(args, s: Stage, only: str | None = None) -> None:
 
 def stage_jax(args, s: Stage) -> None:
     from perfladder.config import get_config
-    from perfladder.jax import dataparallel as dp
+    from perfladder.jax.parallel import measure as dp
     from perfladder.jax.timer import versions
     cfg = get_config(args.config)
     s.doc["versions"] = versions()
@@ -191,10 +191,11 @@ def stage_jax_dist(args, s: Stage) -> None:
     import jax
     import jaxlib
     import optax
+
     from perfladder.config import get_config
-    from perfladder.jax.distributed import measure_distributed
-    from perfladder.multigpu import not_measured
-    from perfladder.results import python_versions
+    from perfladder.jax.parallel.launch import measure_distributed
+    from perfladder.multigpu.measurement import not_measured
+    from perfladder.results.record import python_versions
     cfg = get_config(args.config)
     s.doc["versions"] = python_versions(jax=jax, jaxlib=jaxlib, flax=flax, optax=optax)
     jax_path = stage_file(s.out, "jax", "json")
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {STAGES}")
     p.add_argument("--forms", default="seed,fast")
     p.add_argument("--ks", default=None, help="GPU counts (default: all visible, and 2 if more)")
-    p.add_argument("--link", default=None, help="perfladder.costmodel.LINKS name (default: detected)")
+    p.add_argument("--link", default=None, help="perfladder.multigpu.costmodel.LINKS name (default: detected)")
     p.add_argument("--budget", type=float, default=3600.0, help="seconds for all stages together")
     p.add_argument("--no-compile", action="store_true", help="torch fast form without torch.compile")
     p.add_argument("--dist-seed", action="store_true", help="also run the seed form under jax.distributed")

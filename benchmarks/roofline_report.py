@@ -1,4 +1,4 @@
-"""Print the roofline table (``perfladder.roofline``) of the fastest profiled rung of ladder results.
+"""Print the roofline table (``perfladder.kernels.roofline``) of the fastest profiled rung of ladder results.
 
     python benchmarks/roofline_report.py benchmarks/results/h200-run2/torch.json \
         benchmarks/results/h200-run2/jax.json --device benchmarks/results/h200-book/device.json
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from perfladder.roofline import Roofs, Workload, roofline
+from perfladder.kernels.roofline import Roofs, Workload, roofline
 
 STREAM_FP32 = {"torch": True, "jax": False}   # autocast keeps the residual stream in fp32
 

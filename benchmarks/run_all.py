@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     if paths:
         import matplotlib
         matplotlib.use("Agg")
-        from perfladder.plot import compare, comparison_table
-        from perfladder.results import LadderResult
+        from perfladder.pages.plot import compare, comparison_table
+        from perfladder.results.record import LadderResult
         results = [LadderResult.read(pth) for pth in paths]
         print(comparison_table(results))
         compare(results, out / "comparison.png")

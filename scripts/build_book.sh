@@ -13,7 +13,7 @@
 #   PERFLADDER_BOOK_PARALLEL  1: execute the two ladder notebooks at the same time first, each
 #                         on its own GPU and its own physical CPU cores (needs two GPUs; on a
 #                         machine without GPUs the cores alone are split), then build
-#                         (perfladder.bookexec); 0 or unset: one notebook after another
+#                         (perfladder.book.execute); 0 or unset: one notebook after another
 #
 # * Runs `jupyter-book build . -W -n --keep-going`: any Sphinx warning, any failing
 #   notebook, any broken reference fails the build (non-zero exit).
@@ -21,7 +21,7 @@
 #   PERFLADDER_RESULTS_DIR (<out>/_build/results, absolute), where the ladder notebooks
 #   write torch.json / jax.json and the comparison page reads them.
 # * Executed notebooks are cached (jupyter-cache in <out>/_build/.jupyter_cache). The cache
-#   is emptied when its key changed since the last build -- the key (perfladder.bookcache)
+#   is emptied when its key changed since the last build -- the key (perfladder.book.cache)
 #   hashes the library's source and assets, the framework versions, the config and the
 #   device -- or when a ladder's JSON is missing, so cached pages never show numbers of
 #   another library, another framework version or another machine.
@@ -77,9 +77,9 @@ export PYTHONUNBUFFERED=1
 export MPLBACKEND=module://matplotlib_inline.backend_inline
 
 # The notebook cache key: the library's source, the framework versions, config and device.
-KEY=$("$PY" -m perfladder.bookcache --config "$CFG" --device "$DEVICE")
+KEY=$("$PY" -m perfladder.book.cache --config "$CFG" --device "$DEVICE")
 if [ "$KEY_ONLY" = 1 ]; then
-  "$PY" -m perfladder.bookcache --config "$CFG" --device "$DEVICE" --parts
+  "$PY" -m perfladder.book.cache --config "$CFG" --device "$DEVICE" --parts
   exit 0
 fi
 
@@ -115,7 +115,7 @@ case "${PERFLADDER_BOOK_PARALLEL:-0}" in
   1)
     side=()
     [ "$DEVICE" = cpu ] && side=(--no-gpu)
-    "$PY" -m perfladder.bookexec run "$BUILD/.jupyter_cache" "$BUILD/side_by_side" \
+    "$PY" -m perfladder.book.execute run "$BUILD/.jupyter_cache" "$BUILD/side_by_side" \
         notebooks/01_pytorch_ladder.ipynb notebooks/02_jax_ladder.ipynb "${side[@]}" || {
       echo "[book] FAILED: the ladder notebooks side by side (PERFLADDER_BOOK_PARALLEL=1), after $((SECONDS - start))s" >&2
       exit 1

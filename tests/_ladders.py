@@ -2,7 +2,7 @@
 
 ``result(...)`` builds a ``LadderResult`` from compact rung specs, with real ``Timing``
 windows, so verdicts and regimes are derived by ``LadderResult.finalize()`` as for a real run.
-``FakeLab`` is the backend ``perfladder.ladder.LadderRun`` drives: its rungs "measure" the
+``FakeLab`` is the backend ``perfladder.ladder.engine.LadderRun`` drives: its rungs "measure" the
 windows they were declared with, so a page's live path runs through the real engine.
 """
 from __future__ import annotations
@@ -12,9 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfladder.config import get_config
-from perfladder.evidence import Compile, Gate, Memory, Prediction, ProfileSummary, Receipt, Timing
-from perfladder.ladder import LadderRun, Rung, registry
-from perfladder.results import LadderResult, RungResult, smoothed_check
+from perfladder.ladder.engine import LadderRun, Rung, registry
+from perfladder.measure.evidence import (
+    Compile,
+    Gate,
+    Memory,
+    Prediction,
+    ProfileSummary,
+    Receipt,
+    Timing,
+)
+from perfladder.results.record import LadderResult, RungResult, smoothed_check
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "benchmarks" / "results" / "h200-book"
@@ -73,7 +81,7 @@ def seed_ladder(config="full", roofs=None, framework="torch") -> LadderResult:
     ], config=config, roofs=roofs, framework=framework)
 
 
-# -- a fake lab for perfladder.ladder.LadderRun --------------------------------------------------
+# -- a fake lab for perfladder.ladder.engine.LadderRun --------------------------------------------------
 @dataclass(frozen=True)
 class FakeRecipe:
     batch_size: int = 8
@@ -117,7 +125,7 @@ def fake_rungs() -> dict[str, Rung]:
 
 
 class FakeLab:
-    """The backend ``LadderRun`` drives (see ``perfladder.ladder``); nothing is timed."""
+    """The backend ``LadderRun`` drives (see ``perfladder.ladder.engine``); nothing is timed."""
     framework = "torch"
     seed_top = "R3"
 

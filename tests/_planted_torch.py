@@ -8,8 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from perfladder.torch.model import CausalAttention, GPT
-from perfladder.torch.steps import TrainStep
+from perfladder.torch.model import GPT, CausalAttention
+from perfladder.torch.step import TrainStep
 
 
 class NonCausalAttention(CausalAttention):

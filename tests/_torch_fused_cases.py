@@ -23,13 +23,13 @@ if not _ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
     raise RuntimeError("without a CUDA GPU these cases need TRITON_INTERPRET=1 set before triton "
                        "is imported: run tests/test_torch_fused.py, which sets it for them")
 
+from perfladder.config import GPTConfig, get_config  # noqa: E402
+from perfladder.torch import GPT  # noqa: E402
 from perfladder.torch.fused import FUSED, check_fused  # noqa: E402
 from perfladder.torch.fused._launch import check_device, interpreted  # noqa: E402
 from perfladder.torch.fused.add_layer_norm import add_layer_norm, layer_norm  # noqa: E402
 from perfladder.torch.fused.gelu import gelu_tanh  # noqa: E402
 from perfladder.torch.fused.rope import _rope_fwd_kernel, rope_qkv  # noqa: E402
-from perfladder.config import GPTConfig, get_config  # noqa: E402
-from perfladder.torch import GPT  # noqa: E402
 from perfladder.torch.model import rope_angles, rotate  # noqa: E402
 
 DEV = "cuda" if _ON_GPU else "cpu"

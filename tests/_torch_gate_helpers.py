@@ -8,7 +8,7 @@ import torch
 from perfladder.config import get_config
 from perfladder.data import TimeMachine
 from perfladder.torch.model import GPT
-from perfladder.torch.steps import make_optimizer, make_step
+from perfladder.torch.step import make_optimizer, make_step
 from perfladder.torch.stream import batches
 
 CFG = get_config("smoke")

@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")   # no display on the test machine
+# the tests mirror src/ in folders and are imported by path (--import-mode=importlib); the
+# shared helpers (conftest, _ladders, ...) stay importable by name from this folder
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402
 
-from perfladder.evidence import Timing  # noqa: E402
-from perfladder.results import LadderResult, RungResult  # noqa: E402
+from perfladder.measure.evidence import Timing  # noqa: E402
+from perfladder.results.record import LadderResult, RungResult  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -202,8 +205,8 @@ class SmokeLadder:
     source: str                  # where the result came from, for failure messages
 
 
-# what perfladder.page.LadderPage passes as the command of the ladder a book build runs
-BOOK_COMMAND = "perfladder.page.LadderPage({!r}) in a book build"
+# what perfladder.pages.ladder.LadderPage passes as the command of the ladder a book build runs
+BOOK_COMMAND = "perfladder.pages.ladder.LadderPage({!r}) in a book build"
 
 
 def _book_builds_this_session(request) -> bool:
@@ -246,6 +249,7 @@ def jax_smoke_ladder(request) -> SmokeLadder:
     tests/test_jax_beyond.py."""
     pytest.importorskip("jax")
     import shutil
+
     from perfladder.jax.timer import fast_cpu_compiles
     if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk cache
         fast_cpu_compiles()

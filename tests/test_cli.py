@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import make_result
 
-from perfladder.cli import main, parse_rungs, CLIError
+from perfladder.cli import CLIError, main, parse_rungs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -110,7 +110,7 @@ def test_run_asks_the_engine_for_the_default_rungs(monkeypatch, tmp_path, capsys
     """No --rungs: every rung but the optional ones (torch's B11), in ladder order, through the
     engine's check_rungs; named ones are passed as named (an optional one too)."""
     import perfladder.torch as pt
-    from perfladder.ladder import check_rungs
+    from perfladder.ladder.engine import check_rungs
     fake = FakeRun()
     monkeypatch.setattr(pt, "run_ladder", fake)
     out = tmp_path / "torch.json"
@@ -128,7 +128,7 @@ def test_run_asks_the_engine_for_the_default_rungs(monkeypatch, tmp_path, capsys
 
 def test_a_failed_learning_check_exits_1_after_writing(monkeypatch, tmp_path, capsys):
     import perfladder.torch as pt
-    from perfladder.results import LadderResult, LearningCheck
+    from perfladder.results.record import LadderResult, LearningCheck
     diverged = LearningCheck(steps=40, first=3.0, last=float("nan"), window=20,
                              losses=[3.0] * 20 + [float("nan")] * 20)
     monkeypatch.setattr(pt, "run_ladder", FakeRun(learning=diverged))

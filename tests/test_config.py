@@ -4,8 +4,15 @@ from __future__ import annotations
 import pytest
 
 from perfladder import config
-from perfladder.config import (CONFIG_NAMES, PRESETS, GPTConfig, LadderConfig, expected_num_params,
-                               get_config, pick_config)
+from perfladder.config import (
+    CONFIG_NAMES,
+    PRESETS,
+    GPTConfig,
+    LadderConfig,
+    expected_num_params,
+    get_config,
+    pick_config,
+)
 
 
 def test_presets():

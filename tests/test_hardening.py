@@ -17,12 +17,12 @@ import pytest
 from conftest import make_result
 
 from perfladder import __version__, cli
+from perfladder.book.paths import build_results_dir
 from perfladder.cli import main
 from perfladder.config import GPTConfig, pick_config
 from perfladder.data import TimeMachine, check_batch_size, preprocess, read_corpus
 from perfladder.hardware import achieved_tflops, mfu, peak_for
 from perfladder.outputs import OutputError, check_output_path, write_all
-from perfladder.paths import build_results_dir
 
 CORPUS_LEN = len(preprocess(read_corpus()))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -81,7 +81,7 @@ def fake_framework(calls: list):
     def run_ladder(cfg, **kw):
         calls.append(kw)
         return make_result("torch", config_name=cfg.name)
-    from perfladder.ladder import Rung, registry
+    from perfladder.ladder.engine import Rung, registry
     rungs = registry([Rung("R0", "eager", "eager", None), Rung("R1", "compile", "compile", None)])
     return types.SimpleNamespace(RUNGS=rungs, has_gpu=lambda: False, run_ladder=run_ladder)
 
@@ -109,10 +109,10 @@ def test_run_checks_outputs_before_any_work(tmp_path, afile, calls, capsys, opts
 
 
 def test_run_whose_figure_fails_leaves_no_results_json(tmp_path, calls, monkeypatch, capsys):
-    import perfladder.plot
+    import perfladder.pages.plot
     def broken(result, path=None, **kw):
         raise OSError("no space left on device")
-    monkeypatch.setattr(perfladder.plot, "waterfall", broken)
+    monkeypatch.setattr(perfladder.pages.plot, "waterfall", broken)
     out, png = tmp_path / "res" / "torch.json", tmp_path / "res" / "torch.png"
     assert main(["run", "torch", "--config", "smoke", "--quiet", "--out", str(out), "--png", str(png)]) == 2
     assert len(calls) == 1

@@ -38,6 +38,7 @@ def _check_dataset(data, d2l_batches):
 def test_torch_chapter_idiom_trains_one_step():
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
+
     from perfladder import torch as d2l
 
     device = d2l.try_gpu()
@@ -106,6 +107,7 @@ def test_jax_chapter_idiom_trains_one_step():
     jax = pytest.importorskip("jax")
     import optax
     from flax import nnx
+
     from perfladder import jax as d2l
 
     data = d2l.TimeMachine(**TINY)
@@ -165,6 +167,7 @@ def test_gpt_arguments_checked_in_both_frameworks(kw, match):
     pytest.importorskip("torch")
     pytest.importorskip("jax")
     from flax import nnx
+
     from perfladder import jax as pj
     from perfladder import torch as pt
     config = kw.pop("config")

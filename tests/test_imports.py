@@ -29,12 +29,12 @@ def loaded_after(*modules: str) -> list[str]:
 
 def test_framework_free_modules_import_neither():
     mods = ["perfladder", "perfladder.data", "perfladder.config", "perfladder.hardware",
-            "perfladder.results", "perfladder.timing", "perfladder.plot", "perfladder.cli",
-            "perfladder.paths", "perfladder.report", "perfladder.ladder", "perfladder.evidence",
-            "perfladder.verdict", "perfladder.schema", "perfladder.schema.v1", "perfladder.learning",
+            "perfladder.results.record", "perfladder.measure.timing", "perfladder.pages.plot", "perfladder.cli",
+            "perfladder.book.paths", "perfladder.pages.report", "perfladder.ladder.engine", "perfladder.measure.evidence",
+            "perfladder.measure.verdict", "perfladder.results.schema", "perfladder.results.schema.v1", "perfladder.measure.learning",
             "perfladder.kernels", "perfladder.outputs", "perfladder.checks", "perfladder.idiom",
-            "perfladder.page", "perfladder.narrative", "perfladder.reading", "perfladder.cards",
-            "perfladder.claims", "perfladder.techniques", "perfladder.roofline"]
+            "perfladder.pages.ladder", "perfladder.pages.narrative", "perfladder.pages.reading", "perfladder.pages.cards",
+            "perfladder.pages.claims", "perfladder.ladder.techniques", "perfladder.kernels.roofline"]
     assert loaded_after(*mods) == []
 
 

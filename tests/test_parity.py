@@ -17,7 +17,12 @@ import torch
 from flax import nnx
 from torch import nn
 
-from perfladder.config import GPTConfig, expected_num_params, flops_per_token, get_config
+from perfladder.config import (
+    GPTConfig,
+    expected_num_params,
+    flops_per_token,
+    get_config,
+)
 from perfladder.jax.model import GPT as JaxGPT
 from perfladder.parity import torch_to_jax
 from perfladder.torch.model import GPT as TorchGPT

@@ -15,10 +15,10 @@ import shlex
 import sys
 import time
 
-from . import __version__
-from .config import CONFIG_NAMES, pick_config
-from .outputs import OutputError, check_output_path, write_all
-from .results import FRAMEWORKS, LadderResult, ResultsError
+from perfladder import __version__
+from perfladder.config import CONFIG_NAMES, pick_config
+from perfladder.outputs import OutputError, check_output_path, write_all
+from perfladder.results.record import FRAMEWORKS, LadderResult, ResultsError
 
 
 class CLIError(ValueError):
@@ -72,7 +72,8 @@ def write_run_outputs(result: LadderResult, json_path, figure_path) -> list:
     if figure_path is not None:
         def figure(tmp):
             import matplotlib.pyplot as plt
-            from .plot import waterfall
+
+            from perfladder.pages.plot import waterfall
             plt.close(waterfall(result, tmp))
         writers.append((figure_path, figure))
     if json_path is not None:
@@ -99,7 +100,7 @@ def cmd_run(args) -> int:
         cfg = pick_config(args.config, has_gpu=fw.has_gpu())
     except ValueError as e:          # e.g. a bad $PERFLADDER_CONFIG
         raise CLIError(str(e)) from e
-    from .ladder import check_rungs
+    from perfladder.ladder.engine import check_rungs
     names = check_rungs(fw.RUNGS, rungs)              # optional rungs only when named
     progress = None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1))
     command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -124,8 +125,9 @@ def cmd_plot(args) -> int:
     target = check_output_path(args.output, "figure", "-o")
     import matplotlib
     matplotlib.use("Agg")
-    from .plot import compare, waterfall
     import matplotlib.pyplot as plt
+
+    from perfladder.pages.plot import compare, waterfall
     results = _read_all(args.results)
 
     def figure(tmp):
@@ -139,7 +141,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from .plot import comparison_table
+    from perfladder.pages.plot import comparison_table
     results = _read_all(args.results)
     for r in results:
         print(r.table(), end="\n\n")

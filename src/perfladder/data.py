@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import check_int
+from perfladder.checks import check_int
 
 SHA1 = "090b5e7e70c295757f55df93cb0a180b9691891a"
 TOKENIZATIONS = ("char",)

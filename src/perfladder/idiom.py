@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from .checks import check_int
+from perfladder.checks import check_int
 
 
 class BatchLoader:

@@ -6,15 +6,21 @@
 The chapter's idiom works too: ``from perfladder import jax as d2l`` gives ``d2l.TimeMachine``,
 ``d2l.GPT``, ``d2l.try_gpu``, ``d2l.num_gpus`` and ``d2l.plt`` (see ``perfladder.jax.idiom``).
 """
-from .idiom import TimeMachine, num_gpus, try_gpu
-from .kernels import compiled_hlo_text, kernel_breakdown
-from .lab import JaxLab
-from .ladder import RUNGS, Ladder, run_ladder
-from .model import GPT
-from .recipe import Recipe
-from .stream import batches
-from .timer import device_name, fast_cpu_compiles, has_gpu, throughput, versions
-from .trainstep import TrainStep
+from perfladder.jax.idiom import TimeMachine, num_gpus, try_gpu
+from perfladder.jax.kernels import compiled_hlo_text, kernel_breakdown
+from perfladder.jax.lab import JaxLab
+from perfladder.jax.model import GPT
+from perfladder.jax.recipe import Recipe
+from perfladder.jax.rungs import RUNGS, Ladder, run_ladder
+from perfladder.jax.stream import batches
+from perfladder.jax.timer import (
+    device_name,
+    fast_cpu_compiles,
+    has_gpu,
+    throughput,
+    versions,
+)
+from perfladder.jax.trainstep import TrainStep
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
            "RUNGS", "Ladder", "run_ladder", "JaxLab", "TrainStep", "kernel_breakdown",
@@ -23,5 +29,5 @@ __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions",
 
 def __getattr__(name: str):
     """``plt`` (the chapter's ``d2l.plt``): matplotlib.pyplot, imported on first use."""
-    from ..idiom import lazy_attribute
+    from perfladder.idiom import lazy_attribute
     return lazy_attribute(__name__, name)

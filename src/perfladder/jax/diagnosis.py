@@ -11,7 +11,7 @@ import time
 
 import jax
 
-from .profile import issue_and_finish_ms
+from perfladder.jax.profile import issue_and_finish_ms
 
 
 def per_step_times(step, stream, n: int, sync=jax.block_until_ready) -> list[float]:

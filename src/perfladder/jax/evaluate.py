@@ -4,7 +4,7 @@ Whatever a rung's step does to be fast, its trained weights are judged by the pl
 ``GPT`` (gather embedding, XLA attention, no checkpointing, fp32 matmuls at full precision)
 with those weights loaded: a step that computed something else while training (attention
 that sees the future) cannot pass by evaluating itself. The decision is framework-free:
-``perfladder.learning``.
+``perfladder.measure.learning``.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ..data import TimeMachine
-from ..learning import LearningCheck, check_learning, val_threshold
-from .model import GPT
+from perfladder.data import TimeMachine
+from perfladder.jax.model import GPT
+from perfladder.measure.learning import LearningCheck, check_learning, val_threshold
 
 REFERENCE = ("the plain fp32 JAX GPT (gather embedding, XLA attention, no checkpointing, "
              "'highest' matmul precision) with the trained weights loaded")
@@ -65,7 +65,7 @@ def learning_check(step: Callable, stream, data: TimeMachine, *, model, steps: i
     model it trains, at its initial weights now. ``commit`` (e.g. ``SplitStep.commit``) writes
     the trained state back into ``model`` afterwards. The validation loss before and after is
     computed by the reference model; ``LearningCheck`` asserted (``LearningError`` if it fails).
-    ``threshold`` defaults to ``perfladder.learning.val_threshold`` of the training split."""
+    ``threshold`` defaults to ``perfladder.measure.learning.val_threshold`` of the training split."""
     if threshold is None:
         threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
     before = reference_val_loss(model, data)

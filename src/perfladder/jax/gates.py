@@ -2,7 +2,7 @@
 
 * ``model_gate(reference, candidate, batches)`` -- the candidate model's logits and the gradient
   of every parameter, by name, against the reference model's (no optimizer step), at probe
-  weights where every part of the model matters (``perfladder.gates``). Both models are
+  weights where every part of the model matters (``perfladder.measure.gates``). Both models are
   cloned first: the models the rung goes on to time are not touched.
 * ``optimizer_gate(model, optimizer, batches, lr=..., step=...)`` -- a few steps of the
   candidate's own step function and optimizer, on clones, against the reference AdamW
@@ -11,7 +11,7 @@
 * ``check_receipt(...)`` -- the dtype receipt that the compiled step recorded while it was
   traced (``steps.record_receipt``), not one computed on the side.
 
-The metric, the tolerances and ``GateResult`` are framework-free: ``perfladder.gates``.
+The metric, the tolerances and ``GateResult`` are framework-free: ``perfladder.measure.gates``.
 """
 from __future__ import annotations
 
@@ -24,10 +24,24 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ..gates import (OPTIMIZER_TOL, GateResult, ModelGateError, OptimizerGateError, fail_if,
-                     probe_qk_std, rel_diff, tolerances)
-from ..gates import check_receipt as _check_receipt_dict
-from .steps import SplitStep, make_optimizer, make_split_step, make_train_step, step_receipt
+from perfladder.jax.step import (
+    SplitStep,
+    make_optimizer,
+    make_split_step,
+    make_train_step,
+    step_receipt,
+)
+from perfladder.measure.gates import (
+    OPTIMIZER_TOL,
+    GateResult,
+    ModelGateError,
+    OptimizerGateError,
+    fail_if,
+    probe_qk_std,
+    rel_diff,
+    tolerances,
+)
+from perfladder.measure.gates import check_receipt as _check_receipt_dict
 
 METRIC = "||candidate - reference|| / ||reference|| per tensor (Frobenius norms)"
 
@@ -99,7 +113,7 @@ def clone(model):
 
 def set_probe_weights(model) -> float:
     """Scale ``model``'s query and key projections (in place) so that attention scores have the
-    std ``perfladder.gates.PROBE_SCORE_STD``; returns the weight std they now have."""
+    std ``perfladder.measure.gates.PROBE_SCORE_STD``; returns the weight std they now have."""
     D = model.config.num_hiddens
     target = probe_qk_std(D)
     for blk in model.blks:
@@ -142,7 +156,7 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     ``view`` maps the candidate to the module its step runs (R2a's naive cast); ``batches``:
     a few fixed ``(X, Y)`` at the candidate's batch size. On clones of both, at probe weights,
     it compares the logits and every parameter's gradient (``||diff|| / ||ref||``) against
-    ``perfladder.gates.tolerances``; an fp32 reference runs at full fp32 matmul precision.
+    ``perfladder.measure.gates.tolerances``; an fp32 reference runs at full fp32 matmul precision.
     ``reference_chunks`` runs the reference on that many equal slices of each batch and
     averages (a batch rung against the reference at the smaller batch). The reference runs op
     by op (the plain eager model) unless ``reference_jit``; the candidate is compiled.
@@ -213,7 +227,7 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
       gradients up to compilation (on a GPU, the order of atomic adds: ~1e-7 relative).
 
     Each parameter's displacement after ``len(batches)`` steps must match, ``||diff|| / ||ref||``
-    within ``perfladder.gates.OPTIMIZER_TOL``. Raises ``OptimizerGateError``; returns the
+    within ``perfladder.measure.gates.OPTIMIZER_TOL``. Raises ``OptimizerGateError``; returns the
     ``GateResult``.
     """
     batches = list(batches)

@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import data as _data
-from ..checks import check_int
-from ..idiom import BatchLoader
+from perfladder import data as _data
+from perfladder.checks import check_int
+from perfladder.idiom import BatchLoader
 
 
 class TimeMachine(_data.TimeMachine):

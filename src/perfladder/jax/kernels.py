@@ -22,10 +22,16 @@ import time
 
 import jax
 
-from ..kernels import KernelBreakdown, KernelEvents, breakdown, parse_chrome_trace, select_kernel_events
-from ..timing import RecompileError
-from .hlo import hlo_module_name, hlo_op_categories, refine
-from .timer import compile_count, has_gpu
+from perfladder.jax.program import hlo_module_name, hlo_op_categories, refine
+from perfladder.jax.timer import compile_count, has_gpu
+from perfladder.kernels import (
+    KernelBreakdown,
+    KernelEvents,
+    breakdown,
+    parse_chrome_trace,
+    select_kernel_events,
+)
+from perfladder.measure.timing import RecompileError
 
 TRACE_FILES = ("perfetto_trace.json.gz", "*.trace.json.gz", "*.trace.json")
 

@@ -1,6 +1,6 @@
 """The JAX backend of the ladder engine: ``JaxLab``.
 
-``perfladder.ladder`` runs rung declarations on a *lab*; this one knows JAX: the device and
+``perfladder.ladder.engine`` runs rung declarations on a *lab*; this one knows JAX: the device and
 versions, one on-device batch stream per batch size (continued from rung to rung, so no
 batch is ever timed twice), how a ``Recipe`` becomes a model, its AdamW and a step, how a
 step is timed (``measure``), profiled (``profile``) and planned by the compiler (``plan``),
@@ -17,20 +17,33 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..config import LadderConfig
-from ..data import TimeMachine
-from ..evidence import Compile, Memory, Prediction, ProfileSummary, Receipt, Timing
-from ..hardware import achieved_tflops, mfu, peak_for
-from ..ladder import Rung, measure_settled
-from ..results import LadderResult, LearningCheck, RungResult
-from ..roofline import of_run
-from ..timing import Throughput
-from .model import GPT
-from .recipe import Recipe
-from .stream import Batches, batches
-from .steps import make_optimizer, planned_temp_bytes, traced_flops
-from .timer import compile_count, device_name, has_gpu, throughput, versions
-from .trainstep import TrainStep
+from perfladder.config import LadderConfig
+from perfladder.data import TimeMachine
+from perfladder.hardware import achieved_tflops, mfu, peak_for
+from perfladder.jax.model import GPT
+from perfladder.jax.recipe import Recipe
+from perfladder.jax.step import make_optimizer, planned_temp_bytes, traced_flops
+from perfladder.jax.stream import Batches, batches
+from perfladder.jax.timer import (
+    compile_count,
+    device_name,
+    has_gpu,
+    throughput,
+    versions,
+)
+from perfladder.jax.trainstep import TrainStep
+from perfladder.kernels.roofline import of_run
+from perfladder.ladder.engine import Rung, measure_settled
+from perfladder.measure.evidence import (
+    Compile,
+    Memory,
+    Prediction,
+    ProfileSummary,
+    Receipt,
+    Timing,
+)
+from perfladder.measure.timing import Throughput
+from perfladder.results.record import LadderResult, LearningCheck, RungResult
 
 EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
 EAGER_MAX_WINDOWS = 4    # ... and it gives up early (an un-jitted step is slow)
@@ -73,7 +86,7 @@ class JaxLab:
             notes.append("run on CPU: fp32 matmuls are plain fp32 (no TF32), MFU is not applicable, "
                          "cudnn attention is not available; roofs: no device probe on CPU")
         elif probe:
-            from .probe import probe_roofs
+            from perfladder.jax.device import probe_roofs
             roofs = probe_roofs()
         if cached:
             notes.append("JAX's persistent compilation cache is on (a fresh folder for this process): "
@@ -99,7 +112,7 @@ class JaxLab:
     def kernel_report(self, name: str, recipe: Recipe) -> dict:
         """The kernel breakdown (``KernelBreakdown.to_dict()``) of ``recipe``'s compiled step,
         profiled outside any timed window. Raises on failure (the engine records it)."""
-        from .kernels import kernel_breakdown
+        from perfladder.jax.kernels import kernel_breakdown
         step = self.build_step(recipe)
         stream = self.stream(recipe.batch_size)
         X, Y = next(stream)
@@ -116,8 +129,8 @@ class JaxLab:
         return d
 
     def learning_check(self, name: str, recipe: Recipe) -> LearningCheck:
-        from ..learning import LearningError
-        from .evaluate import learning_check
+        from perfladder.jax.evaluate import learning_check
+        from perfladder.measure.learning import LearningError
         c = self.config
         data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
                            num_val=c.num_val)
@@ -185,7 +198,7 @@ class JaxLab:
                     temp_bytes=planned_temp_bytes(compiled), text=compiled.as_text())
 
     def profile(self, step, stream, hlo_text: str | None = None, devices: int = 1) -> ProfileSummary:
-        from .profile import profile_step
+        from perfladder.jax.profile import profile_step
         # CPU: the raw trace (tests/test_jax_kernels.py checks it agrees with the Perfetto JSON)
         # saves most of the second it takes to stop the profiler; a GPU keeps the JSON path
         return profile_step(step, stream, steps=self.profile_steps, hlo_text=hlo_text,
@@ -227,7 +240,7 @@ class JaxLab:
             prediction=prediction, details=details, notes=list(notes))
 
     def model_flops_per_token(self, seq_len: int) -> int:
-        from ..config import expected_num_params, flops_per_token
+        from perfladder.config import expected_num_params, flops_per_token
         g = self.gpt_config
         return flops_per_token(expected_num_params(g), g.num_blks, seq_len, g.num_hiddens)
 

@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..config import GPTConfig, gpt_config, flops_per_token as _flops_per_token
-from .fused import check_fused
+from perfladder.config import GPTConfig, gpt_config
+from perfladder.config import flops_per_token as _flops_per_token
+from perfladder.jax.fused import check_fused
 
 ATTN_IMPLS = (None, "xla", "cudnn")
 EMBEDS = ("gather", "onehot")   # how the token embedding is looked up (see GPT.embed)
@@ -144,7 +145,7 @@ class Block(nnx.Module):
 def fused_norm(norm: nnx.LayerNorm, H: jax.Array, pending: jax.Array | None):
     """``(H + pending, norm(H + pending))`` through the Pallas kernels (``pending=None``: no add).
     Scale and bias are cast to the norm's compute dtype first, as flax's LayerNorm does."""
-    from .fused.add_layer_norm import add_layer_norm, layer_norm
+    from perfladder.jax.fused.add_layer_norm import add_layer_norm, layer_norm
     scale = norm.scale[...].astype(norm.dtype)                 # (D,)
     bias = norm.bias[...].astype(norm.dtype)
     if pending is None:

@@ -12,8 +12,8 @@ import time
 
 import jax
 
-from ..evidence import ProfileSummary
-from .kernels import kernel_breakdown
+from perfladder.jax.kernels import kernel_breakdown
+from perfladder.measure.evidence import ProfileSummary
 
 ROWS = 8      # the profile's top kernels kept with the summary
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .fused import check_fused
-from .model import ATTN_IMPLS, EMBEDS
+from perfladder.jax.fused import check_fused
+from perfladder.jax.model import ATTN_IMPLS, EMBEDS
 
 JITS = ("none", "nnx", "split")           # un-jitted, nnx.jit, split/merge jax.jit with donation
 DTYPES = ("float32", "bfloat16")          # compute dtype of every module (parameters stay fp32)

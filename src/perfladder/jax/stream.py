@@ -9,13 +9,13 @@ yielded, so the timer can tell a fresh batch from a repeated one without reading
 """
 from __future__ import annotations
 
-from functools import partial
 from collections.abc import Iterator
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 
-from ..data import TimeMachine, check_batch_size
+from perfladder.data import TimeMachine, check_batch_size
 
 SPLITS = ("train", "val")
 

@@ -1,6 +1,6 @@
 """JAX's side of the measurement: the sync, the compile counter, and what we run on.
 
-``throughput`` is ``perfladder.timing.measure`` with
+``throughput`` is ``perfladder.measure.timing.measure`` with
 
 * ``sync = jax.block_until_ready`` on the step's output (dispatch is asynchronous: a window
   closed without it would time the queueing of work, and the device could still be busy);
@@ -18,9 +18,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from ..checks import check_int
-from ..results import python_versions
-from ..timing import DEFAULT_TARGET_SPREAD, Throughput, measure
+from perfladder.checks import check_int
+from perfladder.measure.timing import DEFAULT_TARGET_SPREAD, Throughput, measure
+from perfladder.results.record import python_versions
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -76,9 +76,9 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
                target_spread: float = DEFAULT_TARGET_SPREAD, max_windows: int | None = None,
                check_content: bool = True) -> Throughput:
     """Tokens/s of ``step(X, Y)`` over fresh batches from ``stream``: the median of the last
-    ``windows`` windows once they agree within ``target_spread`` (see ``perfladder.timing``).
+    ``windows`` windows once they agree within ``target_spread`` (see ``perfladder.measure.timing``).
 
-    Raises ``perfladder.timing.RecompileError`` if XLA compiled anything inside a window.
+    Raises ``perfladder.measure.timing.RecompileError`` if XLA compiled anything inside a window.
     """
     warmup, timed, windows = (check_int("warmup", warmup, 0), check_int("timed", timed, 1),
                               check_int("windows", windows, 1))

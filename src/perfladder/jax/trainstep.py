@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from flax import nnx
 
-from .recipe import Recipe
-from .steps import SplitStep, naive_bf16, train_step
+from perfladder.jax.recipe import Recipe
+from perfladder.jax.step import SplitStep, naive_bf16, train_step
 
 
 class TrainStep:

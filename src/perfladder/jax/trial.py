@@ -12,14 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..evidence import Compile, Gate, ProfileSummary, Receipt
-from ..timing import Throughput
-from .hlo import embedding_scatters
-from .lab import JaxLab, Plan
-from .gates import model_gate
-from .recipe import Recipe
-from .steps import assert_fp32_masters, matmul_dtypes, naive_bf16, scatter_add_dtypes
-from .trainstep import TrainStep
+from perfladder.jax.gates import model_gate
+from perfladder.jax.lab import JaxLab, Plan
+from perfladder.jax.program import embedding_scatters
+from perfladder.jax.recipe import Recipe
+from perfladder.jax.step import (
+    assert_fp32_masters,
+    matmul_dtypes,
+    naive_bf16,
+    scatter_add_dtypes,
+)
+from perfladder.jax.trainstep import TrainStep
+from perfladder.measure.evidence import Compile, Gate, ProfileSummary, Receipt
+from perfladder.measure.timing import Throughput
 
 GATE_STEPS = 3      # AdamW steps the loss gate compares, from the same init on the same batches
 GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its cost, not its power)

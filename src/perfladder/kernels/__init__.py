@@ -8,10 +8,15 @@ steps and hand this package ``(kernel name, microseconds)`` pairs:
   per-category time and share, the top kernels);
 * ``trace`` -- ``parse_chrome_trace(path)``: the device kernels of a Chrome/Perfetto trace.
 """
-from .breakdown import KernelBreakdown, KernelStat, breakdown
-from .taxonomy import CATEGORIES, CATEGORY_HELP, PATTERNS, categorize
-from .trace import (KernelEvents, parse_chrome_trace, read_trace_json, select_kernel_events,
-                    trace_rows)
+from perfladder.kernels.breakdown import KernelBreakdown, KernelStat, breakdown
+from perfladder.kernels.taxonomy import CATEGORIES, CATEGORY_HELP, PATTERNS, categorize
+from perfladder.kernels.trace import (
+    KernelEvents,
+    parse_chrome_trace,
+    read_trace_json,
+    select_kernel_events,
+    trace_rows,
+)
 
 __all__ = ["CATEGORIES", "CATEGORY_HELP", "PATTERNS", "categorize", "KernelStat",
            "KernelBreakdown", "breakdown", "KernelEvents", "select_kernel_events",

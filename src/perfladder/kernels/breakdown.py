@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .taxonomy import CATEGORIES, categorize
+from perfladder.kernels.taxonomy import CATEGORIES, categorize
 
 
 # -- the breakdown -------------------------------------------------------------------------------

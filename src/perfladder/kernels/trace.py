@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+
 # -- Chrome / Perfetto traces ----------------------------------------------------------------------
 class KernelEvents(list):
     """``[(name, duration_us), ...]`` picked out of a trace, plus what the caller must know.

@@ -13,20 +13,25 @@ import os
 
 os.environ["TEARDOWN_CUPTI"] = "1"
 
-from ..ladder import LadderRun, check_rungs, registry  # noqa: E402
-from ..ladder import run_ladder as _run_ladder  # noqa: E402
-from .beyond import BEYOND  # noqa: E402
-from .gates import CorrectnessError, GateError, MirrorError, PrecisionError  # noqa: E402
-from .idiom import TimeMachine, num_gpus, try_gpu  # noqa: E402
-from .kernels import kernel_breakdown  # noqa: E402
-from .lab import TorchLab  # noqa: E402
-from .model import GPT  # noqa: E402
-from .multigpu import MULTI  # noqa: E402
-from .recipe import Recipe  # noqa: E402
-from .rungs import SEED  # noqa: E402
-from .steps import TrainStep, make_step  # noqa: E402
-from .stream import batches  # noqa: E402
-from .timer import device_name, has_gpu, throughput, versions  # noqa: E402
+from perfladder.ladder.engine import LadderRun, check_rungs, registry  # noqa: E402
+from perfladder.ladder.engine import run_ladder as _run_ladder  # noqa: E402
+from perfladder.torch.gates import (
+    CorrectnessError,
+    GateError,
+    MirrorError,
+    PrecisionError,
+)  # noqa: E402
+from perfladder.torch.idiom import TimeMachine, num_gpus, try_gpu  # noqa: E402
+from perfladder.torch.kernels import kernel_breakdown  # noqa: E402
+from perfladder.torch.lab import TorchLab  # noqa: E402
+from perfladder.torch.model import GPT  # noqa: E402
+from perfladder.torch.recipe import Recipe  # noqa: E402
+from perfladder.torch.rungs.beyond import BEYOND  # noqa: E402
+from perfladder.torch.rungs.multigpu import MULTI  # noqa: E402
+from perfladder.torch.rungs.seed import SEED  # noqa: E402
+from perfladder.torch.step import TrainStep, make_step  # noqa: E402
+from perfladder.torch.stream import batches  # noqa: E402
+from perfladder.torch.timer import device_name, has_gpu, throughput, versions  # noqa: E402
 
 RUNGS = registry([*SEED, *BEYOND, *MULTI])
 
@@ -54,5 +59,5 @@ __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions",
 
 def __getattr__(name: str):
     """``plt`` (the chapter's ``d2l.plt``): matplotlib.pyplot, imported on first use."""
-    from ..idiom import lazy_attribute
+    from perfladder.idiom import lazy_attribute
     return lazy_attribute(__name__, name)

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .model import ATTN_BACKENDS
-from .timer import sync
+from perfladder.torch.model import ATTN_BACKENDS
+from perfladder.torch.timer import sync
 
 BACKENDS = ("flash", "efficient", "cudnn", "math")   # the SDPA kernels B7 measures
 

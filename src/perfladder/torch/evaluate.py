@@ -4,7 +4,7 @@ Whatever a rung's step does to be fast, its trained weights are judged by the pl
 fp32 ``GPT`` (gather embedding, PyTorch's default attention, no checkpointing, fp32 matmuls
 at full precision) with those weights loaded: a step that computed something else while
 training (attention that sees the future) cannot pass by evaluating itself. The decision is
-framework-free: ``perfladder.learning``.
+framework-free: ``perfladder.measure.learning``.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data import TimeMachine
-from ..learning import LearningCheck, check_learning, val_threshold
-from .gates import true_fp32
-from .model import GPT
+from perfladder.data import TimeMachine
+from perfladder.measure.learning import LearningCheck, check_learning, val_threshold
+from perfladder.torch.gates import true_fp32
+from perfladder.torch.model import GPT
 
 REFERENCE = ("the plain eager fp32 PyTorch GPT (gather embedding, default attention, no "
              "checkpointing, true fp32 matmuls) with the trained weights loaded")
@@ -59,7 +59,7 @@ def learning_check(step, stream, data: TimeMachine, *, steps: int, window: int =
                    threshold: float | None = None) -> LearningCheck:
     """Train ``step`` (a ``TrainStep`` at its initial weights) for ``steps`` steps on ``stream``;
     the validation loss before and after, by the reference model; ``LearningCheck`` asserted
-    (``LearningError`` if it fails). ``threshold`` defaults to ``perfladder.learning.val_threshold``
+    (``LearningError`` if it fails). ``threshold`` defaults to ``perfladder.measure.learning.val_threshold``
     of the training split. The training losses stay on the device until the end (one read)."""
     if threshold is None:
         threshold = val_threshold(data.train_arrays()[1], len(data.vocab))

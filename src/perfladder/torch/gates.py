@@ -11,7 +11,7 @@ much; a faster wrong answer never reaches the timer.
 * ``check_receipt(step, expect)`` -- the dtypes the timed call itself recorded
   (``TrainStep.receipt``), not those of a side path.
 
-The metric, the tolerance table and ``GateResult`` are framework-free: ``perfladder.gates``.
+The metric, the tolerance table and ``GateResult`` are framework-free: ``perfladder.measure.gates``.
 The older logit-only gates (``check_compiled``, ``check_mirror``, ``check_bf16``) stay below.
 """
 from __future__ import annotations
@@ -21,9 +21,19 @@ import contextlib
 import torch
 from torch import nn
 
-from ..gates import (OPTIMIZER_TOL, GateError, GateResult, ModelGateError, OptimizerGateError,
-                     ReceiptError, fail_if, probe_qk_std, rel_diff, tolerances)
-from ..gates import check_receipt as _check_receipt_dict
+from perfladder.measure.gates import (
+    OPTIMIZER_TOL,
+    GateError,
+    GateResult,
+    ModelGateError,
+    OptimizerGateError,
+    ReceiptError,
+    fail_if,
+    probe_qk_std,
+    rel_diff,
+    tolerances,
+)
+from perfladder.measure.gates import check_receipt as _check_receipt_dict
 
 METRIC = "||candidate - reference|| / ||reference|| per tensor (Frobenius norms)"
 
@@ -154,7 +164,7 @@ def _load(step, values: dict) -> None:
 
 def probe_weights(step) -> tuple[dict, float]:
     """The step's parameters with the query and key projections scaled so that attention
-    scores have the std ``perfladder.gates.PROBE_SCORE_STD`` (see there), and that weight std."""
+    scores have the std ``perfladder.measure.gates.PROBE_SCORE_STD`` (see there), and that weight std."""
     values = _snapshot(step)
     D = _module(step.model).config.num_hiddens
     target = probe_qk_std(D)
@@ -203,7 +213,7 @@ def model_gate(reference, candidate, batches, *, reference_chunks: int = 1,
     ``forward_backward`` -- the code its timed ``__call__`` runs; an fp32 reference runs in
     true fp32. ``reference_chunks`` runs the reference on that many equal slices of each
     batch and averages (a batch rung against the smaller batch). Compares the logits and every
-    gradient (``||diff|| / ||ref||``) with ``perfladder.gates.tolerances``.
+    gradient (``||diff|| / ||ref||``) with ``perfladder.measure.gates.tolerances``.
     Raises ``ModelGateError`` (the worst parameter and its numbers); returns the ``GateResult``.
     """
     _same_start(reference, candidate, name, ModelGateError)
@@ -254,7 +264,7 @@ def optimizer_gate(reference, candidate, batches, *, name: str = "optimizer gate
     both optimizers step on those same gradients -- the candidate through the optimizer step its
     timed ``__call__`` runs -- so only the optimizers can differ. Each parameter's displacement
     after ``len(batches)`` steps must match (``||diff|| / ||ref||`` within
-    ``perfladder.gates.OPTIMIZER_TOL``): a parameter group left out, another learning rate, a
+    ``perfladder.measure.gates.OPTIMIZER_TOL``): a parameter group left out, another learning rate, a
     skipped step cannot. Weights and optimizer state are put back in place afterwards.
     Raises ``OptimizerGateError``; returns the ``GateResult``.
     """

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import data as _data
-from ..idiom import BatchLoader
+from perfladder import data as _data
+from perfladder.idiom import BatchLoader
 
 
 def _permutation(n: int):

@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from ..kernels import KernelBreakdown, breakdown, categorize
-from ..timing import RecompileError
-from .timer import compile_count, sync
+from perfladder.kernels import KernelBreakdown, breakdown, categorize
+from perfladder.measure.timing import RecompileError
+from perfladder.torch.timer import compile_count, sync
 
 OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(step|zero_grad)#")
 

@@ -1,4 +1,4 @@
-"""``TorchLab``: the PyTorch backend of the ladder engine (``perfladder.ladder``).
+"""``TorchLab``: the PyTorch backend of the ladder engine (``perfladder.ladder.engine``).
 
 It owns what every rung shares -- the data, the device, a fresh model / optimizer / step for
 any ``Recipe``, the timer, the profiler, the growing ``LadderResult`` -- and turns one
@@ -12,20 +12,27 @@ import itertools
 
 import torch
 
-from ..config import LadderConfig, expected_num_params, flops_per_token
-from ..data import TimeMachine
-from ..evidence import Compile, Gate, Memory, ProfileSummary, Receipt, Timing
-from ..hardware import achieved_tflops, mfu, peak_for
-from ..ladder import measure_settled
-from ..results import LadderResult, RungResult
-from ..roofline import of_run
-from .gates import PrecisionError
-from .model import GPT
-from .probe import probe_roofs
-from .recipe import Recipe
-from .steps import TrainStep, make_optimizer, make_step
-from .stream import batches
-from .timer import device_name, throughput, versions
+from perfladder.config import LadderConfig, expected_num_params, flops_per_token
+from perfladder.data import TimeMachine
+from perfladder.hardware import achieved_tflops, mfu, peak_for
+from perfladder.kernels.roofline import of_run
+from perfladder.ladder.engine import measure_settled
+from perfladder.measure.evidence import (
+    Compile,
+    Gate,
+    Memory,
+    ProfileSummary,
+    Receipt,
+    Timing,
+)
+from perfladder.results.record import LadderResult, RungResult
+from perfladder.torch.device import probe_roofs
+from perfladder.torch.gates import PrecisionError
+from perfladder.torch.model import GPT
+from perfladder.torch.recipe import Recipe
+from perfladder.torch.step import TrainStep, make_optimizer, make_step
+from perfladder.torch.stream import batches
+from perfladder.torch.timer import device_name, throughput, versions
 
 
 class TorchLab:
@@ -148,7 +155,7 @@ class TorchLab:
 
     def profile(self, step, batch_size: int) -> ProfileSummary:
         """Where one step's time goes (``kernel_breakdown``, outside any timed window)."""
-        from .kernels import kernel_breakdown, quiet_kineto
+        from perfladder.torch.kernels import kernel_breakdown, quiet_kineto
         steps = 2 if self.config.is_smoke else 5
         with quiet_kineto():
             kb = kernel_breakdown(step, self.stream(batch_size), steps=steps, warmup=1, top=10)
@@ -157,7 +164,7 @@ class TorchLab:
     def receipt(self, step: TrainStep, claimed: str) -> Receipt:
         """What the last timed call computed in, from the receipt that call recorded
         (``TrainStep.__call__``); ``PrecisionError`` when it is not ``claimed``."""
-        from .gates import check_receipt
+        from perfladder.torch.gates import check_receipt
         check_receipt(step, "bf16" if claimed == "bf16" else "fp32")
         observed = {"logits": str(step.receipt["logits"]).removeprefix("torch.")}
         return Receipt(claimed=claimed, observed=observed, where="TrainStep.__call__")
@@ -199,7 +206,7 @@ class TorchLab:
 
     # -- after the rungs -------------------------------------------------------------------------
     def kernel_report(self, name: str, recipe: Recipe) -> dict:
-        from .kernels import kernel_breakdown, quiet_kineto
+        from perfladder.torch.kernels import kernel_breakdown, quiet_kineto
         step = self.build_step(recipe)
         steps = 2 if self.config.is_smoke else 5
         with quiet_kineto():
@@ -215,9 +222,9 @@ class TorchLab:
         """Train ``recipe`` from a fresh init on the learning split; judged on held-out text by
         the reference model (``perfladder.torch.evaluate``). A failed check is returned, not
         raised: the result records it and the caller decides."""
-        from ..learning import LearningError
-        from ..results import LearningCheck
-        from .evaluate import learning_check
+        from perfladder.measure.learning import LearningError
+        from perfladder.results.record import LearningCheck
+        from perfladder.torch.evaluate import learning_check
         c = self.config
         data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
                            num_val=c.num_val)

@@ -14,11 +14,11 @@ import time
 
 import torch
 
-from ..evidence import Gate
-from .gates import GateError, MirrorError, model_gate, optimizer_gate
-from .recipe import Recipe
-from .stream import batches
-from .timer import sync
+from perfladder.measure.evidence import Gate
+from perfladder.torch.gates import GateError, MirrorError, model_gate, optimizer_gate
+from perfladder.torch.recipe import Recipe
+from perfladder.torch.stream import batches
+from perfladder.torch.timer import sync
 
 GATE_STEPS = 3             # optimizer steps the loss gate runs from the initial weights
 # Absolute, on a loss of ~3.3: switches that only reorder bf16 kernels (compiled vs eager,

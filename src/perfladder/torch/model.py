@@ -18,9 +18,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-from ..config import GPTConfig, gpt_config
-from ..config import flops_per_token as _flops_per_token
-from .fused import check_fused
+from perfladder.config import GPTConfig, gpt_config
+from perfladder.config import flops_per_token as _flops_per_token
+from perfladder.torch.fused import check_fused
 
 # Which scaled-dot-product-attention kernel to pin (None: let PyTorch choose).
 ATTN_BACKENDS = {
@@ -132,7 +132,7 @@ class CausalAttention(nn.Module):
         B, T, D = X.shape
         H = self.num_heads
         if self.fused_rope:
-            from .fused.rope import rope_qkv
+            from perfladder.torch.fused.rope import rope_qkv
             cos, sin = self.rope.tables(T, X.device)              # (T, Dh) fp32 each
             q, k, v = rope_qkv(self.W_qkv(X), cos, sin, H)        # (B, T, H, Dh) each
         else:
@@ -164,7 +164,7 @@ class FFN(nn.Module):
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         if self.fused_gelu:
-            from .fused.gelu import gelu_tanh
+            from perfladder.torch.fused.gelu import gelu_tanh
             return self.dense2(gelu_tanh(self.dense1(X)))        # (B, T, D)
         return self.dense2(F.gelu(self.dense1(X), approximate="tanh"))  # (B, T, D)
 
@@ -178,7 +178,7 @@ def norm_out_dtype(H: torch.Tensor) -> torch.dtype:
 
 def fused_norm(norm: nn.LayerNorm, H: torch.Tensor, pending: torch.Tensor | None):
     """``(H + pending, norm(H + pending))`` through the fused kernels (``pending=None``: no add)."""
-    from .fused.add_layer_norm import add_layer_norm, layer_norm
+    from perfladder.torch.fused.add_layer_norm import add_layer_norm, layer_norm
     dt = norm_out_dtype(H)
     if pending is None:
         return H, layer_norm(H, norm.weight, norm.bias, norm.eps, dt)
@@ -241,7 +241,7 @@ class GPT(nn.Module):
         self.embed = check_embed(embed)
         self.fused = check_fused(fused)
         if self.fused:
-            from . import fused as _kernels  # noqa: F401  (ImportError naming triton if it is missing)
+            from perfladder.torch import fused as _kernels  # noqa: F401  (ImportError naming triton if it is missing)
         self.pos = config.pos
         D = config.num_hiddens
         self.token_emb = nn.Embedding(config.vocab_size, D)

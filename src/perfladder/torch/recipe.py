@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .fused import check_fused
-from .model import check_attn_backend, check_embed
-from .steps import OPTIMIZERS
+from perfladder.torch.fused import check_fused
+from perfladder.torch.model import check_attn_backend, check_embed
+from perfladder.torch.step import OPTIMIZERS
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Fresh, constant-shape training batches on the device.
 
-Three properties make the stream safe to time (see ``perfladder.timing``):
+Three properties make the stream safe to time (see ``perfladder.measure.timing``):
 
 * every epoch is a new random permutation, cut into *whole* batches only -- the ragged
   tail is dropped, so a compiled step never sees a second batch shape;
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..data import TimeMachine, check_batch_size
+from perfladder.data import TimeMachine, check_batch_size
 
 SPLITS = ("train", "val")
 

@@ -6,9 +6,9 @@ import platform
 import numpy as np
 import torch
 
-from ..checks import check_int
-from ..results import python_versions
-from ..timing import Throughput, measure
+from perfladder.checks import check_int
+from perfladder.measure.timing import Throughput, measure
+from perfladder.results.record import python_versions
 
 # Full-config defaults; the rungs pass their LadderConfig's numbers explicitly.
 WARMUP, TIMED, WINDOWS = 30, 40, 3
@@ -70,9 +70,9 @@ def throughput(step, stream, warmup: int = WARMUP, timed: int = TIMED,
                windows: int = WINDOWS, **settle) -> Throughput:
     """End-to-end tokens/s of ``step(X, Y)`` over batches from ``stream``.
 
-    ``perfladder.timing.measure`` with CUDA sync closing every window and dynamo's
+    ``perfladder.measure.timing.measure`` with CUDA sync closing every window and dynamo's
     counters as the recompile guard (a compile inside a window raises ``RecompileError``).
-    ``settle``: ``target_spread`` / ``max_windows`` of ``perfladder.timing.measure``.
+    ``settle``: ``target_spread`` / ``max_windows`` of ``perfladder.measure.timing.measure``.
     """
     warmup, timed, windows = (check_int("warmup", warmup, 0), check_int("timed", timed, 1),
                               check_int("windows", windows, 1))

@@ -10,7 +10,7 @@ The names match ``perfladder.torch.fused.FUSED`` where the kernels do the same j
 """
 from __future__ import annotations
 
-from ...checks import check_options
+from perfladder.checks import check_options
 
 FUSED = ("addnorm",)
 

@@ -20,7 +20,7 @@ is a clear error, never a silent fallback to the reference ops.
 """
 from __future__ import annotations
 
-from ...checks import check_options
+from perfladder.checks import check_options
 
 FUSED = ("rope", "addnorm", "gelu")
 

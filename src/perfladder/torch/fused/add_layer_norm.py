@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from ._launch import check_device, next_pow2, tl, triton
+from perfladder.torch.fused._launch import check_device, next_pow2, tl, triton
 
 FWD_ROWS = 4           # rows per forward program
 BWD_ROWS = 4           # rows per backward iteration

@@ -12,7 +12,7 @@ round trips.
 """
 import torch
 
-from ._launch import check_device, tl, triton
+from perfladder.torch.fused._launch import check_device, tl, triton
 
 BLOCK = 2048
 

@@ -21,7 +21,7 @@ equal by construction (``rope_angles`` repeats the Dh/2 angles), so the kernels 
 """
 import torch
 
-from ._launch import check_device, next_pow2, tl, triton
+from perfladder.torch.fused._launch import check_device, next_pow2, tl, triton
 
 BLOCK_ROWS = 8          # tokens per program; each program covers all heads of q, k and v
 

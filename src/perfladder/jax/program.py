@@ -1,0 +1,275 @@
+"""What a compiled XLA module holds, read from its HLO text (``lower(...).compile().as_text()``).
+
+* ``hlo_op_categories(text)`` -- a category (``perfladder.kernels.CATEGORIES``) for every op
+  of the module, from what it contains (a fusion's body) and from the Python code it was
+  traced from (optax / ``Optimizer.update`` -> optimizer). XLA's own names
+  (``loop_multiply_fusion.3``, ``ynn_fusion.7``) do not say whether a fusion holds a dot, a
+  reduction or the AdamW update; the module text does;
+* ``refine(kernel_name, op_category)`` -- a profiled kernel's category from both;
+* ``scatters_in_hlo`` / ``embedding_scatters`` -- the module's ``scatter`` instructions, and
+  which of them accumulate the embedding table's gradient (its [V, D] shape), with their
+  element types.
+"""
+from __future__ import annotations
+
+import re
+
+from perfladder.kernels import CATEGORIES, categorize
+
+_MATMUL_OPS = {"dot", "convolution", "ragged-dot", "scaled-dot"}
+_REDUCE_OPS = {"reduce", "reduce-window", "select-and-scatter"}
+_COLLECTIVE_OPS = {"all-reduce", "all-reduce-start", "all-reduce-done", "all-gather",
+                   "all-gather-start", "all-gather-done", "reduce-scatter", "all-to-all",
+                   "ragged-all-to-all", "collective-permute", "collective-permute-start",
+                   "collective-permute-done", "collective-broadcast", "send", "recv",
+                   "send-done", "recv-done"}
+# no arithmetic: a fusion of only these moves (or casts) data
+_DATA_OPS = {"parameter", "constant", "copy", "copy-start", "copy-done", "transpose", "bitcast",
+             "bitcast-convert", "broadcast", "reshape", "slice", "dynamic-slice",
+             "dynamic-update-slice", "concatenate", "pad", "reverse", "tuple",
+             "get-tuple-element", "iota", "convert"}
+_CONTROL_OPS = {"fusion", "call", "while", "conditional", "async-start", "async-done",
+                "async-update"}
+_ATTN_TARGET = re.compile(r"fmha|flash|attention|sdpa|splash", re.IGNORECASE)
+_MATMUL_TARGET = re.compile(r"gemm|matmul|cublas|\$dot|dot_general", re.IGNORECASE)
+_COLLECTIVE_TARGET = re.compile(r"nccl|all[-_]?reduce|all[-_]?gather", re.IGNORECASE)
+# Python frames that make an op part of the optimizer update: optax (minus its losses, which
+# the loss function calls), and the framework's optimizer wrapper (flax nnx Optimizer.update).
+OPTIMIZER_FILES = re.compile(r"[/\\]optax[/\\](?!losses[/\\]|_src[/\\]loss\.py)")
+OPTIMIZER_FUNCTIONS = re.compile(r"(^|\.)(Optimizer\.(update|step)|apply_updates)$")
+
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s*(\(.*)?\{\s*$")
+_INSTR = re.compile(r"^\s+(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<rest>.*)$")
+_OPCODE = re.compile(r"\s*(?P<op>[a-z][\w\-]*)\(")
+_TARGET = re.compile(r'custom_call_target="(?P<t>[^"]*)"')
+_FRAME = re.compile(r"stack_frame_id=(\d+)")
+_SRC = re.compile(r'source_file="(?P<f>[^"]*)"')
+_TOKEN = re.compile(r"[\w.\-$]+")
+
+
+def _opcode(rest: str) -> str | None:
+    """The opcode after ``name = <type>``; the type may be a parenthesised tuple."""
+    i = 0
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                break
+        i += 1
+    else:
+        i = rest.find(" ")
+        if i < 0:
+            return None
+    m = _OPCODE.match(rest, i)
+    return m.group("op") if m else None
+
+
+class _Frames:
+    """The FileNames / FunctionNames / FileLocations / StackFrames tables of an HLO dump, and
+    the question asked of them: was this op traced from optimizer code?"""
+
+    SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+    def __init__(self, text: str):
+        tables: dict[str, dict[int, str]] = {k: {} for k in self.SECTIONS}
+        cur = None
+        for line in text.splitlines():
+            if line in tables:                    # an unindented section title
+                cur = tables[line]
+                continue
+            idx, _, val = line.strip().partition(" ")
+            if cur is None or not idx.isdigit():
+                cur = None
+                continue
+            cur[int(idx)] = val.strip()
+        num = lambda s: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", s)}  # noqa: E731
+        self.files = {k: v.strip('"') for k, v in tables["FileNames"].items()}
+        self.funcs = {k: v.strip('"') for k, v in tables["FunctionNames"].items()}
+        self.locs = {k: num(v) for k, v in tables["FileLocations"].items()}
+        self.frames = {k: num(v) for k, v in tables["StackFrames"].items()}
+        # Some XLA versions print parent ids shifted by one (a root frame then names itself as
+        # its parent); a frame can never be its own parent, so that tells the layouts apart.
+        self.shift = int(any(f.get("parent_frame_id") == k for k, f in self.frames.items()))
+        self._memo: dict[int, bool] = {}
+
+    def optimizer(self, frame_id: int) -> bool:
+        """Does the Python stack of ``frame_id`` pass through optax / ``Optimizer.update``?"""
+        if frame_id in self._memo:
+            return self._memo[frame_id]
+        seen, fid, hit = set(), frame_id, False
+        while fid and fid in self.frames and fid not in seen:
+            seen.add(fid)
+            loc = self.locs.get(self.frames[fid].get("file_location_id", 0), {})
+            if (OPTIMIZER_FILES.search(self.files.get(loc.get("file_name_id", 0), ""))
+                    or OPTIMIZER_FUNCTIONS.search(self.funcs.get(loc.get("function_name_id", 0), ""))):
+                hit = True
+                break
+            fid = self.frames[fid].get("parent_frame_id", 0) - self.shift
+        self._memo[frame_id] = hit
+        return hit
+
+
+def hlo_module_name(hlo_text: str) -> str | None:
+    m = re.search(r"^HloModule\s+([^\s,]+)", hlo_text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def hlo_op_categories(hlo_text: str) -> dict[str, str]:
+    """``{op name: category}`` for every instruction of a compiled module's HLO text
+    (``jitted.lower(...).compile().as_text()``).
+
+    An op's category comes from what it contains (its own opcode plus, recursively, the
+    computations it calls -- a fusion's body), in this order: collective; optimizer (the op
+    was traced from optax / ``Optimizer.update``, read from the module's stack-frame tables or
+    ``source_file`` metadata); attention (a fused-attention custom call); matmul (a dot or
+    convolution, or a cuBLAS custom call); reduction/norm (a reduce); memcpy/memset (only
+    data movement: copies, transposes, broadcasts, casts); elementwise (anything else
+    arithmetic); an unknown custom call is 'other'.
+    """
+    if not isinstance(hlo_text, str) or "HloModule" not in hlo_text:
+        raise ValueError("hlo_text must be the text of a compiled XLA module (it starts with "
+                         "'HloModule'); get it with jitted.lower(*args).compile().as_text()")
+    comps: dict[str, list[tuple[str, str, str]]] = {}      # computation -> [(name, opcode, line)]
+    cur = None
+    for line in hlo_text.splitlines():
+        if not line.startswith((" ", "\t")):
+            m = _HEADER.match(line)
+            cur = comps.setdefault(m.group("name"), []) if m else None
+            continue
+        if cur is None:
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        op = _opcode(m.group("rest"))
+        if op:
+            cur.append((m.group("name"), op, m.group("rest")))
+    frames = _Frames(hlo_text)
+    comp_names = set(comps)
+    contents: dict[str, tuple[set, set]] = {}
+
+    def called(rest: str) -> list[str]:
+        # computations referenced by the instruction (calls=, to_apply=, body=, ...): every
+        # token after the operand list that names a computation
+        return [t for t in _TOKEN.findall(rest) if t.lstrip("%") in comp_names]
+
+    def content(comp: str, stack=()) -> tuple[set, set]:
+        if comp in contents:
+            return contents[comp]
+        ops, targets = set(), set()
+        if comp not in stack:
+            for _, op, rest in comps.get(comp, ()):
+                ops.add(op)
+                t = _TARGET.search(rest)
+                if t:
+                    targets.add(t.group("t"))
+                for c in called(rest):
+                    o2, t2 = content(c.lstrip("%"), stack + (comp,))
+                    ops |= o2
+                    targets |= t2
+        contents[comp] = (ops, targets)
+        return ops, targets
+
+    out: dict[str, str] = {}
+    for comp, instrs in comps.items():
+        for name, op, rest in instrs:
+            ops, targets = {op}, set()
+            t = _TARGET.search(rest)
+            if t:
+                targets.add(t.group("t"))
+            for c in called(rest):
+                o2, t2 = content(c.lstrip("%"))
+                ops |= o2
+                targets |= t2
+            optimizer = False
+            fm = _FRAME.search(rest)
+            if fm:
+                optimizer = frames.optimizer(int(fm.group(1)))
+            sm = _SRC.search(rest)
+            if sm and OPTIMIZER_FILES.search(sm.group("f")):
+                optimizer = True
+            out[name] = _op_category(ops, targets, optimizer)
+    return out
+
+
+def _op_category(ops: set, targets: set, optimizer: bool) -> str:
+    if ops & _COLLECTIVE_OPS or any(_COLLECTIVE_TARGET.search(t) for t in targets):
+        return "collective"
+    if optimizer:
+        return "optimizer"
+    if any(_ATTN_TARGET.search(t) for t in targets):
+        return "attention"
+    if ops & _MATMUL_OPS or any(_MATMUL_TARGET.search(t) for t in targets):
+        return "matmul"
+    if ops & _REDUCE_OPS:
+        return "reduction/norm"
+    if "custom-call" in ops:
+        return "other"
+    if ops <= (_DATA_OPS | _CONTROL_OPS):
+        return "memcpy/memset"
+    return "elementwise"
+
+
+_EXPLICIT_TRANSFER = re.compile(r"^(cuda)?mem(cpy|set)", re.IGNORECASE)
+
+
+def refine(name: str, op_category: str | None) -> str:
+    """Combine a kernel's name-based category with its HLO op's category (``None``: unknown).
+
+    The op decides -- it knows what a fusion holds and whether it belongs to the optimizer --
+    except that a library kernel's own name is more specific than the op that launched it
+    (a cuBLAS gemm or a cuDNN attention kernel stays itself; an explicit memcpy/memset
+    activity stays a copy), unless the op is the optimizer's or a collective.
+    """
+    by_name = categorize(name)
+    if op_category is None:
+        return by_name
+    if op_category not in CATEGORIES:
+        raise ValueError(f"op category {op_category!r} is not valid; valid choices: {CATEGORIES}")
+    if op_category in ("optimizer", "collective"):
+        return op_category
+    if _EXPLICIT_TRANSFER.match(name):
+        return "memcpy/memset"
+    if by_name in ("matmul", "attention"):
+        return by_name
+    return op_category
+
+
+# -- scatters -----------------------------------------------------------------------------------
+# `%name = bf16[28,512]{1,0} scatter(bf16[28,512]{1,0} %a, s32[65536,1]{1,0} %b, ...), ...`
+_SCATTER = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<out>\(?[\w\[\],{}:\s]*?\)?)\s+"
+                      r"scatter\((?P<args>[^)]*)\)")
+_TYPE = re.compile(r"\b(pred|[sfu]\d+|bf16|f8\w*)\[([\d,]*)\]")
+
+
+def scatters_in_hlo(text: str, table_shape: tuple[int, int]) -> list[dict]:
+    """Every ``scatter`` instruction of an HLO module text, with element types and shapes.
+
+    Fused computations are part of ``as_text()``, so scatters inside fusions are listed too.
+    ``embedding_grad`` marks the one whose result has the embedding table's shape [V, D].
+    """
+    out = []
+    for line in text.splitlines():
+        m = _SCATTER.search(line)
+        if not m:
+            continue
+        results = _TYPE.findall(m.group("out"))
+        operands = _TYPE.findall(m.group("args"))
+        shapes = [[int(d) for d in dims.split(",") if d] for _, dims in results]
+        out.append({
+            "name": m.group("name"),
+            "result_types": [f"{t}[{d}]" for t, d in results],
+            "operand_types": [f"{t}[{d}]" for t, d in operands],
+            "element_types": sorted({t for t, _ in results + operands if not t.startswith(("s", "u"))}),
+            "embedding_grad": any(tuple(s) == tuple(table_shape) for s in shapes),
+            "line": line.strip()[:400],
+        })
+    return out
+
+
+def embedding_scatters(text: str, table_shape) -> dict:
+    """How many scatters into the [V, D] table the compiled program holds, and their types."""
+    found = [s for s in scatters_in_hlo(text, table_shape) if s["embedding_grad"]]
+    return {"count": len(found), "types": sorted({t for s in found for t in s["element_types"]})}

@@ -1,0 +1,110 @@
+"""The multi-GPU rungs: data parallelism and FSDP by sharding annotations.
+
+    R5   data_parallel       the seed's form: R1's fp32 jitted step, per-device batch as R1's
+    R5x  data_parallel_fast  the fastest configuration so far, per device
+    R5f  fsdp                R5x with parameters and AdamW state sharded too
+
+Before anything is measured, each writes down the cost model's prediction (``predict``:
+``perfladder.multigpu.costmodel``, for k = 2, 4, 8, over a stated link). With one device visible nothing can be measured: the
+rung is a skipped entry that still carries the prediction, for k = 2, 4, 8.
+"""
+from __future__ import annotations
+
+import jax
+
+from perfladder.config import expected_num_params
+from perfladder.jax.lab import JaxLab
+from perfladder.jax.parallel.layout import batch_sharding, make_data_mesh, place_state
+from perfladder.jax.parallel.measure import allreduce_bus_bw, peak_mem_bytes
+from perfladder.jax.recipe import Recipe
+from perfladder.jax.stream import batches
+from perfladder.jax.trial import trial
+from perfladder.ladder.engine import Rung
+from perfladder.measure.evidence import Prediction
+from perfladder.multigpu import costmodel
+from perfladder.multigpu.measurement import baseline_from_windows, efficiency
+from perfladder.results.record import RungResult
+
+STREAM_SEED_OFFSET = 100    # the sharded streams' seed, away from the single-device streams'
+
+
+def single_device_rate(lab: JaxLab, recipe: Recipe, base: str | None):
+    """``(Baseline, source)``: ``recipe`` on one device, from its base's measurement when that ran
+    the same recipe, else measured here; settled or not (``multigpu.Baseline.settled``)."""
+    try:
+        ran = lab.result.rung(base) if base else None
+    except KeyError:
+        ran = None
+    if ran is not None and ran.measured and ran.timing and lab.recipe_from_dict(ran.recipe) == recipe:
+        return baseline_from_windows(ran.timing.settled_windows), base
+    step = lab.build_step(recipe)
+    lab.first_call(step, *next(lab.stream(recipe.batch_size)))
+    t, _ = lab.measure(step, recipe.batch_size)
+    return baseline_from_windows(t.settled_windows), "measured here on one device"
+
+
+def predict(lab: JaxLab, recipe: Recipe, base: str | None, label: str) -> tuple[Prediction, object]:
+    """The cost model for k = 2, 4, 8 (``perfladder.multigpu.costmodel``), printed before any launch."""
+    single, source = single_device_rate(lab, recipe, base)
+    link = "nvlink4-h200" if lab.on_gpu else "gloo-loopback"
+    preds = costmodel.predictions(recipe.batch_size, lab.config.num_steps, single.tokens_per_s,
+                                  expected_num_params(lab.gpt_config), link)
+    costmodel.announce(preds, label=label)
+    pred = costmodel.prediction(preds, link, single.tokens_per_s, source, single.settled, unit="device")
+    return pred, single
+
+
+def sharded(lab: JaxLab, rung: Rung, recipe: Recipe, base: str | None, fsdp: bool) -> RungResult:
+    """Measure ``recipe`` per device over every visible device (or, on one, predict only)."""
+    k = jax.device_count()
+    pred, single = predict(lab, recipe, base, f"{rung.name} jax")
+    if k == 1:
+        return RungResult(name=rung.name, key=rung.key, label=rung.label, kind="skipped",
+                          stage=rung.stage, builds_on=base, recipe=recipe.to_dict(),
+                          error="one device visible: data parallelism needs at least two "
+                                "(predicted for k = 2, 4, 8; nothing measured)",
+                          prediction=pred, section=rung.section)
+    n = expected_num_params(lab.gpt_config)
+    at_k = costmodel.predict(k, recipe.batch_size, lab.config.num_steps, single.tokens_per_s, n,
+                             pred.assumptions["link"]["name"])
+    mesh = make_data_mesh(k)
+    stream = batches(lab.data, k * recipe.batch_size, seed=lab.config.seed + STREAM_SEED_OFFSET,
+                     sharding=batch_sharding(mesh))
+    tr = trial(lab, recipe, stream=stream, devices=k,
+               place=lambda model, opt: place_state(mesh, model, opt, fsdp=fsdp))
+    pred.predicted_tokens_per_s = at_k.predicted_tokens_per_s
+    pred.measured_tokens_per_s = tr.t.tokens_per_s
+    eff, why = efficiency(tr.t.tokens_per_s, k, single)
+    details = {"k": k, "per_rank_batch": recipe.batch_size,
+               "layout": "fsdp" if fsdp else "replicated",
+               "bus_bw_measured": allreduce_bus_bw(mesh, n),
+               "efficiency_vs_linear": eff, "efficiency_note": why,
+               "peak_mem_bytes_per_gpu": peak_mem_bytes(mesh.devices.flat)}
+    notes = [] if lab.on_gpu else ["CPU host devices: the numbers exercise the code path, not an interconnect"]
+    return tr.record(lab, rung, kind="multi-gpu", prediction=pred, details=details, notes=notes)
+
+
+def r5_data_parallel(lab: JaxLab, recipe: Recipe, base):
+    return sharded(lab, R5, recipe, base, fsdp=False)
+
+
+def r5x_data_parallel_fast(lab: JaxLab, recipe: Recipe, base):
+    return sharded(lab, R5x, recipe, base, fsdp=False)
+
+
+def r5f_fsdp(lab: JaxLab, recipe: Recipe, base):
+    return sharded(lab, R5f, recipe, base, fsdp=True)
+
+
+MULTI = dict(stage="multi-gpu", kind="multi-gpu", section="13.6 data parallelism")
+R5 = Rung("R5", "data_parallel", "data parallel", r5_data_parallel, builds_on="R1", **MULTI,
+          gate="R1's jitted step, unchanged: only the arrays' layouts change",
+          attacks="one device's throughput: k devices, gradients allreduced")
+R5x = Rung("R5x", "data_parallel_fast", "data parallel (fastest recipe)", r5x_data_parallel_fast,
+           **MULTI, gate="the fastest configuration's step, unchanged: only the layouts change",
+           attacks="one device's throughput, from the fastest configuration")
+R5f = Rung("R5f", "fsdp", "FSDP (fastest recipe)", r5f_fsdp, **MULTI,
+           gate="the fastest configuration's step, unchanged: parameters and AdamW state sharded",
+           attacks="per-device memory of the replicated state")
+
+MULTI_GPU = [R5, R5x, R5f]

@@ -1,0 +1,172 @@
+"""Typed evidence a rung records (framework-free).
+
+Each record is a small dataclass with ``to_dict`` / ``from_dict``; a ``RungResult`` holds
+them in named slots (``timing``, ``profile``, ``receipt``, ``gates``, ``memory``,
+``compile``, ``prediction``), so a page or a verdict reads a field, never a prose note.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfladder.measure.timing import Throughput, spread_of
+
+
+def _plain(x):
+    """JSON types only (numpy / framework scalars become Python numbers, tuples lists)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if x is None or isinstance(x, (bool, int, str, float)):
+        return x
+    if dataclasses.is_dataclass(x):
+        return _plain(dataclasses.asdict(x))
+    if hasattr(x, "item"):
+        try:
+            return x.item()
+        except (TypeError, ValueError):
+            pass
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+class Record:
+    """``to_dict`` / ``from_dict`` for the evidence dataclasses (unknown keys are ignored,
+    so a newer file still loads)."""
+
+    def to_dict(self) -> dict:
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict | None):
+        if d is None:
+            return None
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class Timing(Record):
+    """The windows a rung was timed with (all of them) and what settled."""
+    windows: list[float]                # tokens/s of every window, in order
+    seconds: list[float]
+    settled: int                        # the median is over the last ``settled`` windows
+    stable: bool
+    target_spread: float
+    steps_per_window: int
+    warmup: int
+    batch_shape: list[int] = field(default_factory=list)
+    remeasured: bool = False            # the first attempt did not settle
+
+    @classmethod
+    def of(cls, t: Throughput, remeasured: bool = False) -> "Timing":
+        return cls(windows=list(t.windows), seconds=list(t.seconds), settled=t.settled,
+                   stable=t.stable, target_spread=t.target_spread,
+                   steps_per_window=t.steps_per_window, warmup=t.warmup,
+                   batch_shape=list(t.batch_shape), remeasured=remeasured)
+
+    @property
+    def settled_windows(self) -> list[float]:
+        return self.windows[-self.settled:]
+
+    @property
+    def spread(self) -> float:
+        return spread_of(self.settled_windows)
+
+    @property
+    def low(self) -> float:
+        return min(self.settled_windows)
+
+    @property
+    def high(self) -> float:
+        return max(self.settled_windows)
+
+    @property
+    def step_time_s(self) -> float:
+        secs = sorted(self.seconds[-self.settled:])
+        return secs[len(secs) // 2] / self.steps_per_window
+
+
+@dataclass
+class ProfileSummary(Record):
+    """Where one step's time goes, from a profiler run outside any timed window.
+
+    ``host_ms`` is the CPU time the framework's own operators take per step (PyTorch:
+    self CPU time of the profiled ops; JAX: wall time Python spends issuing a step);
+    ``device_ms`` the kernels' time per step; ``shares`` the fraction of device time per
+    kernel category; ``rows`` the profile's top operators, device time first.
+    """
+    tool: str                                  # "torch.profiler" | "jax.profiler" | ...
+    steps: int
+    host_ms: float | None = None
+    device_ms: float | None = None
+    shares: dict[str, float] = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)   # {"name", "device_ms", "host_ms", "calls"}
+
+    @property
+    def host_over_device(self) -> float | None:
+        if self.host_ms is None or not self.device_ms:
+            return None
+        return self.host_ms / self.device_ms
+
+
+@dataclass
+class Receipt(Record):
+    """What precision the timed step actually computed in, read from the timed path."""
+    claimed: str                               # "bf16" | "fp32" | "tf32"
+    observed: dict[str, str]                   # e.g. {"logits": "bfloat16", "matmul": "bfloat16"}
+    where: str                                 # how it was read ("TrainStep.__call__", "trace")
+
+    @property
+    def ok(self) -> bool:
+        want = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}[self.claimed]
+        return bool(self.observed) and all(str(v).removeprefix("torch.") == want
+                                           for v in self.observed.values())
+
+
+@dataclass
+class Gate(Record):
+    """One correctness check a rung passed before it was timed."""
+    name: str                                  # "logits+grads vs R2", "mirror", ...
+    passed: bool
+    values: dict[str, float] = field(default_factory=dict)      # measured
+    tolerances: dict[str, float] = field(default_factory=dict)  # the limits they met
+    reference: str = ""                                        # what it was compared with
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Memory(Record):
+    """Device memory of the timed step: measured peak (PyTorch) or the compiler's plan (JAX)."""
+    bytes: int | None
+    kind: str                                  # "measured peak" | "planned temporaries" | "n/a"
+    note: str = ""
+
+
+@dataclass
+class Compile(Record):
+    """The first (compiling) call, outside any timed window."""
+    first_call_s: float
+    compilations: int | None = None
+
+
+@dataclass
+class Prediction(Record):
+    """A cost-model prediction written down before a measurement (R5)."""
+    model: str                                 # what was modelled
+    predicted_tokens_per_s: float
+    assumptions: dict[str, Any] = field(default_factory=dict)
+    measured_tokens_per_s: float | None = None
+    points: list[dict] = field(default_factory=list)   # per k, when several were predicted
+
+
+def finite_positive(name: str, v) -> float:
+    """``v`` as a float, or a ValueError naming ``name`` when it is not a finite positive number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name}={v!r} must be a finite positive number")
+    return float(v)

@@ -1,0 +1,260 @@
+"""What a gate measures and what it allows, for both frameworks (no framework imports).
+
+A rung is timed only after it has proven that it computes the model the reference computes.
+The framework gates (``perfladder.torch.gates``, ``perfladder.jax.gates``) measure; this
+module holds what they share: the tolerance table, the ``GateResult`` record, the errors,
+and the check of a dtype receipt.
+
+Which gate guards what:
+
+    model gate      logits and every parameter's gradient, by name, against the plain fp32
+                    model at probe weights (below), no optimizer step: compile / jit, bf16,
+                    batch (reference in chunks), checkpointing, one-hot and fp32 embedding
+                    lookups, attention kernels, CUDA graphs, max-autotune
+    optimizer gate  the candidate's optimizer fed the reference's gradients for a few steps
+                    (JAX: also its own step function, e.g. split/merge): fused / compiled AdamW,
+                    a parameter group left out
+    receipt         the dtypes recorded by the timed call itself: every step that claims bf16
+    learning check  ``perfladder.measure.learning``: held-out loss by the reference implementation
+
+The metric. Every quantity a gate compares -- the logits, the gradient of one parameter, the
+update of one parameter -- is reduced to the relative error of the tensor as a whole,
+
+    rel = ||candidate - reference|| / ||reference||        (Frobenius norms)
+
+It is scale-free (a parameter whose gradients are 1e-5 is judged like one whose gradients
+are 1). It was chosen over ``max|c - r| / max|r|`` after measuring both: the gradient of a
+bias or a LayerNorm parameter is a sum over all B*T positions of cotangents of both signs,
+smaller than its terms, so the rounding error of the terms shows up enlarged in its largest
+entry (bf16, honest: 0.05 by the max, 0.035 by the norm), while the bugs a gate must catch
+change a whole tensor and keep their size (the embedding lookup's gradient halved: 0.25 by
+the max, 0.33 by the norm). A bug confined to a fraction f of a tensor is diluted to
+sqrt(f) of its size: one head of 8 still shows at 0.35 of its effect. A missing gradient, a
+shape mismatch, NaN or inf count as ``inf``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+# Unit roundoff u = 2^-p of each format (p: significand bits, the implicit one included).
+# fp32: 23 stored + 1; TF32 (what a GPU's fp32 matmul runs in by default): 10 + 1; bf16: 7 + 1.
+UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "tf32": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+# Tolerance of rel (above) by the coarser precision of the pair compared, for the forward
+# (logits) and the backward (every parameter's gradient); the optimizer gate uses "fp32"
+# (its two optimizers see the same gradients and keep fp32 state).
+#
+# bf16: u = 2^-8 = 3.9e-3 per rounding. The logits come out of a chain of roughly 10
+#   roundings per block (matmul inputs and outputs, norms, the residual adds when the stream
+#   itself is bf16, as in the JAX model) times 6 blocks; independent roundings add in
+#   quadrature, sqrt(60) u ~ 8 u, and another kernel (flash attention, fused epilogues) may
+#   round elsewhere: forward 16 u = 2^-4 = 0.0625. A gradient goes through that chain twice
+#   (forward, then backward), and a bias's or norm's gradient is a sum with cancellation
+#   (see the metric): backward 32 u = 2^-3 = 0.125. Measured honest worst cases, CPU: logits
+#   0.005 (smoke) .. 0.012 (full width), gradients 0.013 (torch) .. 0.035 (JAX, a bias, batch
+#   32); the mildest planted bug (the embedding lookup's gradient halved, while the tied
+#   output projection still contributes its full share of the table's gradient) sits at
+#   0.33, and the others at 0.5 .. 1 or inf.
+# TF32: u = 2^-11; the same chains: forward 16 u = 2^-7, backward 32 u = 2^-6. A TF32 matmul
+#   rounds its inputs to 11 bits and accumulates in fp32, so only u changes.
+# fp32 vs fp32: both sides round at 2^-24, but they may add the same numbers in another
+#   order (inductor / XLA fusion, another attention kernel, a batch in chunks); a K-term
+#   sum reassociated can move by up to K u, and K = 4D = 2048 at full width:
+#   2048 * 2^-24 = 2^-13 = 1.2e-4. Measured honest: below 1e-6 (compiled vs eager, jit vs
+#   op-by-op, one-hot vs gather, checkpointed vs plain); the optimizer gate's fused AdamW
+#   against the default one, fed the same gradients, a few 1e-6.
+FORWARD_TOL = {"fp32": 2.0 ** -13, "tf32": 2.0 ** -7, "bf16": 2.0 ** -4}
+BACKWARD_TOL = {"fp32": 2.0 ** -13, "tf32": 2.0 ** -6, "bf16": 2.0 ** -3}
+OPTIMIZER_TOL = FORWARD_TOL["fp32"]
+
+# The probe weights a model gate runs at. At the initial weights (std 0.02) the attention
+# scores q.k / sqrt(Dh) have a std of D * 0.02^2 (0.2 at width 512, 0.013 at the smoke
+# width 32): attention is a near-uniform causal average, and a bug in what decides *where*
+# it looks (RoPE left off k) moves the logits by less than bf16 rounding does. The gate
+# therefore scales the query and key projections (the same factor in the reference and
+# the candidate) so that the scores have a std of PROBE_SCORE_STD: with LayerNorm-ed
+# inputs, a score's std is D * s^2 for projection weights of std s, so s = sqrt(2 / D).
+PROBE_SCORE_STD = 2.0
+
+
+def probe_qk_std(num_hiddens: int) -> float:
+    """Weight std of the query / key projections that gives attention scores of std
+    ``PROBE_SCORE_STD`` (see above)."""
+    if not isinstance(num_hiddens, int) or num_hiddens < 1:
+        raise ValueError(f"num_hiddens={num_hiddens!r} must be a positive integer")
+    return math.sqrt(PROBE_SCORE_STD / num_hiddens)
+
+
+def check_precision(name: str) -> str:
+    if name not in PRECISIONS:
+        raise ValueError(f"precision={name!r} is not valid; valid choices: {PRECISIONS}")
+    return name
+
+
+def coarser(a: str, b: str) -> str:
+    """The coarser of two precisions (the one with the larger unit roundoff)."""
+    check_precision(a), check_precision(b)
+    return a if UNIT_ROUNDOFF[a] >= UNIT_ROUNDOFF[b] else b
+
+
+def tolerances(reference: str, candidate: str) -> dict:
+    """``{'forward': tol, 'backward': tol}`` for comparing a ``candidate`` precision with a
+    ``reference`` precision (the coarser of the two decides)."""
+    p = coarser(reference, candidate)
+    return {"forward": FORWARD_TOL[p], "backward": BACKWARD_TOL[p]}
+
+
+def rel_diff(norm_diff: float, norm_ref: float) -> float:
+    """``||c - r|| / ||r||``; 0 when both are exactly zero, inf when only the reference is,
+    NaN-safe (NaN becomes inf, so it can never pass a ``<=`` check by accident)."""
+    if math.isnan(norm_diff) or math.isnan(norm_ref):
+        return math.inf
+    if norm_ref == 0.0:
+        return 0.0 if norm_diff == 0.0 else math.inf
+    return norm_diff / norm_ref
+
+
+# -- results and errors ---------------------------------------------------------------------
+@dataclass
+class GateResult:
+    """What one gate compared, what it measured, and what it allowed.
+
+    ``measured`` and ``tolerance`` share their keys, one per quantity: ``'logits'``,
+    ``'grad/<parameter>'``, ``'update/<parameter>'``. ``worst`` is the quantity with the
+    largest ``measured / tolerance``; ``passed`` is whether every quantity is within its
+    tolerance. ``details`` holds the rest (batch shapes, steps, the probe scale...).
+    """
+    gate: str
+    reference: str
+    candidate: str
+    precision: dict                 # {'reference': 'fp32', 'candidate': 'bf16'}
+    measured: dict
+    tolerance: dict
+    passed: bool
+    worst: str
+    details: dict = field(default_factory=dict)
+
+    @classmethod
+    def judge(cls, gate: str, reference: str, candidate: str, precision: dict,
+              measured: dict, tolerance: dict, details: dict | None = None) -> "GateResult":
+        """Build the result from the measurements: ``worst`` and ``passed`` computed here."""
+        if not measured or set(measured) != set(tolerance):
+            raise ValueError(f"measured and tolerance must name the same quantities; got "
+                             f"{sorted(measured)} and {sorted(tolerance)}")
+        measured = {k: _clean(v) for k, v in measured.items()}
+        worst = max(measured, key=lambda k: measured[k] / tolerance[k])
+        passed = all(measured[k] <= tolerance[k] for k in measured)
+        return cls(gate=gate, reference=reference, candidate=candidate, precision=dict(precision),
+                   measured=measured, tolerance=dict(tolerance), passed=passed, worst=worst,
+                   details=dict(details or {}))
+
+    def summary(self) -> str:
+        """One line: the gate, the verdict, the worst quantity and its numbers."""
+        w = self.worst
+        verdict = "passed" if self.passed else "FAILED"
+        return (f"{self.gate} {verdict}: {self.candidate} vs {self.reference} "
+                f"({self.precision.get('candidate')} vs {self.precision.get('reference')}); "
+                f"worst {w}: ||diff|| / ||ref|| = {self.measured[w]:.3g} "
+                f"(allowed {self.tolerance[w]:.3g})")
+
+    def evidence(self):
+        """This result as the ``perfladder.measure.evidence.Gate`` a rung records."""
+        from perfladder.measure.evidence import Gate
+        return Gate(name=self.gate, passed=self.passed, values=dict(self.measured),
+                    tolerances=dict(self.tolerance), reference=self.reference,
+                    detail={"candidate": self.candidate, "precision": self.precision,
+                            "worst": self.worst, **self.details})
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        # JSON has no inf: a missing gradient is written as the string "inf"
+        d["measured"] = {k: (v if math.isfinite(v) else "inf") for k, v in self.measured.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GateResult":
+        d = dict(d)
+        d["measured"] = {k: float(v) for k, v in d["measured"].items()}
+        return cls(**d)
+
+
+def _clean(v) -> float:
+    v = float(v)
+    return math.inf if math.isnan(v) else v
+
+
+class GateError(AssertionError):
+    """A rung failed a correctness gate: it is not timed. ``gate`` names the gate and
+    ``result`` (a ``GateResult``, when the gate measured something) holds the numbers."""
+
+    def __init__(self, message: str, result: GateResult | None = None, gate: str | None = None):
+        super().__init__(message)
+        self.result = result
+        self.gate = gate or (result.gate if result is not None else None)
+
+
+class ModelGateError(GateError):
+    """The candidate's logits or parameter gradients differ from the reference model's."""
+
+
+class OptimizerGateError(GateError):
+    """The candidate's optimizer moves the parameters differently from the reference AdamW."""
+
+
+class ReceiptError(GateError):
+    """A step that claims a precision did not compute in it (its own receipt says so)."""
+
+
+def fail_if(result: GateResult, error: type[GateError]) -> GateResult:
+    """Return ``result`` if it passed, else raise ``error`` with its summary."""
+    if not result.passed:
+        raise error(f"{result.summary()}: not timing a model that computes something else",
+                    result=result)
+    return result
+
+
+# -- dtype receipts ---------------------------------------------------------------------------
+RECEIPT_EXPECT = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def dtype_name(dtype) -> str:
+    """'torch.bfloat16' / 'bfloat16' / jnp.bfloat16 -> 'bfloat16'."""
+    s = str(getattr(dtype, "__name__", dtype))
+    return s.rsplit(".", 1)[-1]
+
+
+def check_receipt(receipt: dict | None, expect: str, what: str = "the timed step",
+                  allow_fp32_matmuls: int = 0) -> dict:
+    """Assert a receipt recorded by the timed step says it computed in ``expect``.
+
+    ``receipt`` maps what was looked at to its dtype: ``'logits'`` (required), and where the
+    framework records them ``'grad'`` (a parameter's gradient: fp32 masters, whatever
+    ``expect``), ``'first_activation'`` and ``'matmul_operands'`` (a dict
+    ``{dtype or 'a+b': count}``: with ``expect='bf16'`` at least one bf16 matmul and at most
+    ``allow_fp32_matmuls`` fp32 ones, e.g. 1 for an fp32 one-hot embedding lookup).
+    Raises ``ReceiptError``; returns the receipt.
+    """
+    if expect not in RECEIPT_EXPECT:
+        raise ValueError(f"expect={expect!r} is not valid; valid choices: {tuple(RECEIPT_EXPECT)}")
+    if not receipt or "logits" not in receipt:
+        raise ReceiptError(f"{what} recorded no receipt: it was never called, or the code that "
+                           "ran is not the step's own (a receipt is written by the timed call)",
+                           gate="receipt")
+    want = RECEIPT_EXPECT[expect]
+    bad = {k: receipt[k] for k in ("logits", "first_activation")
+           if k in receipt and dtype_name(receipt[k]) != want}
+    if "grad" in receipt and dtype_name(receipt["grad"]) != "float32":
+        bad["grad"] = receipt["grad"]                     # the masters must stay fp32
+    dots = receipt.get("matmul_operands")
+    if dots is not None:
+        other = {k: n for k, n in dots.items() if k != want}
+        fp32_ok = allow_fp32_matmuls if expect == "bf16" else 0
+        if not dots.get(want) or set(other) - {"float32"} or other.get("float32", 0) > fp32_ok:
+            bad["matmul_operands"] = dots
+    if bad:
+        raise ReceiptError(f"{what} claims {expect} but computed {bad} ({receipt}): it would "
+                           f"measure one precision and call it another", gate="receipt")
+    return receipt

@@ -1,0 +1,315 @@
+"""A rung's evidence card and the kernel breakdown, as HTML and as text (framework-free).
+
+The card lists what the rung recorded, slot by slot (``perfladder.measure.evidence``): its timing
+windows, the verdict and the regime with the numbers they were decided from, its gates with
+values and tolerances, the precision receipt, memory, compile time, achieved rate, the
+prediction, the top rows of its profile (device time first), and what it left in ``details``.
+Version-1 files kept the profiler's table as text; its rows are read back from it.
+"""
+from __future__ import annotations
+
+import re
+
+from perfladder.pages.claims import (
+    call,
+    gib,
+    rate,
+    receipt_ok,
+    regime_of,
+    settled,
+    short_reason,
+    target,
+)
+from perfladder.pages.report import (
+    MUTED,
+    esc,
+    story_html,
+    story_text,
+    table_html,
+    tflops_text,
+)
+from perfladder.results.record import LadderResult, RungResult
+
+PROFILE_ROWS = 8
+_SKIP_DETAILS = {"profile_table", "traceback", "kernels_recipe"}
+_UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _ms(text: str) -> float | None:
+    m = re.fullmatch(r"([\d.]+)\s*(us|ms|s)", text.strip())
+    return None if m is None else float(m.group(1)) * _UNIT_MS[m.group(2)]
+
+
+def profile_rows(r: RungResult, limit: int = PROFILE_ROWS) -> list[dict]:
+    """The profile's top operators per step, device time first: ``{'name', 'device_ms',
+    'host_ms', 'calls'}``. Read from ``profile.rows``, or from a version-1 profiler table."""
+    p = r.profile
+    rows = list(p.rows) if p is not None and p.rows else []
+    table = r.details.get("profile_table")
+    if not rows and isinstance(table, str):
+        steps = p.steps if p is not None and p.steps else 1
+        lines = table.splitlines()
+        head = next((re.split(r"\s{2,}", ln.strip()) for ln in lines if ln.strip().startswith("Name")), None)
+        for ln in lines:
+            cols = re.split(r"\s{2,}", ln.strip())
+            if head is None or len(cols) != len(head) or cols[0] == "Name":
+                continue
+            row = dict(zip(head, cols))
+            dev = _ms(row.get("Self CUDA", row.get("Self XPU", "")) or "")
+            host = _ms(row.get("Self CPU", ""))
+            calls = row.get("# of Calls", "")
+            rows.append({"name": row["Name"], "device_ms": None if dev is None else dev / steps,
+                         "host_ms": None if host is None else host / steps,
+                         "calls": int(calls) / steps if calls.isdigit() else None})
+    def device_first(x):
+        return x.get("device_ms") is None, -(x.get("device_ms") or 0), -(x.get("host_ms") or 0)
+    return sorted(rows, key=device_first)[:limit]
+
+
+def _code(name: str) -> str:
+    """A kernel or operator name: monospace, allowed to break anywhere (they are long)."""
+    return f'<code style="word-break: break-all;">{esc(name)}</code>'
+
+
+def _num(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return f"{v:.3g}" if abs(v) < 1e4 else f"{v:,.0f}"
+
+
+def _flat(d: dict, depth: int = 0) -> str:
+    """A compact one-line rendering of a small dict."""
+    parts = []
+    for k, v in d.items():
+        if isinstance(v, dict) and depth < 1:
+            parts.append(f"{k}: {{{_flat(v, depth + 1)}}}")
+        elif isinstance(v, (list, tuple)):
+            parts.append(f"{k}: [{', '.join(_num(x) for x in v[:6])}{', …' if len(v) > 6 else ''}]")
+        elif not isinstance(v, dict):
+            parts.append(f"{k} {_num(v)}")
+    return ", ".join(parts)
+
+
+def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[tuple[str, str]]:
+    """``[(slot, text)]`` of everything ``r`` recorded (what the card shows; ``error``: include
+    a skipped rung's error, which its sentences otherwise already say)."""
+    out: list[tuple[str, str]] = []
+    if not r.measured and error:
+        out.append(("error", r.error or "; ".join(r.notes) or "not measured"))
+    t = r.timing
+    if t is not None:
+        ok = settled(r)
+        out.append(("timing", f"windows {', '.join(rate(w) for w in t.windows)} tokens/s; median of the last "
+                    f"{t.settled}; spread {t.spread:.1%} against a {target(r):.0%} target"
+                    f" ({'settled' if ok else 'did not settle'})"
+                    + (f"; {t.steps_per_window} steps per window after {t.warmup} warm-up steps"
+                       if t.steps_per_window > 1 else "")
+                    + ("; measured twice" if t.remeasured else "")))
+    if r.verdict:
+        v = r.verdict
+        out.append(("verdict", f"{v['verdict']} against {v['against']}: ratio {v['ratio']:.3f}, windows "
+                    f"{rate(v['range'][0])}–{rate(v['range'][1])} vs {rate(v['against_range'][0])}–"
+                    f"{rate(v['against_range'][1])} ({v['why']})"))
+    if r.measured:
+        reg = r.regime or {}
+        nums = {k: reg[k] for k in ("step_ms", "device_ms", "host_ms", "busy", "compute_share",
+                                    "memory_share", "fraction_of_roof") if reg.get(k) is not None}
+        out.append(("regime", f"{regime_of(r)}: {reg.get('why', '')}" + (f" ({_flat(nums)})" if nums else "")))
+    for g in r.gates:
+        vals = _gate_values(g)
+        extra = ", ".join(f"{k} {_num(v)}" for k, v in g.tolerances.items() if k not in g.values)
+        out.append(("gate", f"{g.name}: {'passed' if g.passed else 'FAILED'}"
+                    + (f"; {vals}" if vals else "") + (f"; tolerances {extra}" if extra else "")
+                    + (f"; against {g.reference}" if g.reference else "")))
+    if r.receipt is not None:
+        rc = r.receipt
+        seen = ", ".join(f"{k} {v}" for k, v in rc.observed.items())
+        out.append(("receipt", f"claimed {rc.claimed}; observed {seen} "
+                    f"({'matches' if receipt_ok(rc) else 'does NOT match'}); read in {rc.where}"))
+    if r.memory is not None and r.memory.bytes is not None:
+        note = f" ({r.memory.note})" if r.memory.note else ""
+        out.append(("memory", f"{gib(r.memory.bytes)} {r.memory.kind}{note}"))
+    if r.compile is not None:
+        out.append(("compile", f"first call {r.compile.first_call_s:.1f} s"
+                    + ("" if r.compile.compilations is None else f", {r.compile.compilations} compilation(s)")))
+    if r.tflops is not None:
+        out.append(("rate", f"{tflops_text(r.tflops)} model TFLOP/s"
+                    + ("" if r.mfu is None else f", {r.mfu:.1%} MFU against the datasheet peak")))
+    p = r.prediction
+    if p is not None:
+        line = f"{p.model}: predicted {rate(p.predicted_tokens_per_s)} tokens/s"
+        if p.measured_tokens_per_s is not None:
+            line += f", measured {rate(p.measured_tokens_per_s)}"
+        if p.assumptions:
+            line += f"; assumptions: {_flat(p.assumptions)}"
+        line += "".join(f"; {_flat(pt)}" for pt in p.points)
+        out.append(("prediction", line))
+    if r.profile is not None:
+        pr = r.profile
+        by_share = sorted(pr.shares.items(), key=lambda kv: -kv[1])
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in by_share if v >= 0.005)
+        ms = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        out.append(("profile", f"{pr.tool}, {pr.steps} steps: device {ms(pr.device_ms)} ms/step, host "
+                    f"{ms(pr.host_ms)} ms/step" + (f"; {shares}" if shares else "")))
+    details = {k: v for k, v in r.details.items() if k not in _SKIP_DETAILS}
+    if details:
+        out.append(("details", _flat(details)))
+    if r.recipe:
+        out.append(("recipe", _flat(r.recipe)))
+    out += [("note", n) for n in r.notes if n != r.error]
+    return out
+
+
+def evidence_card_html(result: LadderResult, name: str, sentences: bool = True, plan=None) -> str:
+    """Rung ``name``'s evidence (and, with ``sentences``, its computed sentences above it;
+    ``plan``: the ladder's rungs in order while it is still running, see ``narrative.next_move``)."""
+    r = result.rung(name)
+    title = f"<strong>{esc(r.name)} · {esc(r.label)}</strong>" + (
+        f" — {esc(rate(r.tokens_per_s))} tokens/s" if r.measured else " — not measured")
+    rows = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)]
+            for k, v in card_rows(result, r, error=not sentences)]
+    out = [f'<div class="perfladder-card" style="border: 1px solid #ddd; border-radius: 4px; '
+           f'padding: 0.4em 0.8em; margin: 0.5em 0;"><p style="margin: 0.2em 0;">{title}</p>']
+    if sentences:
+        out.append(story_html(result, name, plan))
+    if rows:
+        out.append(table_html(["evidence", "value"], rows))
+    prof = profile_rows(r)
+    if prof:
+        out.append(f'<p style="margin: 0.2em 0; font-size: 0.85em;">Top of the profile, per step, '
+                   f'device time first ({esc(r.profile.tool if r.profile else "profiler")}):</p>')
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        out.append(table_html(["device ms", "host ms", "calls", "operator / kernel"],
+                              [[fmt(x.get("device_ms"), ".3f"), fmt(x.get("host_ms"), ".3f"),
+                                fmt(x.get("calls"), "g"), _code(x["name"])]
+                               for x in prof], numeric={0, 1, 2}))
+    return "".join(out) + "</div>"
+
+
+def evidence_card_text(result: LadderResult, name: str, sentences: bool = True, plan=None) -> str:
+    r = result.rung(name)
+    lines = [f"{r.name} {r.label}: " + (f"{rate(r.tokens_per_s)} tokens/s" if r.measured else "not measured")]
+    if sentences:
+        lines.append(story_text(result, name, plan))
+    lines += [f"  {k:<10} {v}" for k, v in card_rows(result, r, error=not sentences)]
+    for x in profile_rows(r):
+        dev = "-" if x.get("device_ms") is None else f"{x['device_ms']:.3f}"
+        lines.append(f"  device {dev:>8} ms  {x['name'][:70]}")
+    return "\n".join(lines)
+
+
+# -- the kernel breakdown ------------------------------------------------------------------------
+GATE_LISTED = 6     # a gate with more values than this (one per parameter gradient) is summarised
+
+
+def _gate_values(g) -> str:
+    """A gate's measured values against their tolerances. A model gate measures every
+    parameter's gradient: those are summarised as how many, how many over, and the one
+    closest to its limit, so the card stays readable; the file keeps them all."""
+    def one(k, v):
+        return f"{k} {_num(v)}" + (f" (tolerance {_num(g.tolerances[k])})" if k in g.tolerances else "")
+    items = list(g.values.items())
+    grads = [(k, v) for k, v in items if k.startswith("grad/")]
+    if len(items) <= GATE_LISTED or not grads:
+        return ", ".join(one(k, v) for k, v in items)
+    rest = ", ".join(one(k, v) for k, v in items if not k.startswith("grad/"))
+    judged = [(k, v) for k, v in grads if g.tolerances.get(k)]
+    over = [k for k, v in judged if v > g.tolerances[k]]
+    text = f"{len(grads)} parameter gradients"
+    if judged:
+        k, v = max(judged, key=lambda kv: kv[1] / g.tolerances[kv[0]])
+        text += (f", {len(over)} over tolerance" + (f" ({', '.join(over)})" if over else "")
+                 + f"; closest to its limit {one(k, v)}")
+    return ", ".join(x for x in (rest, text) if x)
+
+
+def kernel_rung(result: LadderResult) -> RungResult | None:
+    """The rung that carries the ladder's kernel breakdown (the fastest configuration's)."""
+    with_kb = [r for r in result.rungs if r.kernels]
+    return with_kb[-1] if with_kb else None
+
+
+def kernel_html(kb: dict, title: str = "", tried: dict[str, list[str]] | None = None) -> str:
+    """A ``KernelBreakdown.to_dict()``: time by category, then the top kernels, device time first."""
+    steps = kb.get("steps") or 1
+    ms = lambda us: us / steps / 1000.0  # noqa: E731
+    busy = kb.get("busy")
+    what = "kernels" if kb.get("device") == "gpu" else "CPU ops"
+    head = (f"{title + ': ' if title else ''}{kb.get('framework', '')} {what} on {kb.get('device')}: "
+            f"{ms(kb.get('total_us', 0)):.2f} ms per step summed over {steps} profiled steps"
+            + ("" if not kb.get("num_events") else f", {kb['num_events'] / steps:.0f} launches per step")
+            + ("" if busy is None else f", {busy:.0%} of the profiled wall time"))
+    cats = sorted(kb.get("category_us", {}).items(), key=lambda kv: -kv[1])
+    shares = kb.get("category_share", {})
+    cat_rows = [[f"{ms(us):.3f}", f"{shares.get(c, 0):.1%}", esc(c)] for c, us in cats if us > 0]
+    top = [[f"{ms(k['total_us']):.3f}", f"{k['share']:.1%}", f"{k['calls'] / steps:g}", esc(k["category"]),
+            _code(k["name"])] for k in kb.get("top", [])]
+    notes = "".join(f"<li>{esc(n)}</li>" for n in kb.get("notes", []))
+    return (f'<div class="perfladder-kernels"><p style="margin: 0.2em 0;"><strong>{esc(head)}</strong></p>'
+            + table_html(["ms/step", "share", "category"], cat_rows, numeric={0, 1})
+            + table_html(["ms/step", "share", "calls/step", "category", "kernel"], top, numeric={0, 1, 2})
+            + roofline_html(kb.get("roofline"), tried)
+            + (f'<ul style="font-size: 0.85em; color: {MUTED};">{notes}</ul>' if notes else "") + "</div>")
+
+
+def _roofline_rows(rl: dict, tried: dict[str, list[str]] | None = None) -> list[list[str]]:
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    return [[f(r["time_ms"], ".2f"), f(r["floor_ms"], ".2f"), f(r["above_ms"], ".2f"), esc(r["group"]),
+             esc(r.get("bound") or ""), f(None if r.get("bw_frac") is None else 100 * r["bw_frac"], ".0f"),
+             f(None if r.get("mm_frac") is None else 100 * r["mm_frac"], ".0f")]
+            + ([esc("; ".join(tried.get(r["group"], [])) or "-")] if tried is not None else [])
+            for r in rl.get("rows", []) if r.get("time_ms")]
+
+
+def tried_against(result: LadderResult, decls) -> dict[str, list[str]]:
+    """``{roofline group: ["B8 +fused RoPE: 1.08x B5, faster", ...]}``: every rung of
+    ``result`` whose declaration (``decls``: name -> ``Rung``) targets that group, with what
+    its evidence says (the same words the cards use: a ratio only where one may be printed)."""
+    out: dict[str, list[str]] = {}
+    for r in result.rungs:
+        d = decls.get(r.name)
+        if d is None or not d.targets:
+            continue
+        c = call(result, r)
+        if c.word == "skipped":
+            what = f"skipped ({short_reason(r.error or '; '.join(r.notes), 60)})"
+        elif c.label:
+            what = f"{c.label} {c.against}, {c.word}"
+        else:
+            what = c.word
+        for g in d.targets:
+            out.setdefault(g, []).append(f"{r.name} {r.label}: {what}")
+    return out
+
+
+def roofline_html(rl: dict | None, tried: dict[str, list[str]] | None = None) -> str:
+    """The roofline per kernel group: time, the floor its bytes and FLOPs set at this run's
+    measured ceilings, and how far above it each group stands (``perfladder.kernels.roofline``);
+    with ``tried``, the rungs that went after each group and what came of them."""
+    if not rl:
+        return ""
+    head = (f"Roofline per kernel group: {rl['time_ms']:.2f} ms of kernels per step against a floor "
+            f"of {rl['floor_ms']:.2f} ms at this run's measured copy and matmul ceilings")
+    cols = ["ms/step", "floor ms", "above ms", "group", "bound by", "% copy roof", "% matmul roof"]
+    return (f'<p style="margin: 0.6em 0 0.2em 0;"><strong>{esc(head)}</strong></p>'
+            + table_html(cols + (["tried against it"] if tried is not None else []),
+                         _roofline_rows(rl, tried), numeric={0, 1, 2, 5, 6}))
+
+
+def kernel_text(kb: dict, title: str = "", tried: dict[str, list[str]] | None = None) -> str:
+    steps = kb.get("steps") or 1
+    lines = [f"{title + ': ' if title else ''}{kb.get('total_us', 0) / steps / 1000:.2f} ms/step of kernels"]
+    for c, us in sorted(kb.get("category_us", {}).items(), key=lambda kv: -kv[1]):
+        if us > 0:
+            lines.append(f"  {us / steps / 1000:8.3f} ms  {c}")
+    for k in kb.get("top", []):
+        lines.append(f"  {k['total_us'] / steps / 1000:8.3f} ms  {k['category']:<14} {k['name'][:60]}")
+    rl = kb.get("roofline")
+    if rl:
+        lines.append(f"roofline: {rl['time_ms']:.2f} ms of kernels per step, floor {rl['floor_ms']:.2f} ms")
+        for r in rl.get("rows", []):
+            if r.get("time_ms"):
+                lines.append(f"  {r['time_ms']:8.2f} ms  floor {r['floor_ms']:6.2f}  above {r['above_ms']:6.2f}  "
+                             f"{r['group']}" + ("" if tried is None else
+                                                f"  tried: {'; '.join(tried.get(r['group'], [])) or '-'}"))
+    return "\n".join(lines)

@@ -1,0 +1,174 @@
+"""What a page may claim from a ladder's numbers (framework-free).
+
+* numbers as words (``rate``, ``gib``) and the model's ceiling at the measured matmul rate;
+* ``call(result, rung)``: the verdict of ``perfladder.measure.verdict`` turned into what may be said:
+  a speedup is credited only when the verdict is 'faster' (beyond the noise of both
+  measurements, both settled); an unsettled comparison credits nothing and prints no ratio; a
+  loss is called a loss when every window of the rung lies below every window of its base,
+  even when the base's windows did not settle (the sign is sure, the size is flagged unsure).
+
+The tables (``perfladder.pages.report``), the sentences (``perfladder.pages.narrative``) and the bars
+(``perfladder.pages.plot``) all read a comparison through ``call``, so they cannot disagree.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from perfladder.config import LadderConfig, expected_num_params, flops_per_token
+from perfladder.measure import verdict as _verdict
+from perfladder.results.record import LadderResult, RungResult
+
+
+# -- numbers as words --------------------------------------------------------------------------
+def rate(v: float | None) -> str:
+    """Tokens/s with three significant digits: 555k, 2.48M, 9.00k, 812."""
+    if v is None:
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if v >= 1e5:
+        return f"{v / 1e3:.0f}k"
+    if v >= 1e4:
+        return f"{v / 1e3:.1f}k"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f}k"
+    return f"{v:.0f}"
+
+
+def gib(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+
+
+def short_reason(text: str | None, limit: int = 110) -> str:
+    """The first clause of an error or note, without a dangling parenthesis, at most ``limit``
+    characters (for a table cell or a list)."""
+    text = (text or "no reason recorded").split(";")[0].strip().rstrip(".")
+    if text.count("(") > text.count(")"):
+        text = text[: text.rfind("(")].rstrip(" :,")
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def receipt_ok(rc) -> bool:
+    """``Receipt.ok`` that also accepts a framework-qualified dtype ("torch.bfloat16")."""
+    want = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}.get(rc.claimed)
+    seen = [str(v).rsplit(".", 1)[-1] for v in rc.observed.values()]
+    return bool(seen) and all(v == want for v in seen)
+
+
+def is_smoke(result: LadderResult) -> bool:
+    return result.config.get("name") == "smoke"
+
+
+def config_of(result: LadderResult) -> LadderConfig:
+    """The ``LadderConfig`` a results file was produced with (from its ``config`` dict)."""
+    fields = {f.name for f in dataclasses.fields(LadderConfig)}
+    return LadderConfig(**{k: v for k, v in result.config.items() if k in fields})
+
+
+def model_flops_per_token(result: LadderResult) -> int:
+    """``6 N + 12 L T D`` of the model the run's configuration describes."""
+    cfg = config_of(result)
+    gpt = cfg.gpt()
+    return flops_per_token(expected_num_params(gpt), gpt.num_blks, cfg.num_steps, gpt.num_hiddens)
+
+
+def ceiling(result: LadderResult) -> dict | None:
+    """The model's tokens/s at the device's measured bf16 matmul rate, or ``None`` when the run
+    carries no measured roofs: ``{'tokens_per_s', 'tflops', 'flops_per_token', 'source'}``."""
+    tf = (result.roofs or {}).get("matmul_bf16_tflops")
+    if not tf:
+        return None
+    fpt = model_flops_per_token(result)
+    return {"tokens_per_s": tf * 1e12 / fpt, "tflops": tf, "flops_per_token": fpt,
+            "source": (result.roofs or {}).get("source", "")}
+
+
+# -- what may be said about a comparison -------------------------------------------------------
+def settled(r: RungResult) -> bool | None:
+    """Did ``r``'s own windows settle? ``None`` when it has none (a version-1 file without a
+    stable flag is judged against the legacy 5% spread, as ``perfladder.measure.verdict`` does)."""
+    t = r.timing
+    if t is None:
+        return None
+    return bool(t.stable) if t.stable is not None else t.spread <= _verdict.LEGACY_TARGET_SPREAD
+
+
+def target(r: RungResult) -> float:
+    t = r.timing
+    return t.target_spread if t is not None and t.target_spread else _verdict.LEGACY_TARGET_SPREAD
+
+
+def unsettled_clause(*rungs: RungResult) -> str:
+    """"R1's windows did not settle: spread 10% against a 5% target" for those of ``rungs``
+    that did not settle ("" when all did)."""
+    bad = [r for r in rungs if settled(r) is False]
+    return "; ".join(f"{r.name}'s windows did not settle: spread {r.spread:.0%} against a "
+                     f"{target(r):.0%} target" for r in bad)
+
+
+def windows_text(r: RungResult) -> str:
+    """The settled windows' range, "546k–559k" ("" without windows)."""
+    t = r.timing
+    return "" if t is None or not t.windows else f"{rate(t.low)}–{rate(t.high)}"
+
+
+def regime_of(r: RungResult) -> str:
+    return (r.regime or {}).get("regime", "not profiled")
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a page may say about a rung against the rung it builds on."""
+    word: str                 # faster | slower | within noise | unsettled | start | skipped | smoke
+    against: str | None = None
+    ratio: float | None = None        # printed only when not None
+    credited: bool = False            # a speedup the page may credit
+    shaky: str = ""                   # a loss called against windows that did not settle
+
+    @property
+    def label(self) -> str:
+        """Short ratio text for a bar or a table cell ("" when nothing may be printed)."""
+        if self.ratio is None:
+            return ""
+        return f"{self.ratio:.2f}x" if self.word != "within noise" else f"≈{self.ratio:.2f}x"
+
+
+def call_of(v: dict | None, r: RungResult, before: RungResult | None) -> Call:
+    if not r.measured:
+        return Call("skipped")
+    if not v or before is None:
+        return Call("start")
+    word, ratio = v["verdict"], v["ratio"]
+    if word == "unsettled":
+        lo, hi = v["range"]
+        blo, _ = v["against_range"]
+        if hi < blo and ratio < 1 - v.get("min_effect", _verdict.MIN_EFFECT):
+            return Call("slower", v["against"], ratio, shaky=unsettled_clause(r, before))
+        return Call("unsettled", v["against"])
+    return Call(word, v["against"], ratio, credited=word == "faster")
+
+
+def rung_or_none(result: LadderResult, name: str | None) -> RungResult | None:
+    if name is None:
+        return None
+    try:
+        return result.rung(name)
+    except KeyError:
+        return None
+
+
+def call(result: LadderResult, r: RungResult) -> Call:
+    """``r``'s verdict against its base, with the crediting rules of this module. A smoke run's
+    comparisons are 'smoke': its numbers check the code, so nothing is read from them."""
+    c = call_of(r.verdict, r, rung_or_none(result, r.builds_on))
+    return Call("smoke", c.against) if is_smoke(result) and c.word not in ("skipped", "start") else c
+
+
+def against(r: RungResult, other: RungResult) -> Call:
+    """``r`` read against any other measured rung (a control), with the same rules."""
+    if not (r.measured and other.measured):
+        return Call("skipped")
+    return call_of(_verdict.verdict(r, other), r, other)

@@ -1,0 +1,244 @@
+"""What a ladder notebook's cells call (framework-free: the framework is imported by name).
+
+    page = LadderPage("torch")      # picks the configuration, builds the ladder, shows the header
+    page.rung("R1")                 # runs R1 live, then shows R1's evidence card and sentences
+    page.waterfall(); page.kernel_report(); page.learning_check(); page.summary(); page.save()
+
+On a GPU the page runs the full ladder and shows this build's own numbers. Without one it runs
+the smoke ladder live, as a check of the code (a grey box per rung), and shows the committed
+reference run (``perfladder.book.paths.reference_run()``) rung by rung instead, labelled with its
+device, date, versions and command. ``page.shown`` is the ladder whose numbers the page shows;
+``page.live`` the one this build ran. Output goes through IPython when a kernel is running,
+as text otherwise.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from perfladder.book.paths import build_results_dir, reference_run
+from perfladder.config import pick_config
+from perfladder.pages import cards, plot, reading, report
+from perfladder.pages import multigpu as multigpu_page
+from perfladder.pages.claims import is_smoke, rate
+from perfladder.pages.narrative import learning_text, smoke_check
+from perfladder.pages.report import (
+    box_html,
+    bullets_html,
+    display_html,
+    esc,
+    paragraphs_html,
+    run_label,
+)
+from perfladder.results.record import FRAMEWORKS, LadderResult, ResultsError
+from perfladder.results.schema import roofs_from_probe
+
+
+def read_run(path: str | Path) -> LadderResult:
+    """A committed results file; when it carries no measured roofs and its folder holds the
+    device probe of the same run (``device.json``), the roofs are read from that probe."""
+    path = Path(path)
+    res = LadderResult.read(path)
+    probe = path.parent / "device.json"
+    if res.roofs is None and probe.is_file():
+        res.roofs = roofs_from_probe(probe)
+        res.finalize()
+    return res
+
+
+def _show_figure(fig) -> None:
+    import matplotlib.pyplot as plt
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(fig)
+    plt.close(fig)
+
+
+class LadderPage:
+    """One framework's ladder page (see the module docstring).
+
+    ``config``: a ``LadderConfig`` (default: ``pick_config``: full on a GPU, smoke otherwise).
+    ``module`` / ``run`` / ``reference``: the framework package, a ``LadderRun`` and the
+    reference ``LadderResult`` to use instead of importing, building and reading them (tests
+    pass stubs). ``show_header``: display the header box at once.
+    """
+
+    def __init__(self, framework: str, config=None, *, module=None, run=None,
+                 reference: LadderResult | None = None, show_header: bool = True):
+        if framework not in FRAMEWORKS:
+            raise ValueError(f"framework={framework!r} is not valid; valid choices: {FRAMEWORKS}")
+        self.framework = framework
+        self.fw = module if module is not None else importlib.import_module(f"perfladder.{framework}")
+        self.config = config if config is not None else pick_config(has_gpu=self.fw.has_gpu())
+        self.run = run if run is not None else self.fw.Ladder(
+            self.config, command=f"perfladder.pages.ladder.LadderPage({framework!r}) in a book build")
+        self.reference, self.reference_source, self.reference_error = reference, "", ""
+        if self.config.is_smoke and reference is None:
+            try:
+                folder = reference_run(framework=framework)
+                self.reference = read_run(folder / f"{framework}.json")
+                self.reference_source = f"benchmarks/results/{folder.name}/{framework}.json"
+            except (FileNotFoundError, ValueError, ResultsError) as e:
+                self.reference_error = str(e)
+        if show_header:
+            self.header()
+
+    # -- which ladder is shown --------------------------------------------------------------
+    @property
+    def live(self) -> LadderResult:
+        return self.run.result
+
+    @property
+    def shown(self) -> LadderResult:
+        """The reference run on a smoke build (when it could be read); else this build's ladder."""
+        return self.reference if self.config.is_smoke and self.reference is not None else self.live
+
+    @property
+    def plan(self) -> list:
+        """The rung declarations in ladder order (what is still to run, while the page runs)."""
+        return list(self.fw.RUNGS.values())
+
+    def _shown_rung(self, name: str):
+        """The shown ladder's rung for declaration ``name``: by technique key, else by name."""
+        decl = self.fw.RUNGS.get(name)
+        if decl is not None and self.shown.by_key(decl.key) is not None:
+            return self.shown.by_key(decl.key)
+        try:
+            return self.shown.rung(name)
+        except KeyError:
+            return None
+
+    # -- cells -------------------------------------------------------------------------------
+    def header(self) -> None:
+        device = self.live.device
+        if not self.config.is_smoke:
+            report.banner(self.config, device)
+            return
+        if self.reference is not None:
+            shows = (f"Every number, table, sentence and figure shown for a rung comes from the committed "
+                     f"reference run: {run_label(self.reference, self.reference_source)}.")
+        else:
+            shows = (f"No committed reference run could be read ({self.reference_error}), so the page shows "
+                     "the smoke run itself: its numbers are not performance results.")
+        text = (f"This build runs the tiny smoke configuration on {device}. Each cell below runs its rung "
+                "live, as a check that the code runs and its gates pass; the grey boxes report "
+                f"that check, and its numbers are NOT performance results. {shows}")
+        display_html(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
+                              "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
+
+    def sections(self) -> None:
+        """Each rung, its technique, and the chapter section whose tool it applies."""
+        display_html(report.sections_html(self.plan), report.sections_text(self.plan))
+
+    def rung(self, name: str) -> None:
+        """Run rung ``name`` live; show the shown ladder's evidence card and sentences for it."""
+        res = self.run.run(name)
+        if not self.config.is_smoke or self.reference is None:
+            plan = None if self.config.is_smoke else self.plan
+            display_html(cards.evidence_card_html(self.live, res.name, plan=plan),
+                         cards.evidence_card_text(self.live, res.name, plan=plan))
+            if not res.measured:
+                self._committed_multi_gpu(name)
+            return
+        self._smoke_box(f"smoke check on {self.live.device}", smoke_check(res))
+        ref = self._shown_rung(name)
+        if ref is None:
+            decl = self.fw.RUNGS.get(name)
+            text = (f"The reference run ({self.reference.device}, {self.reference.created[:10]}) has no rung for "
+                    f"this technique ({decl.key if decl else name}): it was recorded before the rung existed.")
+            display_html(paragraphs_html([text]), text)
+            return
+        other = self.reference
+        label = f"Reference run: {other.framework} on {other.device}, {other.created[:10]}"
+        display_html(f'<p style="margin: 0.4em 0 0 0; font-size: 0.85em; color: #666;">{esc(label)}</p>'
+                     + cards.evidence_card_html(self.reference, ref.name),
+                     label + "\n" + cards.evidence_card_text(self.reference, ref.name))
+        if not ref.measured:
+            self._committed_multi_gpu(name)
+
+    def _committed_multi_gpu(self, name: str) -> None:
+        """A multi-GPU rung this page cannot show measured: the committed 2-GPU run's numbers."""
+        rows = multigpu_page.measurements(self.framework, name)
+        if not rows:
+            return
+        text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
+                f"(benchmarks/results/{multigpu_page.MULTI_GPU_RUN}), each prediction written before "
+                "its launch:")
+        display_html(paragraphs_html([text]) + multigpu_page.table_html(rows),
+                     text + "\n" + multigpu_page.table_text(rows))
+
+    def _smoke_box(self, title: str, text: str) -> None:
+        display_html(box_html(title, f'<p style="margin: 0; font-size: 0.9em;">{esc(text)}</p>', "smoke",
+                              cls="perfladder-smoke"), f"[{title}] {text}")
+
+    def table(self) -> None:
+        """Every rung of the shown ladder, one row each."""
+        display_html(report.ladder_table_html(self.shown), report.text_table(self.shown))
+
+    def waterfall(self) -> None:
+        """The shown ladder's waterfall, then how to read it."""
+        _show_figure(plot.waterfall(self.shown))
+        self.reading()
+
+    def reading(self) -> None:
+        lines = reading.reading(self.shown)
+        display_html(paragraphs_html(lines), "\n".join(lines))
+
+    def kernel_report(self) -> None:
+        """Profile the fastest configuration kernel by kernel (live), show the shown ladder's."""
+        live = self.run.kernel_report()
+        if self.config.is_smoke and self.reference is not None:
+            self._smoke_box(f"smoke check on {self.live.device}",
+                            "the kernel breakdown ran: " + (f"{len(live.get('top', []))} top operators sorted"
+                                                             if live else "it failed (see the notes)"))
+        r = cards.kernel_rung(self.shown)
+        if r is None:
+            text = "No kernel breakdown was recorded in this ladder: " + "; ".join(
+                n for n in self.shown.notes if "kernel breakdown" in n)
+            display_html(paragraphs_html([text]), text)
+            return
+        title = f"{r.name} ({r.label}), the fastest configuration"
+        tried = cards.tried_against(self.shown, self.fw.RUNGS)
+        display_html(cards.kernel_html(r.kernels, title, tried), cards.kernel_text(r.kernels, title, tried))
+
+    def learning_check(self) -> None:
+        """Train the fastest configuration (live); show the shown ladder's check and loss curve."""
+        live = self.run.learning_check()
+        if self.config.is_smoke and self.reference is not None:
+            self._smoke_box(f"smoke check on {self.live.device}", learning_text(live))
+        check = self.shown.learning
+        display_html(paragraphs_html([learning_text(check)]), learning_text(check))
+        if check is not None and check.losses:
+            import matplotlib.pyplot as plt
+            fig, ax = plt.subplots(figsize=(5.5, 2.6))
+            ax.plot(check.losses, linewidth=1)
+            ax.set_xlabel("step", fontsize=8)
+            ax.set_ylabel("training loss", fontsize=8)
+            ax.set_title(f"{self.shown.framework} on {self.shown.device}: {check.configuration or 'fastest'} "
+                         "configuration" + (" [SMOKE]" if is_smoke(self.shown) else ""), fontsize=9)
+            ax.spines[["top", "right"]].set_visible(False)
+            fig.tight_layout()
+            _show_figure(fig)
+
+    def summary(self) -> None:
+        lines = reading.summary(self.shown)
+        display_html(bullets_html(lines), "\n".join(f"- {s}" for s in lines))
+        if self.config.is_smoke and self.reference is not None:
+            self._smoke_box(f"smoke check on {self.live.device}", " ".join(reading.summary(self.live)))
+
+    def save(self, folder: str | Path | None = None) -> tuple[Path, Path]:
+        """Write this build's ladder (not the reference) and its waterfall into the build's
+        results folder, for the comparison page: ``<framework>.json``, ``<framework>_waterfall.png``."""
+        folder = Path(folder) if folder is not None else build_results_dir()
+        path = self.live.finalize().write(folder / f"{self.framework}.json")
+        png = folder / f"{self.framework}_waterfall.png"
+        import matplotlib.pyplot as plt
+        plt.close(plot.waterfall(self.live, png))
+        best = self.live.best() if self.live.waterfall() else None
+        print(f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s"
+                                            f"{', smoke' if self.config.is_smoke else ''})" if best else ""))
+        return path, png

@@ -1,0 +1,72 @@
+"""The committed multi-GPU measurements a ladder page shows beside its R5 cells (framework-free).
+
+A book built on one GPU or none cannot measure data parallelism; the R5 cells then show the
+committed run of ``benchmarks/results/h200x2-r5`` (``benchmarks/r5_multi_gpu.py`` on two
+H200s joined by NVLink): every measurement with the prediction written before its launch.
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from perfladder.book.paths import repo_root
+
+MULTI_GPU_RUN = "h200x2-r5"
+# which committed measurements belong to which rung: (form, mechanisms)
+FOR_RUNG = {"R5": ("seed", ("ddp", "mesh")), "R5x": ("fast", ("ddp", "mesh", "jax.distributed")),
+            "R5f": ("fast", ("fsdp2", "mesh-fsdp"))}
+
+
+def measurements(framework: str, rung: str, root: Path | None = None) -> list[dict]:
+    """The committed measurements of ``framework`` for ``rung`` (R5 / R5x / R5f), or ``[]``."""
+    if rung not in FOR_RUNG:
+        return []
+    if root is None:
+        top = repo_root()
+        if top is None:
+            return []
+        root = top / "benchmarks" / "results" / MULTI_GPU_RUN
+    path = Path(root) / "r5.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    form, mechs = FOR_RUNG[rung]
+    return [m for m in data.get("measurements", []) if m.get("framework") == framework
+            and m.get("form") == form and m.get("mechanism") in mechs and m.get("status") == "measured"]
+
+
+def _rate(v) -> str:
+    return "-" if v is None else f"{v / 1e6:.2f}M"
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def _gbps(v) -> str:
+    return "-" if not v else f"{v / 1e9:.0f}"
+
+
+def cells(m: dict) -> list[str]:
+    return [m["mechanism"], str(m["k"]), str(m["per_rank_batch"]),
+            _rate(m.get("predicted_tokens_per_s")), _rate(m.get("measured_tokens_per_s")),
+            _pct(m.get("efficiency_vs_linear")), _gbps(m.get("bus_bw_measured")),
+            f"{100 * (m.get('spread') or 0):.1f}%"]
+
+
+HEAD = ["how", "k", "batch/GPU", "predicted (no-overlap floor)", "measured tokens/s", "of linear",
+        "all-reduce GB/s", "spread"]
+
+
+def table_html(rows: list[dict]) -> str:
+    """Prediction beside measurement, one row per committed measurement."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEAD)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells(m)) + "</tr>"
+                   for m in rows)
+    return f'<table class="perfladder-table"><tr>{head}</tr>{body}</table>'
+
+
+def table_text(rows: list[dict]) -> str:
+    return "\n".join(" | ".join(r) for r in [HEAD, *(cells(m) for m in rows)])

@@ -1,0 +1,376 @@
+"""Result objects of a ladder run (no framework imports).
+
+A ``RungResult`` holds what one rung measured in named, typed slots (``perfladder.measure.evidence``):
+``timing`` (every window), ``profile``, ``receipt``, ``gates``, ``memory``, ``compile``,
+``prediction``; the kernel breakdown of the fastest configuration in ``kernels``; rung-specific
+measurements under fixed keys in ``details``. Everything that compares one rung with another
+(``ratio_prev``, ``ratio_base``, ``verdict``, ``regime``) is derived by
+``LadderResult.finalize()`` from those facts, so no rung ever edits another's result.
+
+The JSON layout is written down in ``perfladder/results/schema/results-v2.schema.json``;
+``perfladder.results.schema`` validates it and still reads version-1 files.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfladder.measure import verdict as _verdict
+from perfladder.measure.evidence import (
+    Compile,
+    Gate,
+    Memory,
+    Prediction,
+    ProfileSummary,
+    Receipt,
+    Timing,
+    _plain,
+)
+
+SCHEMA_VERSION = 2
+FRAMEWORKS = ("torch", "jax")
+KINDS = ("rung", "control", "multi-gpu", "skipped")
+STAGES = ("seed", "beyond", "multi-gpu")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp8")
+
+
+class ResultsError(ValueError):
+    """A results file does not follow the schema."""
+
+
+_SLOTS = {"timing": Timing, "memory": Memory, "compile": Compile, "receipt": Receipt,
+          "profile": ProfileSummary, "prediction": Prediction}
+
+
+@dataclass
+class RungResult:
+    name: str                               # display name in its framework ("R1", "B4")
+    key: str                                # technique key, shared by both frameworks
+    label: str                              # bar label
+    tokens_per_s: float | None = None       # median of the settled windows; None when skipped
+    kind: str = "rung"                      # see KINDS; only measured "rung"s form the waterfall
+    stage: str = "seed"
+    precision: str = "tf32"
+    batch_size: int | None = None
+    seq_len: int | None = None
+    builds_on: str | None = None            # the rung whose configuration it changes
+    recipe: dict = field(default_factory=dict)
+    kept: bool | None = None                # beyond rungs: did the next rung build on it?
+    timing: Timing | None = None
+    tflops: float | None = None             # achieved model TFLOP/s
+    mfu: float | None = None                # against the datasheet peak; None when unknown
+    memory: Memory | None = None
+    compile: Compile | None = None
+    gates: list[Gate] = field(default_factory=list)
+    receipt: Receipt | None = None
+    profile: ProfileSummary | None = None
+    prediction: Prediction | None = None
+    kernels: dict | None = None             # KernelBreakdown.to_dict() (fastest configuration)
+    details: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None                # why a skipped rung measured nothing
+    section: str = ""                       # the chapter section whose tool the rung applies
+    # derived by LadderResult.finalize()
+    ratio_prev: float | None = None
+    ratio_base: float | None = None
+    verdict: dict | None = None
+    regime: dict | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.tokens_per_s is not None
+
+    @property
+    def windows(self) -> list[float]:
+        return [] if self.timing is None else list(self.timing.windows)
+
+    @property
+    def spread(self) -> float | None:
+        return None if self.timing is None else self.timing.spread
+
+    @property
+    def stable(self) -> bool | None:
+        return None if self.timing is None else self.timing.stable
+
+    def gate(self, name: str) -> Gate:
+        for g in self.gates:
+            if g.name == name:
+                return g
+        raise KeyError(f"rung {self.name} has no gate {name!r}; gates: {[g.name for g in self.gates]}")
+
+    def to_dict(self) -> dict:
+        out = {}
+        for k in self.__dataclass_fields__:
+            v = getattr(self, k)
+            if k == "gates":
+                v = [g.to_dict() for g in v]
+            elif k in _SLOTS and v is not None:
+                v = v.to_dict()
+            out[k] = _plain(v)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RungResult":
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for k, typ in _SLOTS.items():
+            if kw.get(k) is not None:
+                kw[k] = typ.from_dict(kw[k])
+        kw["gates"] = [Gate.from_dict(g) for g in kw.get("gates") or []]
+        return cls(**kw)
+
+    def __str__(self) -> str:
+        if not self.measured:
+            return f"{self.name} {self.label}: skipped ({self.error or '; '.join(self.notes)})"
+        parts = [f"{self.name} {self.label}: {self.tokens_per_s:,.0f} tokens/s"]
+        if self.timing is not None:
+            parts.append(f"spread {100 * self.spread:.1f}%"
+                         + ("" if self.timing.stable else " (DID NOT SETTLE)"))
+        if self.ratio_prev is not None:
+            parts.append(f"{self.ratio_prev:.2f}x {self.builds_on}")
+        if self.verdict:
+            parts.append(self.verdict["verdict"])
+        if self.tflops is not None:
+            parts.append(f"{self.tflops:.3g} TFLOP/s")
+        if self.mfu is not None:
+            parts.append(f"MFU {100 * self.mfu:.1f}%")
+        return ", ".join(parts)
+
+
+@dataclass
+class LearningCheck:
+    """A short training run of the fastest configuration (see ``perfladder.measure.learning``)."""
+    steps: int
+    first: float          # mean training loss of the first `window` steps
+    last: float           # mean training loss of the last `window` steps
+    window: int
+    losses: list[float] = field(default_factory=list)
+    val_before: float | None = None
+    val_after: float | None = None
+    threshold: float | None = None      # val_after must be below this
+    evaluated_with: str = ""
+    configuration: str = ""             # which rung's configuration was trained
+
+    @property
+    def passed(self) -> bool:
+        # a diverged run's non-finite losses are written as null: it never passes (nor does NaN)
+        falls = self.first is not None and self.last is not None and self.last < self.first
+        if self.threshold is None:
+            return falls
+        return (falls and self.val_after is not None and self.val_before is not None
+                and self.val_after < self.val_before and self.val_after <= self.threshold)
+
+    @classmethod
+    def of(cls, check) -> "LearningCheck":
+        """The stored record of a ``perfladder.measure.learning.LearningCheck`` (passed or failed)."""
+        return cls(steps=check.steps, first=check.train_first, last=check.train_last,
+                   window=check.window, losses=list(check.losses), val_before=check.val_before,
+                   val_after=check.val_after, threshold=check.threshold,
+                   evaluated_with=check.evaluated_with)
+
+    def to_dict(self) -> dict:
+        d = _plain({k: getattr(self, k) for k in self.__dataclass_fields__})
+        for k in ("first", "last", "val_before", "val_after"):
+            d[k] = _finite_or_none(d[k])
+        d["losses"] = [_finite_or_none(x) for x in d["losses"]]
+        d["passed"] = self.passed
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict | None):
+        if d is None:
+            return None
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    def __str__(self) -> str:
+        f = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
+        s = (f"training loss over {self.steps} steps: first {self.window} {f(self.first)} -> "
+             f"last {self.window} {f(self.last)}")
+        if self.threshold is not None:
+            s += (f"; validation loss {f(self.val_before)} -> {f(self.val_after)} "
+                  f"(must be < {self.threshold:.3f})")
+        return s + (" -- passed" if self.passed else " -- FAILED")
+
+
+def _finite_or_none(x):
+    """JSON holds finite numbers only: a diverged loss (NaN, inf) is written as null."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def smoothed_check(losses, window: int = 20) -> LearningCheck:
+    """First-``window`` mean vs last-``window`` mean of a loss curve; raises if it did not fall."""
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"window={window!r} must be a positive integer")
+    losses = [float(x) for x in losses]
+    if len(losses) < 2 * window:
+        raise ValueError(f"need at least {2 * window} losses for window={window}, got {len(losses)}")
+    check = LearningCheck(steps=len(losses), first=sum(losses[:window]) / window,
+                          last=sum(losses[-window:]) / window, window=window, losses=losses)
+    if not check.passed:
+        raise AssertionError(f"speed that breaks the model is not speed: {check}")
+    return check
+
+
+@dataclass
+class LadderResult:
+    framework: str
+    device: str
+    config: dict
+    baseline: str
+    rungs: list[RungResult] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    learning: LearningCheck | None = None
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc)
+                         .strftime("%Y-%m-%dT%H:%M:%SZ"))
+    command: str = ""
+    peak_tflops: dict | None = None     # the datasheet's dense peaks (the MFU denominators)
+    roofs: dict | None = None           # this run's own device probe: measured ceilings
+    notes: list[str] = field(default_factory=list)
+    schema_read: int = SCHEMA_VERSION   # the schema version the file was written with
+
+    def __post_init__(self):
+        if self.framework not in FRAMEWORKS:
+            raise ResultsError(f"framework={self.framework!r} is not valid; valid choices: {FRAMEWORKS}")
+
+    # -- access ----------------------------------------------------------------------------
+    def rung(self, name: str) -> RungResult:
+        for r in self.rungs:
+            if r.name == name:
+                return r
+        raise KeyError(f"no rung {name!r}; rungs here: {[r.name for r in self.rungs]}")
+
+    def by_key(self, key: str) -> RungResult | None:
+        return next((r for r in self.rungs if r.key == key), None)
+
+    def waterfall(self) -> list[RungResult]:
+        """The measured rungs that form the cumulative waterfall, in order."""
+        return [r for r in self.rungs if r.kind == "rung" and r.measured]
+
+    def best(self) -> RungResult:
+        """The fastest rung whose measurement settled (any, when none did)."""
+        chain = self.waterfall()
+        if not chain:
+            raise ValueError(f"no measured waterfall rung in this {self.framework} ladder")
+        settled = [r for r in chain if r.stable is not False]
+        return max(settled or chain, key=lambda r: r.tokens_per_s)
+
+    def add(self, rung: RungResult) -> RungResult:
+        if any(r.name == rung.name for r in self.rungs):
+            raise ValueError(f"rung {rung.name!r} is already in this ladder")
+        self.rungs.append(rung)
+        self.finalize()
+        return rung
+
+    def finalize(self) -> "LadderResult":
+        """Derive every cross-rung number from the rungs' own facts (idempotent)."""
+        measured = {r.name: r for r in self.rungs if r.measured}
+        base = measured.get(self.baseline)
+        roof = (self.roofs or {}).get("matmul_bf16_tflops")
+        for r in self.rungs:
+            r.ratio_prev = r.ratio_base = r.verdict = None
+            if not r.measured:
+                continue
+            if base is not None:
+                r.ratio_base = r.tokens_per_s / base.tokens_per_s
+            before = measured.get(r.builds_on) if r.builds_on else None
+            if before is not None:
+                r.ratio_prev = r.tokens_per_s / before.tokens_per_s
+                r.verdict = _verdict.verdict(r, before)
+            r.regime = _verdict.regime(r, roof_tflops=roof, copy_gbps=(self.roofs or {}).get("copy_gbps"))
+            if r.kernels:
+                r.kernels = reread_kernels(r.kernels)
+        return self
+
+    # -- (de)serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "framework": self.framework,
+            "device": self.device,
+            "config": _plain(self.config),
+            "baseline": self.baseline,
+            "versions": dict(self.versions),
+            "created": self.created,
+            "command": self.command,
+            "peak_tflops": self.peak_tflops,
+            "roofs": self.roofs,
+            "rungs": [r.to_dict() for r in self.rungs],
+            "learning": None if self.learning is None else self.learning.to_dict(),
+            "notes": list(self.notes),
+        }
+
+    def write(self, path: str | Path) -> Path:
+        from perfladder.results.schema import validate
+        path = Path(path)
+        data = self.finalize().to_dict()
+        validate(data, source=str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "<dict>") -> "LadderResult":
+        from perfladder.results.schema import upgrade, validate
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        data = upgrade(data, source)
+        validate(data, source)
+        res = cls(framework=data["framework"], device=data["device"], config=data["config"],
+                  baseline=data["baseline"],
+                  rungs=[RungResult.from_dict(r) for r in data["rungs"]],
+                  versions=data.get("versions", {}),
+                  learning=LearningCheck.from_dict(data.get("learning")),
+                  created=data.get("created", ""), command=data.get("command", ""),
+                  peak_tflops=data.get("peak_tflops"), roofs=data.get("roofs"),
+                  notes=data.get("notes", []), schema_read=version)
+        return res.finalize()
+
+    @classmethod
+    def read(cls, path: str | Path) -> "LadderResult":
+        from perfladder.results.schema import load_json
+        path = Path(path)
+        return cls.from_dict(load_json(path), source=str(path))
+
+    def table(self) -> str:
+        from perfladder.pages.report import text_table
+        return text_table(self)
+
+
+def python_versions(**modules) -> dict[str, str]:
+    """Versions of python and of the given imported modules (name=module)."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for name, mod in modules.items():
+        out[name] = getattr(mod, "__version__", "?")
+    return out
+
+
+def reread_kernels(kb: dict) -> dict:
+    """A stored kernel report (``KernelBreakdown.to_dict()`` plus its ``roofline``) read by
+    today's taxonomy (``KernelBreakdown.recategorized``): when a named kernel moves out of
+    'other', the categories and the roofline rows are derived again from the report's own
+    workload and roofs. Returned unchanged when nothing moves."""
+    from perfladder.kernels import KernelBreakdown
+    from perfladder.kernels.roofline import Roofs, Workload, roofline
+    try:
+        old = KernelBreakdown.from_dict(kb)
+    except ValueError:               # not a full breakdown (an older file's summary): as it is
+        return kb
+    new = old.recategorized()
+    if new is old:
+        return kb
+    out = {**kb, **new.to_dict()}
+    rl = kb.get("roofline")
+    if rl and rl.get("workload") and rl.get("roofs"):
+        rf = rl["roofs"]
+        out["roofline"] = roofline(new, Workload(**rl["workload"]),
+                                   Roofs(copy_bytes_per_s=rf["copy_bytes_per_s"],
+                                         matmul_flops_per_s=rf["matmul_flops_per_s"],
+                                         source=rf.get("source", "")),
+                                   title=rl.get("title", "")).to_dict()
+    return out
+

@@ -1,0 +1,146 @@
+"""Reading and checking results JSON (framework-free).
+
+* ``load_json(path)``: the file's JSON, or a one-line ``ResultsError`` naming the file (missing,
+  unreadable, not JSON, nested absurdly deep, or holding NaN / infinity);
+* ``validate(data, source)``: the JSON Schema in ``results-v2.schema.json`` (checked with
+  ``jsonschema``), then what a schema cannot say (unique rung names, skipped rungs carry no
+  rate, a measured rung carries its windows, the baseline);
+* ``upgrade(data, source)``: a version-1 file as version 2 (``perfladder.results.schema.v1``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from perfladder.results.record import SCHEMA_VERSION, ResultsError
+
+MAX_DEPTH = 64          # results nest a handful of levels; anything deeper is not ours
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict:
+    return json.loads(resources.files(__package__).joinpath("results-v2.schema.json").read_text())
+
+
+def load_json(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such results file") from None
+    except IsADirectoryError:
+        raise ResultsError(f"{path}: is a directory, not a results file") from None
+    except OSError as e:
+        raise ResultsError(f"{path}: cannot read results file ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ResultsError(f"{path}: not a text file ({e.reason})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: JSON nested too deeply to be a results file") from None
+
+
+def _walk(x, where: str, depth: int = 0):
+    """Refuse non-finite numbers (naming the field) and absurd nesting."""
+    if depth > MAX_DEPTH:
+        raise ResultsError(f"nested deeper than {MAX_DEPTH} levels at {where}")
+    if isinstance(x, float) and not math.isfinite(x):
+        raise ResultsError(f"{where} is {x!r}: results hold finite numbers only")
+    if isinstance(x, dict):
+        for k, v in x.items():
+            _walk(v, f"{where}.{k}", depth + 1)
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            _walk(v, f"{where}[{i}]", depth + 1)
+
+
+def _field(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(top level)"
+
+
+def validate(data: Any, source: str = "<results>") -> None:
+    """Raise ``ResultsError`` naming ``source`` and the first thing wrong with ``data``."""
+    import jsonschema
+
+    def bad(msg):
+        raise ResultsError(f"{source}: {msg}")
+
+    if not isinstance(data, dict):
+        bad(f"top level must be a JSON object, got {type(data).__name__}")
+    try:
+        _walk(data, "results")
+    except ResultsError as e:
+        bad(str(e))
+    if data.get("schema_version") != SCHEMA_VERSION:
+        bad(f"schema_version {data.get('schema_version')!r} is not supported (expected {SCHEMA_VERSION})")
+    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        e = _innermost(errors[0])
+        where = _field(e.absolute_path)
+        rung = _rung_name(data, e.absolute_path)
+        bad(f"{where}{f' (rung {rung})' if rung else ''}: {e.message}")
+    names = []
+    for i, r in enumerate(data["rungs"]):
+        where = f"rungs[{i}] ({r['name']})"
+        if r["kind"] == "skipped" and r["tokens_per_s"] is not None:
+            bad(f"{where} is 'skipped' but has tokens_per_s")
+        if r["kind"] != "skipped" and r["tokens_per_s"] is None:
+            bad(f"{where} is {r['kind']!r} but has no tokens_per_s")
+        if r["tokens_per_s"] is not None and not r.get("timing"):
+            bad(f"{where} has tokens_per_s but no timing windows")
+        names.append(r["name"])
+    if len(set(names)) != len(names):
+        bad(f"rung names repeat: {names}")
+
+
+def _innermost(e):
+    """A ``oneOf``'s own message says only 'not valid under any of the given schemas': report
+    the branch that got furthest instead (the 'null' of a 'null or ...' is never the story)."""
+    while e.context:
+        ctx = list(e.context)
+        real = [c for c in ctx if c.validator != "type"] or ctx[-1:]
+        e = max(real, key=lambda c: len(c.absolute_path))
+    return e
+
+
+def _rung_name(data, path) -> str | None:
+    path = list(path)
+    if len(path) >= 2 and path[0] == "rungs" and isinstance(path[1], int):
+        try:
+            return data["rungs"][path[1]]["name"]
+        except (IndexError, KeyError, TypeError):
+            return None
+    return None
+
+
+def upgrade(data: Any, source: str = "<results>") -> Any:
+    """Version-1 files become version 2; anything else is returned unchanged."""
+    if isinstance(data, dict) and data.get("schema_version") == 1:
+        from perfladder.results.schema.v1 import to_v2
+        try:
+            _walk(data, "results")
+        except ResultsError as e:
+            raise ResultsError(f"{source}: {e}") from None
+        return to_v2(data, source)
+    return data
+
+
+def roofs_from_probe(path: Path) -> dict | None:
+    """The measured ceilings of ``benchmarks/device_probe.py``'s JSON, as ``LadderResult.roofs``."""
+    try:
+        probe = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    mm, copy = probe.get("bf16_matmul_tflops"), probe.get("copy_tb_per_s")
+    if not mm:
+        return None
+    return {"matmul_bf16_tflops": mm, "matmul_tf32_tflops": probe.get("tf32_matmul_tflops"),
+            "copy_gbps": None if copy is None else 1e3 * copy,
+            "source": f"{Path(path).name} (device probe of the same run)",
+            "method": probe.get("method", "")}

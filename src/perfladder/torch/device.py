@@ -1,0 +1,49 @@
+"""This run's own device ceilings: a large matmul and a device-to-device copy (CUDA only).
+
+The measured roofs a page reads rates against come from the same run, not from a table:
+they differ by a few percent from day to day and machine to machine.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+METHOD = ("median of {reps} CUDA-event-timed repeats after 3 warm-ups; random data; "
+          "matmul {n}^3; copy counts bytes read + written of a {gib} GiB fp32 tensor")
+
+
+def _ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def probe_roofs(n: int = 8192, gib: int = 1, reps: int = 10) -> dict | None:
+    """``{'matmul_bf16_tflops', 'matmul_tf32_tflops', 'copy_gbps', 'source', 'method'}`` on a
+    CUDA device, ``None`` without one."""
+    if not torch.cuda.is_available():
+        return None
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    bf16 = 2 * n ** 3 / (_ms(lambda: x @ y, reps) / 1e3) / 1e12
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    xf, yf = x.float(), y.float()
+    tf32 = 2 * n ** 3 / (_ms(lambda: xf @ yf, reps) / 1e3) / 1e12
+    torch.backends.cuda.matmul.allow_tf32 = before
+    src = torch.randn(gib << 28, device="cuda", dtype=torch.float32)      # gib GiB
+    dst = torch.empty_like(src)
+    copy = 2 * src.numel() * 4 / (_ms(lambda: dst.copy_(src), reps) / 1e3) / 1e9
+    return {"matmul_bf16_tflops": bf16, "matmul_tf32_tflops": tf32, "copy_gbps": copy,
+            "source": "perfladder.torch.device at the start of this run",
+            "method": METHOD.format(reps=reps, n=n, gib=gib)}

@@ -1,0 +1,130 @@
+"""Data-parallel rungs, predicted before anything is launched:
+
+    R5   data_parallel       the seed's form: R0's eager fp32 batch-64 step per rank, DDP
+    R5x  data_parallel_fast  the fastest configuration so far per rank, DDP
+    R5f  fsdp                the same with FSDP2 (``fully_shard``)
+
+The cost model (``perfladder.multigpu.costmodel``: the single-GPU step plus one ring all-reduce of the
+fp32 gradients over a stated link, no overlap) is printed and stored for k = 2, 4, 8 on every
+build, one GPU and CPU included, where the rung then measures nothing and says so. With k >= 2
+GPUs, ``torchrun`` launches the ranks (``perfladder.torch.parallel.measure``) and the measurement
+is stored beside the prediction.
+"""
+from __future__ import annotations
+
+import torch
+
+from perfladder.hardware import achieved_tflops, mfu
+from perfladder.ladder.engine import Rung
+from perfladder.measure.evidence import Memory, Timing
+from perfladder.multigpu import costmodel
+from perfladder.multigpu.measurement import baseline_from_windows
+from perfladder.results.record import RungResult
+from perfladder.torch.lab import TorchLab
+from perfladder.torch.parallel import measure as dataparallel
+
+PREDICT_KS = costmodel.PREDICT_KS
+
+
+def ddp_recipe(recipe) -> tuple[dict, list[str]]:
+    """The per-rank recipe a DDP launch runs, and what of ``recipe`` it cannot carry (said)."""
+    d = recipe.to_dict()
+    dropped = [k for k in ("checkpoint", "cudagraphs", "autotune") if d.get(k)]
+    out = {k: d[k] for k in ("batch_size", "compiled", "bf16", "optimizer", "embed", "attn_backend")}
+    out["fused"] = list(d.get("fused") or ())
+    out["mode"] = None        # CUDA-graph and autotune modes are not launched under DDP here
+    return out, dropped
+
+
+def baseline_of(lab: TorchLab, base: str | None):
+    """The single-GPU rate the prediction and the efficiency use: the base rung's windows."""
+    try:
+        r = lab.result.rung(base)
+    except KeyError:
+        return None, None
+    if not r.measured or r.timing is None:
+        return None, None
+    return baseline_from_windows(r.timing.settled_windows), base
+
+
+def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel: str) -> RungResult:
+    backend = "nccl" if lab.on_gpu else "gloo"
+    link = dataparallel.default_link(backend)
+    baseline, source = baseline_of(lab, base)
+    if baseline is None:
+        baseline = dataparallel.measure_baseline(lab.config, form, ddp_recipe(recipe)[0]
+                                                 if form == "fast" else None, backend=backend)
+        source = "measured for this rung (one rank)"
+    B, T = recipe.batch_size, lab.config.num_steps
+    preds = costmodel.predictions(B, T, baseline.tokens_per_s, lab.num_params, link)
+    costmodel.announce(preds, label=f"{name} torch")                 # before any launch
+    pred = costmodel.prediction(preds, link, baseline.tokens_per_s, source, baseline.settled, unit="gpu")
+    n_gpu = torch.cuda.device_count() if lab.on_gpu else 0
+    ks = [k for k in PREDICT_KS if k <= n_gpu]
+    if not ks:
+        return RungResult(name=name, key="", label="", kind="skipped", recipe=recipe.to_dict(),
+                          prediction=pred, error=f"{n_gpu} CUDA GPU(s) here: data parallelism needs "
+                          "at least 2; predicted for k = 2, 4, 8, not measured")
+    runs = []
+    for k in ks:
+        lab.reset_memory()                               # hand the ranks the parent's cache
+        runs.append(dataparallel.measure(k, lab.config, form, ddp_recipe(recipe)[0]
+                                         if form == "fast" else None,
+                                         parallel=parallel, baseline=baseline, link=link))
+    m = runs[-1]
+    details = {"runs": [r.to_dict() | {"ranks": []} for r in runs],
+               "not_carried_under_ddp": ddp_recipe(recipe)[1]}
+    if m.status != "measured":
+        return RungResult(name=name, key="", label="", kind="skipped", recipe=recipe.to_dict(),
+                          prediction=pred, details=details, error=m.reason)
+    pred.predicted_tokens_per_s = m.predicted_tokens_per_s
+    pred.measured_tokens_per_s = m.measured_tokens_per_s
+    rate = m.measured_tokens_per_s
+    details.update(k=m.k, per_rank_batch=m.per_rank_batch, bus_bw_measured=m.bus_bw_measured,
+                   efficiency_vs_linear=m.efficiency_vs_linear, efficiency_note=m.efficiency_note,
+                   peak_mem_bytes_per_gpu=m.peak_mem_bytes_per_gpu,
+                   predicted_at_measured_bw=m.predicted_at_measured_bw_tokens_per_s)
+    timing = Timing(windows=m.windows, seconds=[1.0] * len(m.windows), settled=len(m.windows),
+                    stable=m.spread is not None and m.spread <= lab.config.target_spread,
+                    target_spread=lab.config.target_spread, steps_per_window=lab.config.timed,
+                    warmup=lab.config.warmup, batch_shape=[B, T])
+    mems = [x for x in m.peak_mem_bytes_per_gpu if x is not None]
+    return RungResult(
+        name=name, key="", label=f"{name_label(parallel)} x{m.k}", tokens_per_s=rate,
+        kind="multi-gpu", precision="bf16" if recipe.bf16 else lab.fp32_label(), batch_size=B,
+        seq_len=T, recipe=recipe.to_dict(), timing=timing,
+        tflops=achieved_tflops(rate, lab.flops_per_token),
+        mfu=mfu(rate / m.k, lab.flops_per_token, lab.device_name, "bf16" if recipe.bf16 else "tf32"),
+        memory=Memory(max(mems) if mems else None, "measured peak per GPU (largest rank)"),
+        prediction=pred, details=details)
+
+
+def name_label(parallel: str) -> str:
+    return {"ddp": "DDP", "fsdp2": "FSDP2"}[parallel]
+
+
+def r5_data_parallel(lab, recipe, base):
+    return data_parallel(lab, "R5", recipe, base, form="seed", parallel="ddp")
+
+
+def r5x_data_parallel_fast(lab, recipe, base):
+    return data_parallel(lab, "R5x", recipe, base, form="fast", parallel="ddp")
+
+
+def r5f_fsdp(lab, recipe, base):
+    return data_parallel(lab, "R5f", recipe, base, form="fast", parallel="fsdp2")
+
+
+MULTI = [
+    Rung("R5", "data_parallel", "DDP", r5_data_parallel, stage="multi-gpu", kind="multi-gpu",
+         builds_on="R0", section="13.5 and 13.6 data parallelism",
+         gate="every rank starts from rank 0's weights (DDP broadcasts them)",
+         attacks="one GPU's throughput: k GPUs, gradients all-reduced"),
+    Rung("R5x", "data_parallel_fast", "DDP, fastest recipe", r5x_data_parallel_fast,
+         stage="multi-gpu", kind="multi-gpu", section="13.6 data parallelism",
+         gate="every rank starts from rank 0's weights",
+         attacks="one GPU's throughput, from the fastest configuration"),
+    Rung("R5f", "fsdp", "FSDP2, fastest recipe", r5f_fsdp, stage="multi-gpu", kind="multi-gpu",
+         section="13.6 data parallelism", gate="every rank starts from the same weights",
+         attacks="per-GPU memory of the replicated state"),
+]

@@ -1,0 +1,53 @@
+"""benchmarks/fused_kernels.py --smoke: every part runs on CPU (interpreters) and writes its JSON."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "fused_kernels.py"
+
+
+def run(tmp_path, *args) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    framework = args[args.index("--framework") + 1]
+    return json.loads((tmp_path / f"{framework}_fused.json").read_text())
+
+
+def test_torch_smoke(tmp_path):
+    pytest.importorskip("triton")
+    out = run(tmp_path, "--framework", "torch", "--configs", "none,all")
+    assert out["smoke"] and out["errors"] == []
+    assert set(out["kernels"]) == {"rope", "addnorm", "gelu"}
+    for row in out["kernels"].values():
+        assert row["fused_fwd_bwd_ms"] > 0 and row["ref_fwd_bwd_ms"] > 0 and row["fused_bytes"] > 0
+    assert set(out["steps"]) == {"none", "all"}
+    fused = out["steps"]["all"]
+    assert fused["fused"] == ["rope", "addnorm", "gelu"]
+    assert fused["gate"]["passed"] and fused["gate"]["max_abs_diff_vs_unfused"] <= fused["gate"]["atol"]
+    assert fused["tokens_per_s"] > 0
+
+
+def test_jax_smoke_and_an_unknown_xla_flag(tmp_path):
+    out = run(tmp_path, "--framework", "jax", "--xla-flags=--xla_perfladder_no_such_flag=1")
+    assert out["errors"] == []
+    assert out["kernels"]["addnorm"]["fused_fwd_bwd_ms"] > 0
+    assert out["steps"]["addnorm"]["gate"]["passed"] and out["steps"]["none"]["tokens_per_s"] > 0
+    flag = out["steps"]["none --xla_perfladder_no_such_flag=1"]
+    assert flag["exists"] is False and "Unknown flag" in flag["error"][0]
+
+
+def test_bad_configs_are_refused(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--framework", "jax", "--smoke", "--out",
+                           str(tmp_path), "--configs", "rope"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "valid choices" in proc.stderr

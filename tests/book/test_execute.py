@@ -1,0 +1,148 @@
+"""perfladder.book.execute: the ladder notebooks side by side, each on its own GPU and cores."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from perfladder.book import execute as bookexec
+
+
+def _fake_topology(tmp_path, cores):
+    """A /sys/devices/system/cpu with the given {cpu: (package, core)} map."""
+    for cpu, (pkg, core) in cores.items():
+        topo = tmp_path / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "physical_package_id").write_text(f"{pkg}\n")
+        (topo / "core_id").write_text(f"{core}\n")
+    return tmp_path
+
+
+def test_hyperthread_siblings_stay_on_one_core(tmp_path):
+    # Linux numbers the second hyperthread of each core after all the first ones: 0/4, 1/5, ...
+    sysfs = _fake_topology(tmp_path, {c: (0, c % 4) for c in range(8)})
+    cores = bookexec.physical_cores(range(8), sys_cpu=sysfs)
+    assert cores == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    shares = bookexec.split_cores(2, cores)
+    assert shares == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert not set(shares[0]) & set(shares[1])
+
+
+def test_two_sockets_and_uneven_shares(tmp_path):
+    sysfs = _fake_topology(tmp_path, {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (1, 2)})
+    cores = bookexec.physical_cores([0, 1, 2, 3, 4], sys_cpu=sysfs)
+    assert cores == [[0], [1], [2], [3], [4]]
+    assert bookexec.split_cores(2, cores) == [[0, 1, 2], [3, 4]]
+
+
+def test_without_topology_every_cpu_is_a_core(tmp_path):
+    assert bookexec.physical_cores([3, 1], sys_cpu=tmp_path) == [[1], [3]]
+
+
+@pytest.mark.parametrize("k", [0, -1, True, 1.5])
+def test_bad_share_counts_are_refused(k):
+    with pytest.raises(ValueError, match=repr(k).replace(".", r"\.")):
+        bookexec.split_cores(k, [[0], [1]])
+
+
+def test_more_notebooks_than_cores_is_an_error():
+    with pytest.raises(ValueError, match="only 1 core"):
+        bookexec.split_cores(2, [[0, 1]])
+
+
+def test_cpu_ranges_read_like_taskset():
+    assert bookexec.cpu_ranges([17, 0, 1, 2, 5, 16]) == "0-2,5,16-17"
+    assert bookexec.cpu_ranges([3]) == "3"
+
+
+def test_visible_gpus_follow_the_callers_mask(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert bookexec.visible_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert bookexec.visible_gpus() == []
+
+
+def _notebook(path, source):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    nbformat.write(nb, path)
+    return path
+
+
+REPORT = ("import os\n"
+          "print('gpu', os.environ.get('CUDA_VISIBLE_DEVICES'))\n"
+          "print('cpus', sorted(os.sched_getaffinity(0)))\n")
+
+
+def test_side_by_side_pins_each_notebook_and_fills_the_cache(tmp_path):
+    """Two notebooks run at once, each sees its own GPU mask and its own cores, and the
+    build's cache then answers for both (as myst-nb asks it: by the notebook's code)."""
+    pytest.importorskip("jupyter_cache")
+    import nbformat
+    from jupyter_cache import get_cache
+    if len(bookexec.physical_cores()) < 2:
+        with pytest.raises(ValueError, match="core"):
+            bookexec.split_cores(2, bookexec.physical_cores())
+        return
+    nbs = [_notebook(tmp_path / f"{i}_nb.ipynb", f"# notebook {i}\n" + REPORT) for i in range(2)]
+    cache = tmp_path / "cache"
+    plan = bookexec.side_by_side(nbs, cache, tmp_path / "work", gpus=["7", "5"], timeout=120,
+                                 log=lambda *a: None)
+    seen = {}
+    for nb in nbs:
+        record = get_cache(str(cache)).match_cache_notebook(nbformat.read(nb, as_version=4))
+        out = get_cache(str(cache)).get_cache_bundle(record.pk).nb
+        text = "".join(o.get("text", "") for o in out.cells[0].outputs)
+        seen[nb.name] = text
+        assert plan[nb.name]["ran"] and plan[nb.name]["seconds"] > 0
+        assert f"gpu {plan[nb.name]['gpu']}" in text
+        assert f"cpus {plan[nb.name]['cpus']}" in text
+    assert [plan[nb.name]["gpu"] for nb in nbs] == ["7", "5"]
+    assert not set(plan[nbs[0].name]["cpus"]) & set(plan[nbs[1].name]["cpus"])
+    rows = bookexec.status_rows(tmp_path / "work")
+    assert [r[:3] for r in rows] == [(nb.name, plan[nb.name]["gpu"], bookexec.cpu_ranges(plan[nb.name]["cpus"]))
+                                     for nb in nbs]
+    assert bookexec.status_rows(tmp_path / "nothing-here") is None
+    # a second call finds both cached and runs nothing
+    again = bookexec.side_by_side(nbs, cache, tmp_path / "work2", gpus=["7", "5"], log=lambda *a: None)
+    assert not any(v["ran"] for v in again.values())
+
+
+def test_a_failing_notebook_fails_loudly_and_caches_nothing(tmp_path):
+    pytest.importorskip("jupyter_cache")
+    import nbformat
+    from jupyter_cache import get_cache
+    good = _notebook(tmp_path / "good.ipynb", "x = 1")
+    bad = _notebook(tmp_path / "bad.ipynb", "raise RuntimeError('planted failure')")
+    both = [good, bad] if len(bookexec.physical_cores()) >= 2 else [bad]
+    with pytest.raises(RuntimeError, match=r"bad\.ipynb(.|\n)*planted failure"):
+        bookexec.side_by_side(both, tmp_path / "cache", tmp_path / "work", gpus=None,
+                              timeout=120, log=lambda *a: None)
+    with pytest.raises(KeyError):
+        get_cache(str(tmp_path / "cache")).match_cache_notebook(nbformat.read(good, as_version=4))
+
+
+def test_cli_refuses_missing_gpus_and_notebooks(tmp_path, monkeypatch, capsys):
+    nb = _notebook(tmp_path / "a.ipynb", "x = 1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(SystemExit):
+        bookexec.main(["run", str(tmp_path / "c"), str(tmp_path / "w"), str(nb), str(nb)])
+    assert "need 2 GPUs; found 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bookexec.main(["run", str(tmp_path / "c"), str(tmp_path / "w"), str(tmp_path / "nope.ipynb"), "--no-gpu"])
+    assert "nope.ipynb" in capsys.readouterr().err
+
+
+def test_build_script_refuses_a_bad_parallel_value(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PERFLADDER_BOOK_PARALLEL": "yes", "PERFLADDER_BOOK_OUT": str(tmp_path)}
+    p = subprocess.run(["bash", str(root / "scripts" / "build_book.sh"), sys.executable],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert "PERFLADDER_BOOK_PARALLEL='yes'" in p.stderr and "valid: 0, 1" in p.stderr
+    assert not (tmp_path / "_build").exists()

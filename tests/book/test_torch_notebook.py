@@ -1,0 +1,37 @@
+"""notebooks/01_pytorch_ladder.ipynb ran top to bottom in a fresh kernel (smoke config, CPU)
+and wrote valid results: read from the session's smoke build of the book (conftest.smoke_book),
+which executes every notebook once for the book tests and these."""
+from __future__ import annotations
+
+import pytest
+
+from perfladder.results.record import LadderResult
+
+
+def _outputs(nb) -> str:
+    parts = []
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            parts.append(o.get("text", ""))
+            parts += [str(v) for k, v in o.get("data", {}).items() if k in ("text/html", "text/plain")]
+    return "\n".join(parts)
+
+
+@pytest.mark.slow
+def test_pytorch_notebook_runs_and_writes_results(smoke_book):
+    nb = smoke_book.notebook("01_pytorch_ladder")
+    import perfladder.torch as fw
+
+    result = LadderResult.read(smoke_book.results / "torch.json")
+    assert result.framework == "torch" and result.config["name"] == "smoke"
+    assert [r.name for r in result.rungs] == [n for n, r in fw.RUNGS.items() if not r.optional]
+    assert any(r.kernels for r in result.rungs)                       # the live kernel breakdown
+    assert result.learning is not None and result.learning.passed
+    assert (smoke_book.results / "torch_waterfall.png").stat().st_size > 1000
+    text = _outputs(nb)
+    assert "perfladder config: smoke" in text
+    assert text.count("smoke check on") >= len(result.rungs)          # one live check per rung
+    assert "Reference run: torch on NVIDIA H200" in text               # the committed run, shown
+    assert "What it did." in text and "What comes next." in text
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) >= 2                                            # waterfall, loss curve

@@ -1,0 +1,48 @@
+"""R5 in JAX with 2 OS processes on CPU, joined by jax.distributed (CPU collectives over gloo):
+the processes train exactly like one device on the same global batch, and the fast form
+measures, predicted first."""
+import shutil
+
+from perfladder.jax.timer import fast_cpu_compiles
+
+if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles (the children inherit XLA_FLAGS)
+    fast_cpu_compiles()
+
+import pytest  # noqa: E402
+
+from perfladder.config import get_config  # noqa: E402
+from perfladder.jax.parallel.launch import launch_local, measure_distributed  # noqa: E402
+from perfladder.jax.parallel.measure import (
+    Replica,
+    corpus,
+    fixed_global_batches,
+    seed_recipe,
+)
+from perfladder.multigpu.measurement import baseline_from_windows  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+CFG = get_config("smoke")
+
+
+def test_two_processes_take_the_steps_one_device_takes(tmp_path):
+    got = launch_local(2, CFG, "seed", check_steps=3, out_dir=tmp_path, timeout=300)
+    assert got["num_processes"] == 2 and got["k"] == 2
+    data = corpus(CFG)
+    rep = Replica(CFG, seed_recipe(CFG), len(data.vocab))          # one device, the same init
+    want = [float(rep.step(X, Y)) for X, Y in fixed_global_batches(data, 2 * CFG.batch_size, 3)]
+    # fp32; only the order of the cross-process gradient sum differs
+    assert got["losses"] == pytest.approx(want, rel=1e-5)
+    assert want[2] < want[0]                                        # and the steps trained
+
+
+def test_fast_form_is_predicted_then_measured(tmp_path, capsys):
+    base = baseline_from_windows([1000.0, 1000.0])
+    m = measure_distributed(2, CFG, "fast", baseline=base, warmup=1, timed=2, windows=2,
+                            out_dir=tmp_path, timeout=300)
+    assert "predict k=2" in capsys.readouterr().out
+    assert m.status == "measured", m.reason
+    assert (m.mechanism, m.k, m.processes) == ("jax.distributed", 2, 2)
+    assert m.recipe["dtype"] == "bfloat16" and m.recipe["split"] and m.per_rank_batch == 4 * CFG.big_batch
+    assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and m.bus_bw_measured > 0
+    assert len(m.ranks) == 2 and m.prediction["link"] == "gloo-loopback"
+    assert m.efficiency_vs_linear == pytest.approx(m.measured_tokens_per_s / 2000.0)

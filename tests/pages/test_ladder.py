@@ -1,0 +1,171 @@
+"""perfladder.pages.ladder: the live ladder runs through the real engine on a fake lab; on a smoke build
+the page shows the committed reference run; ``save`` writes this build's ladder."""
+from __future__ import annotations
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import pytest  # noqa: E402
+from _ladders import H200, ROOT, FakeModule  # noqa: E402
+
+from perfladder.book.paths import reference_run  # noqa: E402
+from perfladder.config import get_config  # noqa: E402
+from perfladder.pages.ladder import LadderPage, read_run  # noqa: E402
+from perfladder.results.record import LadderResult  # noqa: E402
+
+
+@pytest.fixture
+def reference():
+    return read_run(H200 / "torch.json")
+
+
+def smoke_page(reference=None, **kw) -> LadderPage:
+    return LadderPage("torch", get_config("smoke"), module=FakeModule(), reference=reference, **kw)
+
+
+def test_smoke_page_runs_live_and_shows_the_reference(capsys, reference):
+    page = smoke_page(reference)
+    head = capsys.readouterr().out
+    assert head.startswith("=" * 78) and "smoke configuration" in head
+    assert "NOT performance results" in head and "NVIDIA H200" in head and "2026-11-29" in head
+    assert page.shown is reference and page.live is page.run.result
+    page.rung("R0")
+    page.rung("R1")
+    page.rung("R2")
+    out = capsys.readouterr().out
+    assert [r.name for r in page.live.rungs] == ["R0", "R1", "R2"]          # ran live, in order
+    assert "[smoke check on cpu] R2 (+bf16) ran" in out and "receipt logits bfloat16 (matches bf16)" in out
+    assert "Reference run: torch on NVIDIA H200, 2026-11-29" in out
+    assert "R2 ran at 555k tokens/s, 0.79x R1: slower" in out                # the reference's sentences
+    assert "host-bound" in out
+
+
+def test_smoke_page_says_when_the_reference_lacks_a_rung(capsys, reference):
+    page = smoke_page(reference)
+    for name in ("R0", "R1", "R2", "R3"):
+        page.rung(name)
+    capsys.readouterr()
+    reference.rungs = [r for r in reference.rungs if r.key != "fused_adamw"]
+    page.rung("B1")
+    out = capsys.readouterr().out
+    assert "has no rung for this technique (fused_adamw)" in out
+
+
+def test_gpu_only_rung_is_skipped_with_its_reason(capsys, reference):
+    page = smoke_page(reference)
+    for name in ("R0", "R1", "R2", "R3", "R5"):
+        page.rung(name)
+    out = capsys.readouterr().out
+    assert page.live.rung("R5").kind == "skipped"
+    assert "R5 (data parallel) did not run here: not applicable on CPU: needs at least 2 GPUs" in out
+
+
+def test_full_page_shows_its_own_numbers_and_reads_the_plan(capsys):
+    page = LadderPage("torch", get_config("full"), module=FakeModule(device="NVIDIA H200"))
+    assert "Full configuration on NVIDIA H200" in capsys.readouterr().out
+    assert page.shown is page.live and page.reference is None
+    page.rung("R0")
+    page.rung("R1")
+    out = capsys.readouterr().out
+    assert "R1 ran at 20.2k tokens/s, 2.00x R0: faster, beyond the noise of both" in out
+    assert "compiled vs eager logits: passed; max_abs_diff 1e-05; tolerances atol 0.01" in out
+    assert "R0 is host-bound" in out and "In this ladder that is R1 (compile)." in out   # from the plan
+    assert "smoke check" not in out
+
+
+def test_page_cells_after_the_rungs(capsys, reference, tmp_path):
+    page = smoke_page(reference)
+    for name in page.fw.RUNGS:
+        page.rung(name)
+    page.sections()
+    page.table()
+    page.waterfall()
+    page.kernel_report()
+    page.learning_check()
+    page.summary()
+    out = capsys.readouterr().out
+    assert "R1   compile" in out and "13.3" in out                               # sections, from the declarations
+    assert "B6 (batch x4), the fastest configuration: 94.69 ms/step of kernels" in out   # the reference's
+    calls = page.fw.labs[0].calls
+    assert "kernel breakdown ran" in out and calls[-2:] == ["kernels:B1", "learning:B1"]   # live, fastest
+    assert "3.281" in out and "Passed: it learns" in out                       # the reference's learning check
+    assert "A check of the code on cpu (smoke configuration)" in out          # the live smoke summary
+    assert any(s in out for s in ("ceiling", "no measured roofs"))
+    path, png = page.save(tmp_path)
+    data = json.loads(path.read_text())
+    assert data["framework"] == "torch" and data["config"]["name"] == "smoke"
+    assert [r["name"] for r in data["rungs"]] == list(page.fw.RUNGS)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert LadderResult.read(path).learning.passed
+
+
+def test_smoke_page_without_a_reference_shows_its_own_run(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("perfladder.pages.ladder.reference_run",
+                        lambda **kw: (_ for _ in ()).throw(FileNotFoundError("no reference.txt here")))
+    page = smoke_page()
+    assert "no reference.txt here" in capsys.readouterr().out
+    page.rung("R0")
+    out = capsys.readouterr().out
+    assert page.shown is page.live and "a check that the code runs" in out
+
+
+def test_bad_framework():
+    with pytest.raises(ValueError, match=r"framework='numpy' is not valid; valid choices: \('torch', 'jax'\)"):
+        LadderPage("numpy")
+
+
+def test_reference_run_reads_the_committed_pointer(tmp_path):
+    for fw in ("torch", "jax"):
+        assert (reference_run(framework=fw) / f"{fw}.json").is_file()
+        assert reference_run(ROOT, fw).name in (ROOT / "benchmarks/results/reference.txt").read_text().split()
+    pointer = tmp_path / "benchmarks" / "results"
+    (pointer / "run-a").mkdir(parents=True)
+    (pointer / "reference.txt").write_text("# comment\n\nrun-b\n")
+    with pytest.raises(ValueError, match=r"names 'run-b', which is not a run folder; valid choices: run-a"):
+        reference_run(tmp_path)
+    (pointer / "reference.txt").write_text("run-a\n")
+    assert reference_run(tmp_path) == pointer / "run-a"
+    # one framework can move to a newer run: its own line wins, the other takes the default
+    (pointer / "run-c").mkdir()
+    (pointer / "reference.txt").write_text("run-a\njax run-c\n")
+    assert reference_run(tmp_path, "jax").name == "run-c" and reference_run(tmp_path, "torch").name == "run-a"
+    assert reference_run(tmp_path).name == "run-a"
+    (pointer / "reference.txt").write_text("jax run-c\n")
+    with pytest.raises(ValueError, match="names no run folder for torch"):
+        reference_run(tmp_path, "torch")
+    with pytest.raises(ValueError, match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
+        reference_run(tmp_path, "mxnet")
+    (pointer / "reference.txt").write_text("numpy run-c\n")
+    with pytest.raises(ValueError, match=r"line 'numpy run-c' is not 'FOLDER' or 'FRAMEWORK FOLDER'"):
+        reference_run(tmp_path, "jax")
+    (pointer / "reference.txt").unlink()
+    with pytest.raises(FileNotFoundError, match="reference.txt is missing"):
+        reference_run(tmp_path)
+
+
+def test_read_run_takes_roofs_from_the_same_runs_probe(tmp_path):
+    r = read_run(H200 / "jax.json")
+    assert r.roofs["matmul_bf16_tflops"] == pytest.approx(785.73, abs=0.01)
+    lone = tmp_path / "jax.json"
+    lone.write_text((H200 / "jax.json").read_text())
+    assert read_run(lone).roofs is None
+
+
+# -- the notebooks call declared rungs, each once, in ladder order ---------------------------------
+def _rung_cells(notebook: str) -> list[str]:
+    import re
+    nb = json.loads((ROOT / "notebooks" / notebook).read_text())
+    return [m for c in nb["cells"] if c["cell_type"] == "code"
+            for m in re.findall(r'page\.rung\("([^"]+)"\)', "".join(c["source"]))]
+
+
+@pytest.mark.parametrize("framework,notebook", [("torch", "01_pytorch_ladder.ipynb"),
+                                                ("jax", "02_jax_ladder.ipynb")])
+def test_notebook_runs_every_declared_rung_once(framework, notebook):
+    from perfladder.ladder.engine import Rung
+    fw = pytest.importorskip(f"perfladder.{framework}", reason=f"perfladder.{framework} does not import here")
+    if not all(isinstance(r, Rung) for r in getattr(fw, "RUNGS", {}).values()):
+        pytest.skip(f"perfladder.{framework}.RUNGS is not yet a registry of perfladder.ladder.engine.Rung")
+    assert _rung_cells(notebook) == [n for n, r in fw.RUNGS.items() if not r.optional]

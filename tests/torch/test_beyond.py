@@ -1,0 +1,345 @@
+"""perfladder.torch.rungs.beyond: the B rungs of the shared smoke ladder (conftest.py), their gates
+and chaining, the one-hot embedding, the kernel report, and the bad inputs they refuse."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perfladder.config import get_config
+from perfladder.kernels import KernelBreakdown
+from perfladder.ladder.engine import check_rungs
+from perfladder.measure.verdict import REGIMES, VERDICTS
+from perfladder.torch import GPT, RUNGS, Ladder, MirrorError, TorchLab, run_ladder
+from perfladder.torch.attention import BACKENDS, pick_backend
+from perfladder.torch.loss_gate import (
+    EMBED_ATOL,
+    EMBED_GRAD_RTOL,
+    GATE_STEPS,
+    LOSS_ATOL,
+    LossGateError,
+    embed_gate,
+    gate_batches,
+    loss_gate,
+)
+from perfladder.torch.recipe import Recipe
+from perfladder.torch.rungs import beyond as bz
+from perfladder.torch.step import make_optimizer, make_step
+
+CFG = get_config("smoke")
+ON_GPU = torch.cuda.is_available()
+BEYOND = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
+FUSED = ["B8", "B9", "B10"]
+MEASURED = ["B1", "B2", "B4", "B5", "B6"] + (["B3", *FUSED] if ON_GPU else [])
+
+
+def timed_steps(config, batch_size):
+    """``TorchLab.timed_steps`` of a lab with ``config`` (without loading any data)."""
+    class Sizes:
+        pass
+    sizes = Sizes()
+    sizes.config = config
+    return TorchLab.timed_steps(sizes, batch_size)
+
+
+@pytest.fixture(scope="module")
+def res(torch_smoke_ladder):
+    return torch_smoke_ladder.result
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """A TorchLab on which nothing has run (cheap: data and state, no model)."""
+    return TorchLab(CFG)
+
+
+# -- the rungs of the smoke run ------------------------------------------------------------------
+def test_beyond_rungs_follow_the_seed(res):
+    names = [r.name for r in res.rungs]
+    assert names[names.index("R4") + 1:names.index("R5")] == BEYOND + FUSED
+    assert "B11" in RUNGS and "B11" not in check_rungs(RUNGS) and RUNGS["B11"].optional
+    assert "B11" in check_rungs(RUNGS, optional=True)
+    assert check_rungs(RUNGS, ["B11", "R0"]) == ["R0", "B11"]      # named: runs, in ladder order
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_measured_beyond_rung_is_well_formed(res, name):
+    r = res.rung(name)
+    assert r.kind == "rung" and r.stage == "beyond" and r.tokens_per_s > 0
+    assert r.timing.settled == CFG.windows and len(r.windows) >= CFG.windows
+    assert sorted(r.timing.settled_windows)[1] == pytest.approx(r.tokens_per_s)
+    assert r.precision == "bf16" and r.receipt.ok and r.receipt.where == "TrainStep.__call__"
+    assert r.batch_size == r.recipe["batch_size"] and r.seq_len == CFG.num_steps
+    assert r.timing.steps_per_window == timed_steps(CFG, r.batch_size)
+    prev = res.rung(r.builds_on)
+    assert r.ratio_prev == pytest.approx(r.tokens_per_s / prev.tokens_per_s)
+    assert r.ratio_base == pytest.approx(r.tokens_per_s / res.rung("R0").tokens_per_s)
+    assert r.verdict["against"] == r.builds_on and r.verdict["verdict"] in VERDICTS
+    assert r.regime["regime"] in REGIMES and r.profile is not None
+    assert isinstance(r.kept, bool) and r.compile.first_call_s > 0
+    assert (r.memory.bytes is not None) == ON_GPU
+
+
+def test_cuda_only_rungs_say_so_on_cpu(res):
+    if ON_GPU:
+        pytest.skip("on a GPU B3 is measured (test_measured_beyond_rung_is_well_formed)")
+    r = res.rung("B3")
+    assert r.kind == "skipped" and r.tokens_per_s is None and r.windows == [] and r.kept is False
+    assert r.error.startswith("not applicable on CPU") and "CUDA graphs" in r.error
+    assert r.recipe["cudagraphs"] and r.recipe["mode"] == "reduce-overhead"
+
+
+def test_b11_is_skipped_on_cpu_without_building_anything(monkeypatch):
+    if ON_GPU:
+        pytest.skip("on a GPU B11 compiles with max-autotune: test_b3_b11_on_cuda")
+    run = Ladder(CFG)
+    monkeypatch.setattr(run.lab, "build_step", lambda *a: pytest.fail("built a step"))
+    r = run.run("B11")
+    assert r.kind == "skipped" and "Triton GEMM templates" in r.error and r.kept is False
+    assert r.recipe["mode"] == "max-autotune-no-cudagraphs" and r.builds_on == "R3"
+    assert run.fastest() == ("R3", run.chain.recipe_of("R3"))      # nothing kept
+    assert [x.name for x in run.result.rungs] == ["B11"]
+
+
+def test_fused_kernel_rungs_say_so_on_cpu(res):
+    if ON_GPU:
+        pytest.skip("on a GPU the Triton rungs are measured")
+    for name, fused in zip(FUSED, ("rope", "gelu", "addnorm")):
+        r = res.rung(name)
+        assert r.kind == "skipped" and "interpreter" in r.error and fused in r.recipe["fused"]
+
+
+def test_each_rung_changes_one_thing_of_the_fastest_so_far(res):
+    """Every rung's recipe is the fastest-so-far recipe with one switch changed; the smoke policy
+    keeps every added technique and neither B2 nor B7 (choices between implementations), so B4
+    builds on B1 (or B3 on a GPU) and the fastest configuration is B6's."""
+    expected = res.rung("R3").recipe
+    assert expected["compiled"] and expected["bf16"] and expected["batch_size"] == CFG.big_batch
+    changes = {"B1": {"optimizer": "fused"}, "B2": {"optimizer": "compiled"},
+               "B3": {"cudagraphs": True, "mode": "reduce-overhead"}, "B4": {"embed": "onehot"},
+               "B5": {"batch_size": 2 * CFG.big_batch}, "B6": {"batch_size": 4 * CFG.big_batch},
+               "B7": {"attn_backend": res.rung("B7").details["attention_backend"]}}
+    prev = "R3"
+    for name in BEYOND:
+        r = res.rung(name)
+        assert r.builds_on == prev, name
+        assert r.recipe == {**expected, **changes[name]}, name
+        assert r.kept is (r.measured and not RUNGS[name].alternative), name
+        if r.kept:
+            expected, prev = r.recipe, name
+    assert res.rung("B2").ratio_prev == pytest.approx(res.rung("B2").tokens_per_s
+                                                      / res.rung("B1").tokens_per_s)
+    assert res.rung("B4").recipe["optimizer"] == "fused"                # B2 was not kept
+    assert prev == "B6" and res.rung("B6").kernels is not None          # the fastest
+
+
+def test_loss_gates_match_the_seed_recipe(res):
+    """A few steps from the same init on the same batches: every beyond configuration's losses
+    equal the eager seed recipe's within LOSS_ATOL, while the loss itself moves by more."""
+    for name in MEASURED + (["B7"] if res.rung("B7").measured else []):
+        g = res.rung(name).gate("loss over steps")
+        assert g.passed and g.tolerances["atol"] == LOSS_ATOL, name
+        assert g.detail["steps"] == GATE_STEPS == len(g.detail["losses"]) == len(g.detail["reference_losses"])
+        assert 0 <= g.values["max_abs_diff"] <= LOSS_ATOL, (name, g)
+        assert g.values["max_abs_diff"] == pytest.approx(
+            max(abs(a - b) for a, b in zip(g.detail["losses"], g.detail["reference_losses"])))
+        assert g.detail["losses"][0] - g.detail["losses"][-1] > LOSS_ATOL, (name, g.detail)
+        assert g.reference == "the seed recipe, eager bf16"
+
+
+def test_the_loss_gate_can_fail(lab):
+    """A step that does not update (lr=0) or computes another model is refused before timing."""
+    B = CFG.big_batch
+    ok = lab.build_step(Recipe(batch_size=B, bf16=True))
+    gate, first_s = loss_gate(lab, ok, B)
+    assert gate.values["max_abs_diff"] == 0.0 and first_s > 0
+    frozen = lab.make_model()
+    step = make_step(frozen, torch.optim.AdamW(frozen.parameters(), lr=0.0), bf16=True)
+    with pytest.raises(LossGateError, match="differ from the eager seed recipe"):
+        loss_gate(lab, step, B)
+    other = lab.make_model()
+    with torch.no_grad():
+        other.norm.weight.mul_(1.5)
+    with pytest.raises(LossGateError, match=r"> atol=0.02"):
+        loss_gate(lab, make_step(other, make_optimizer(other, CFG.lr), bf16=True), B)
+
+
+# -- B4: the one-hot embedding ---------------------------------------------------------------------
+def test_onehot_embedding_equals_gather():
+    torch.manual_seed(0)
+    g = GPT(CFG.gpt())
+    o = GPT(CFG.gpt(), embed="onehot")
+    o.load_state_dict(g.state_dict())               # same parameter names: checkpoints carry over
+    assert [n for n, _ in g.named_parameters()] == [n for n, _ in o.named_parameters()]
+    X = torch.randint(0, 28, (4, CFG.num_steps), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(o.embed_tokens(X), g.embed_tokens(X), rtol=0, atol=0)  # exact on CPU
+    torch.testing.assert_close(o(X), g(X), rtol=0, atol=1e-6)
+    for m in (g, o):
+        m(X).logsumexp(-1).mean().backward()
+    torch.testing.assert_close(o.token_emb.weight.grad, g.token_emb.weight.grad, rtol=1e-5, atol=1e-8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):            # fp32 rows under autocast, as the gather
+        assert o.embed_tokens(X).dtype == g.embed_tokens(X).dtype == torch.float32
+
+
+def test_embed_gate_passes_and_refuses(lab, monkeypatch):
+    X = gate_batches(lab, CFG.batch_size)[0][0]
+    g = embed_gate(lab, X)
+    assert g.passed and g.values["logits_max_abs_diff"] <= EMBED_ATOL
+    assert g.values["grad_max_rel_diff"] <= EMBED_GRAD_RTOL
+    right = GPT.embed_tokens
+
+    def off_by_a_percent(self, X):       # a planted bug in the one-hot path only
+        H = right(self, X)
+        return H * 1.01 if self.embed == "onehot" else H
+    monkeypatch.setattr(GPT, "embed_tokens", off_by_a_percent)
+    with pytest.raises(MirrorError, match="one-hot embedding logits differ"):
+        embed_gate(lab, X)
+
+
+def test_b4_recorded_its_embed_gate(res):
+    r = res.rung("B4")
+    assert r.recipe["embed"] == "onehot"
+    g = r.gate("one-hot vs gather embedding")
+    assert g.passed and g.values["logits_max_abs_diff"] <= EMBED_ATOL
+    assert [x.name for x in r.gates] == ["model gate", "one-hot vs gather embedding", "loss over steps"]
+
+
+# -- B5 / B6 / B7 -------------------------------------------------------------------------------------
+def test_batch_rungs_scale_the_big_batch(res):
+    assert res.rung("B5").batch_size == 2 * CFG.big_batch
+    assert res.rung("B6").batch_size == 4 * CFG.big_batch
+    for name in ("B5", "B6"):
+        r = res.rung(name)
+        assert r.timing.steps_per_window == timed_steps(CFG, r.batch_size) >= 2
+
+
+def test_b7_measured_every_backend_and_pinned_the_fastest(res):
+    r = res.rung("B7")
+    d = r.details
+    t = d["attention_ms"]
+    assert set(t) == {"default", *BACKENDS}
+    best = d["attention_backend"]
+    assert best == pick_backend(t) == r.recipe["attn_backend"] and best in r.label
+    assert all(t[n]["ms"] >= t[best]["ms"] for n in BACKENDS if t[n]["available"])
+    assert d["default_picks"] == t["default"]["picks"] in (*BACKENDS, None)
+    assert d["refused"] == [n for n in BACKENDS if not t[n]["available"]]
+    assert r.kept is False                                          # an alternative: never kept
+    if r.kind == "skipped":        # PyTorch's own pick was the fastest: nothing to pin
+        assert d["default_picks"] == best and "already runs the fastest" in r.error
+    else:
+        assert r.kind == "rung" and r.gate("loss over steps").values["max_abs_diff"] <= LOSS_ATOL
+    if not ON_GPU:
+        assert t["math"]["available"] and t["flash"]["available"] and t["default"]["picks"] == "flash"
+        assert d["refused"] == ["efficient", "cudnn"] and "No viable backend" in t["cudnn"]["error"]
+
+
+def test_b7_does_not_remeasure_the_default_kernel(monkeypatch):
+    fake = {"default": {"available": True, "ms": 1.0, "picks": "flash"},
+            "flash": {"available": True, "ms": 1.0}, "math": {"available": True, "ms": 2.0},
+            "efficient": {"available": False, "error": "x"}, "cudnn": {"available": False, "error": "y"}}
+    monkeypatch.setattr(bz, "attention_backends", lambda *a, **kw: fake)
+    monkeypatch.setattr(bz, "measure_recipe", lambda *a, **kw: pytest.fail("measured the default again"))
+    run = Ladder(CFG)
+    r = run.run("B7")
+    assert r.kind == "skipped" and "already runs the fastest kernel (flash)" in r.error
+    assert r.details["attention_ms"] is fake and r.recipe["attn_backend"] == "flash"
+    assert r.key == "attention_kernel" and r.builds_on == "R3" and r.kept is False
+
+
+# -- the kernel report and the learning check -------------------------------------------------------
+def test_kernel_report_on_the_fastest_rung(res):
+    fastest = [r for r in res.rungs if r.stage == "beyond" and r.kept][-1]
+    kb = KernelBreakdown.from_dict(fastest.kernels)
+    assert kb.framework == "torch" and kb.total_us > 0 and kb.steps >= 1
+    assert kb.device == ("gpu" if ON_GPU else "cpu")
+    assert fastest.kernels["recipe"] == fastest.recipe
+    assert "| category | ms/step | share |" in kb.markdown()
+    assert [r.name for r in res.rungs if r.kernels] == [fastest.name]
+    assert not any("kernel breakdown" in n for n in res.notes)
+
+
+def test_learning_check_trains_the_fastest_configuration(res):
+    fastest = [r for r in res.rungs if r.stage == "beyond" and r.kept][-1]
+    assert res.learning.passed and res.learning.steps == CFG.learn_steps
+    assert res.learning.configuration == fastest.name
+
+
+def test_timed_steps_keep_the_tokens_of_a_window():
+    full = get_config("full")
+    ts = lambda b: timed_steps(CFG.replace(timed=full.timed, big_batch=full.big_batch), b)  # noqa: E731
+    assert ts(64) == ts(512) == 40 and ts(1024) == 20 and ts(2048) == 10 and ts(1 << 20) == 2
+
+
+# -- bad inputs --------------------------------------------------------------------------------------------
+def test_bad_inputs_name_the_valid_choices(lab):
+    with pytest.raises(ValueError, match=r"embed='lookup' is not valid; valid choices: \('gather', 'onehot'\)"):
+        GPT(CFG.gpt(), embed="lookup")
+    with pytest.raises(ValueError, match="attn_backend='xformers'.*'flash'.*'cudnn'"):
+        Recipe(batch_size=8, attn_backend="xformers")
+    with pytest.raises(ValueError, match="optimizer='adam8bit'.*'fused'"):
+        Recipe(batch_size=8, optimizer="adam8bit")
+    with pytest.raises(ValueError, match="batch_size=0"):
+        Recipe(batch_size=0)
+    with pytest.raises(ValueError, match="cudagraphs / autotune are torch.compile modes"):
+        Recipe(batch_size=8, cudagraphs=True)
+    with pytest.raises(ValueError, match=r"unknown recipe field\(s\) \['colour'\]; valid choices"):
+        Recipe.from_dict({"batch_size": 8, "colour": "red"})
+    r = Recipe(batch_size=8, compiled=True, autotune=True)
+    assert Recipe.from_dict(r.to_dict()) == r and r.mode == "max-autotune-no-cudagraphs"
+    m = GPT(CFG.gpt())
+    with pytest.raises(ValueError, match="optimizer='sgd'.*'default', 'fused', 'compiled'"):
+        make_optimizer(m, 1e-3, "sgd")
+    with pytest.raises(ValueError, match="mode='fast'.*'reduce-overhead'"):
+        make_step(m, make_optimizer(m, 1e-3), compiled=True, mode="fast")
+    with pytest.raises(ValueError, match="needs compiled=True"):
+        make_step(m, make_optimizer(m, 1e-3), mode="max-autotune-no-cudagraphs")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        make_step(m, make_optimizer(m, 1e-3), compiled=True, mode="reduce-overhead", device_type="cpu")
+    with pytest.raises(TypeError, match="Recipe"):
+        lab.build_step({"batch_size": 8})
+    with pytest.raises(ValueError, match="'B99'; valid choices: .*B7, B8, .*R5"):
+        run_ladder(CFG, rungs=["B99"])
+    with pytest.raises(RuntimeError, match="no attention backend"):
+        pick_backend({"flash": {"available": False, "error": "x"}, "default": {"available": True, "ms": 1}})
+
+
+# -- on a GPU ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs and Triton templates need a CUDA GPU")
+def test_b3_b11_on_cuda():
+    run = Ladder(CFG)
+    r3 = run.run("B3")
+    assert r3.kind == "rung", r3.error
+    assert r3.recipe["mode"] == "reduce-overhead" and r3.memory.bytes > 0
+    assert r3.gate("loss over steps").values["max_abs_diff"] <= LOSS_ATOL and r3.receipt.ok
+    r11 = run.run("B11")
+    assert r11.kind == "rung", r11.error
+    assert r11.recipe["mode"] in ("max-autotune", "max-autotune-no-cudagraphs")
+    X = gate_batches(run.lab, CFG.batch_size)[0][0]
+    assert embed_gate(run.lab, X).values["logits_max_abs_diff"] <= EMBED_ATOL   # TF32 off inside the gate
+
+
+# -- failures are loud, not fatal ------------------------------------------------------------------------------
+def test_a_failing_rung_is_a_loud_skip(monkeypatch, capsys):
+    def boom(*a, **kw):
+        raise RuntimeError("CUDA out of memory (planted)")
+    monkeypatch.setattr(bz, "measure_recipe", boom)
+    run = Ladder(CFG)
+    r = run.run("B1")
+    assert r.kind == "skipped" and r.tokens_per_s is None and r.kept is False
+    assert r.error == "RuntimeError: CUDA out of memory (planted)" and r.builds_on == "R3"
+    assert "boom" in r.details["traceback"] and r.recipe["optimizer"] == "fused"
+    assert "perfladder: torch B1 (+fused AdamW) not measured: RuntimeError" in capsys.readouterr().err
+    assert run.fastest() == ("R3", run.chain.recipe_of("R3"))          # nothing kept
+
+
+def test_a_failing_kernel_report_does_not_end_the_ladder(monkeypatch, capsys):
+    import perfladder.torch.kernels as tk
+
+    def broken(*a, **kw):
+        raise RuntimeError("the profile of 2 steps recorded no CUDA kernels (planted)")
+    monkeypatch.setattr(tk, "kernel_breakdown", broken)
+    run = Ladder(CFG)
+    assert run.kernel_report() is None
+    assert any(n.startswith("kernel breakdown of R3 failed: RuntimeError") and "planted" in n
+               for n in run.result.notes)
+    assert "perfladder: kernel breakdown of R3 failed" in capsys.readouterr().err

@@ -1,0 +1,87 @@
+"""R5 in PyTorch with 2 OS processes on CPU (gloo): both forms under DDP, FSDP2, and two
+"nodes" joined by torchrun's static rendezvous, each run predicted before it is launched."""
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from perfladder.config import get_config
+from perfladder.multigpu.measurement import baseline_from_windows
+from perfladder.torch.parallel import measure as dataparallel
+from perfladder.torch.parallel.launch import fast_recipe, rank_env, seed_recipe
+
+pytestmark = pytest.mark.multiprocess
+CFG = get_config("smoke")
+TIMING = dict(warmup=1, timed=2, windows=2)
+
+
+def test_seed_form_ddp_predicts_after_its_baseline_and_before_its_launch(monkeypatch, capsys):
+    launched = []
+    real = dataparallel.data_parallel_tokens
+
+    def spy(k, *a, **kw):
+        print(f"LAUNCH k={k} {kw['parallel']}", flush=True)
+        launched.append(k)
+        return real(k, *a, **kw)
+    monkeypatch.setattr(dataparallel, "data_parallel_tokens", spy)
+    m = dataparallel.measure(2, CFG, "seed", backend="gloo", timeout=300, **TIMING)
+    out = capsys.readouterr().out
+    assert launched == [1, 2]                                         # baseline, then DDP
+    assert out.index("LAUNCH k=1 none") < out.index("predict k=2") < out.index("LAUNCH k=2 ddp")
+    assert m.status == "measured" and m.mechanism == "ddp" and m.form == "seed"
+    assert (m.k, m.processes, m.per_rank_batch, m.global_batch) == (2, 2, CFG.batch_size, 16)
+    assert m.recipe == seed_recipe(CFG) and not m.recipe["compiled"] and not m.recipe["bf16"]
+    assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and len(m.ranks) == 2
+    assert m.bus_bw_measured > 0 and m.peak_mem_bytes_per_gpu == [None, None]   # CPU: no GPU memory
+    assert m.prediction["link"] == "gloo-loopback"
+    assert m.prediction["single_tokens_per_s"] == m.baseline["tokens_per_s"]
+    assert m.baseline["attempts"] and (m.efficiency_vs_linear is None) == (not m.baseline["settled"])
+    json.dumps(m.to_dict())
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_fast_form_runs_the_recipe_it_is_given(parallel):
+    # the fast recipe minus torch.compile: inductor's CPU compile would dominate a 2-core test
+    recipe = fast_recipe(CFG, compiled=False)
+    base = baseline_from_windows([1000.0, 1000.0])
+    m = dataparallel.measure(2, CFG, "fast", recipe, parallel=parallel, baseline=base,
+                             backend="gloo", timeout=300, **TIMING)
+    assert m.status == "measured", m.reason
+    assert m.mechanism == parallel and m.per_rank_batch == 4 * CFG.big_batch
+    assert (m.recipe["bf16"], m.recipe["optimizer"], m.recipe["embed"]) == (True, "fused", "onehot")
+    assert {r["parallel"] for r in m.ranks} == {parallel}
+    assert m.efficiency_vs_linear == pytest.approx(m.measured_tokens_per_s / 2000.0)
+
+
+@pytest.mark.parametrize("rdzv", ["static", "c10d"])
+def test_two_nodes_meet_at_one_endpoint(tmp_path, rdzv):
+    """Two torchrun invocations, one per "node", meeting at one endpoint: the command a
+    user types on two machines (README, "Several machines"), here on one. 'static' fixes
+    each node's rank (--node-rank); 'c10d' lets the rendezvous assign them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node in (0, 1):
+        how = (["--node-rank", str(node)] if rdzv == "static" else
+               ["--rdzv-backend", "c10d", "--rdzv-id", "perfladder-test"])
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               *how, "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "-m", "perfladder.torch.parallel.launch", "--config", "smoke", "--form", "seed",
+               "--backend", "gloo", "--warmup", "1", "--timed", "2", "--windows", "2",
+               "--out", str(tmp_path / f"node{node}")]
+        procs.append(subprocess.Popen(cmd, env=rank_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
+    written = [n for n in ("node0", "node1") if (tmp_path / n / "ranks.json").exists()]
+    assert len(written) == 1                            # by rank 0, on whichever node holds it
+    if rdzv == "static":
+        assert written == ["node0"]                     # --node-rank 0 holds rank 0
+    ranks = json.loads((tmp_path / written[0] / "ranks.json").read_text())
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
+    assert ranks[0]["init_digest"] == ranks[1]["init_digest"]
+    assert all(r["tokens_per_s"] > 0 and r["bus_bw"] > 0 for r in ranks)
