@@ -17,7 +17,11 @@ from perfladder.config import (
     flops_per_token,
     get_config,
 )  # noqa: E402
-from perfladder.jax import GPT  # noqa: E402
+from perfladder.jax import (
+    GPT,  # noqa: E402
+    program,  # noqa: E402
+)
+from perfladder.jax import gates as jgates  # noqa: E402
 from perfladder.jax import step as steps  # noqa: E402
 from perfladder.jax.model import ATTN_IMPLS, rope  # noqa: E402
 
@@ -94,21 +98,21 @@ def test_bad_attn_impl_and_dtype_are_clear_errors():
 
 
 def test_naive_cast_computes_in_fp32_threaded_in_bf16(fp32, bf16, X):
-    naive = steps.naive_bf16(fp32)
+    naive = steps.cast_arrays(fp32)
     assert naive.token_emb.embedding.dtype == jnp.bfloat16               # the arrays were cast ...
     assert steps.receipt(naive, X) == "float32"                           # ... the compute was not
-    assert set(steps.matmul_dtypes(naive, X)) == {"float32"}
+    assert set(program.matmul_dtypes(naive, X)) == {"float32"}
     assert steps.receipt(bf16, X) == "bfloat16"
-    dots = steps.matmul_dtypes(bf16, X)
+    dots = program.matmul_dtypes(bf16, X)
     assert set(dots) == {"bfloat16"}
     assert sum(dots.values()) == 6 * SMOKE.num_blks + 1    # qkv, o, 2 attention, 2 ffn; tied logits
 
 
 def test_fp32_masters_check_catches_bf16_state(bf16):
     opt = steps.make_optimizer(bf16)
-    steps.assert_fp32_masters(bf16, opt)                                   # fresh: fine
+    jgates.assert_fp32_masters(bf16, opt)                                   # fresh: fine
     with pytest.raises(AssertionError, match="fp32 masters broken"):
-        steps.assert_fp32_masters(steps.naive_bf16(bf16), opt)
+        jgates.assert_fp32_masters(steps.cast_arrays(bf16), opt)
 
 
 def test_embed_fp32_same_forward_fp32_scatter(bf16, X):
@@ -121,28 +125,28 @@ def test_embed_fp32_same_forward_fp32_scatter(bf16, X):
 
 
 def test_checkpoint_mirror_and_planted_drift(bf16, X):
-    mirror = steps.with_checkpointing(bf16)
+    mirror = jgates.with_checkpointing(bf16)
     assert mirror.checkpoint and not bf16.checkpoint
-    assert steps.check_mirror(bf16, mirror, X) <= 1e-2
+    assert jgates.check_mirror(bf16, mirror, X) <= 1e-2
     drifted = nnx.clone(bf16)
     drifted.norm.scale[...] = drifted.norm.scale[...] * 1.5
     with pytest.raises(AssertionError, match="checkpoint mirror"):
-        steps.check_mirror(bf16, steps.with_checkpointing(drifted), X)
+        jgates.check_mirror(bf16, jgates.with_checkpointing(drifted), X)
 
 
 def test_parity_gate_and_planted_wrong_model(fp32, X):
-    assert steps.check_jit_parity(fp32, X) < 1e-4   # CPU: no TF32
+    assert jgates.check_jit_parity(fp32, X) < 1e-4   # CPU: no TF32
     wrong = nnx.clone(fp32)
     wrong.blks[0].attn.W_o.kernel[...] = wrong.blks[0].attn.W_o.kernel[...] * 1.2
     with pytest.raises(AssertionError, match="jit parity gate"):
-        steps.check_jit_parity(wrong, X, reference=fp32)
+        jgates.check_jit_parity(wrong, X, reference=fp32)
 
 
 def test_dot_flops_counts_batch_contracted_and_free_dims():
     jaxpr = jax.make_jaxpr(lambda a, b: jnp.einsum("bij,bjk->bik", a, b))(
         jnp.zeros((3, 4, 5)), jnp.zeros((3, 5, 6)))
     (eqn,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
-    assert steps.dot_flops(eqn) == 2 * 3 * 4 * 5 * 6
+    assert program.dot_flops(eqn) == 2 * 3 * 4 * 5 * 6
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -157,5 +161,5 @@ def test_traced_flops_of_the_full_step_match_the_model_and_see_the_recompute(dty
     X = jnp.zeros((8, cfg.max_len), jnp.int32)
     plain = steps.traced_flops(model, X, X)
     assert plain / (model.flops_per_token(cfg.max_len) * X.size) == pytest.approx(1.0, abs=0.01)
-    remat = steps.traced_flops(steps.with_checkpointing(model), X, X)
+    remat = steps.traced_flops(jgates.with_checkpointing(model), X, X)
     assert 1.2 < remat / plain < 1.34         # each block's forward once more (not embed/head)

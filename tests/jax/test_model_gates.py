@@ -10,13 +10,7 @@ from flax import nnx  # noqa: E402
 from perfladder.jax import evaluate  # noqa: E402
 from perfladder.jax.gates import check_receipt, model_gate, named, optimizer_gate  # noqa: E402
 from perfladder.jax.model import GPT  # noqa: E402
-from perfladder.jax.step import (
-    make_optimizer,
-    make_split_step,
-    make_train_step,
-    naive_bf16,
-    step_receipt,
-)
+from perfladder.jax.step import cast_arrays, make_optimizer, make_split_step, make_train_step, step_receipt
 from perfladder.jax.stream import batches  # noqa: E402
 from perfladder.measure.gates import (
     BACKWARD_TOL,
@@ -139,7 +133,7 @@ def test_split_step_receipt_and_the_naive_cast():
         check_receipt(split, "bf16")                       # the fp32 one-hot lookup ...
     assert check_receipt(split, "bf16", allow_fp32_matmuls=1)["matmul_operands"]["float32"] == 1
     split.commit()
-    naive = make_train_step(view=naive_bf16)                # R2a: arrays cast, compute not
+    naive = make_train_step(view=cast_arrays)                # R2a: arrays cast, compute not
     f = model()
     naive(f, make_optimizer(f, CFG.lr), X, Y)
     with pytest.raises(ReceiptError, match="float32"):

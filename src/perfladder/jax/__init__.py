@@ -12,6 +12,7 @@ from perfladder.jax.lab import JaxLab
 from perfladder.jax.model import GPT
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.rungs import RUNGS, Ladder, run_ladder
+from perfladder.jax.step import TrainStep
 from perfladder.jax.stream import batches
 from perfladder.jax.timer import (
     device_name,
@@ -20,7 +21,6 @@ from perfladder.jax.timer import (
     throughput,
     versions,
 )
-from perfladder.jax.trainstep import TrainStep
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
            "RUNGS", "Ladder", "run_ladder", "JaxLab", "TrainStep", "kernel_breakdown",

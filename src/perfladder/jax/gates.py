@@ -24,13 +24,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from perfladder.jax.step import (
-    SplitStep,
-    make_optimizer,
-    make_split_step,
-    make_train_step,
-    step_receipt,
-)
+from perfladder.jax.program import param_dtypes
+from perfladder.jax.step import SplitStep, make_optimizer, make_split_step, make_train_step, step_receipt
 from perfladder.measure.gates import (
     OPTIMIZER_TOL,
     GateResult,
@@ -319,3 +314,81 @@ def check_receipt(step, expect: str = "bf16", *, model=None, X=None,
     what = "the split/merge step" if isinstance(step, SplitStep) else "the nnx.jit step"
     return _check_receipt_dict(step_receipt(step, model, X), expect, what=what,
                                allow_fp32_matmuls=allow_fp32_matmuls)
+
+
+# Logit agreement is judged relative to the logits' scale: max |a - b| / max |b| <= tol
+# (a tiny fresh model has logits of order 0.1, so an absolute tolerance would be toothless).
+# Jit vs op-by-op: fusion re-associates sums (and on a GPU fp32 matmuls run as TF32), so
+# agreement is loose. A checkpointed mirror runs the same arithmetic as its reference, so
+# its agreement must be (nearly) exact.
+PARITY_TOL = {"float32": 1e-2, "bfloat16": 5e-2}
+MIRROR_TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+
+
+def assert_fp32_masters(model, optimizer) -> None:
+    """Parameters and AdamW moments must still be fp32 after a mixed-precision step."""
+    params = nnx.state(model, nnx.Param)
+    opt_state = nnx.state(optimizer, nnx.OptState) if hasattr(nnx, "OptState") else nnx.state(optimizer)
+    for name, tree in (("parameters", params), ("optimizer state", opt_state)):
+        dts = param_dtypes(tree)
+        if dts != {"float32"}:
+            raise AssertionError(f"fp32 masters broken: {name} hold dtypes {sorted(dts)}")
+
+
+# -- correctness gates --------------------------------------------------------------------------
+def _tol(dtype, table) -> float:
+    return table.get(str(jnp.dtype(dtype)), table["bfloat16"])
+
+
+def _compare(got, want, tol, what) -> float:
+    """Relative disagreement ``max|got - want| / max|want|``; raises above ``tol``."""
+    g, w = jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)
+    if g.shape != w.shape:
+        raise AssertionError(f"{what}: logits shapes differ, {g.shape} vs {w.shape}")
+    rel = float(jnp.max(jnp.abs(g - w)) / jnp.maximum(jnp.max(jnp.abs(w)), 1e-30))
+    if not rel <= tol:
+        raise AssertionError(f"{what}: logits differ, max|diff| / max|logits| = {rel:.3g} "
+                             f"> allowed {tol:g}")
+    return rel
+
+
+def check_jit_parity(model, X, *, reference=None, tol: float | None = None) -> float:
+    """R1's gate: ``nnx.jit``-compiled logits of ``model`` == op-by-op logits of ``reference``.
+
+    ``reference`` defaults to ``model`` itself (a test passes a different, planted one).
+    Returns ``max|diff| / max|logits|``; raises ``AssertionError`` above ``tol``
+    (default by compute dtype, ``PARITY_TOL``).
+    """
+    reference = model if reference is None else reference
+    compiled = nnx.jit(lambda m, X: m(X))(model, X)
+    eager = reference(X)
+    return _compare(compiled, eager, _tol(model.dtype, PARITY_TOL) if tol is None else tol,
+                    "jit parity gate")
+
+
+def with_checkpointing(model):
+    """A mirror of ``model`` sharing its parameter values, with every block under remat."""
+    graphdef, state = nnx.split(model)
+    mirror = nnx.merge(graphdef, state)
+    mirror.use_checkpoint(True)
+    return mirror
+
+
+def _two_forwards(a, b, X):
+    return a(X), b(X)
+
+
+_two_forwards_jit = nnx.jit(_two_forwards)
+
+
+def check_mirror(reference, mirror, X, *, tol: float | None = None) -> float:
+    """R4's gate: the checkpointed model must compute the reference's logits.
+
+    Both forwards run in one ``nnx.jit`` program (one compilation); remat must not change
+    what the forward computes. Returns ``max|diff| / max|logits|``; raises above ``tol``.
+    """
+    got, want = _two_forwards_jit(mirror, reference, X)
+    return _compare(got, want, _tol(reference.dtype, MIRROR_TOL) if tol is None else tol,
+                    "checkpoint mirror")
+
+

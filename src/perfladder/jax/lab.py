@@ -4,7 +4,9 @@
 versions, one on-device batch stream per batch size (continued from rung to rung, so no
 batch is ever timed twice), how a ``Recipe`` becomes a model, its AdamW and a step, how a
 step is timed (``measure``), profiled (``profile``) and planned by the compiler (``plan``),
-and how a measurement becomes a ``RungResult`` (``record``).
+and which technique code steps are built from (``code``: ``perfladder.jax.step.CODE``;
+``use(name=fn)`` swaps in a reader's own version for this and every later step, while the
+gates' references keep the library's).
 """
 from __future__ import annotations
 
@@ -15,14 +17,14 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from perfladder.config import LadderConfig
 from perfladder.data import TimeMachine
-from perfladder.hardware import achieved_tflops, mfu, peak_for
+from perfladder.hardware import peak_for
 from perfladder.jax.model import GPT
+from perfladder.jax.program import planned_temp_bytes
 from perfladder.jax.recipe import Recipe
-from perfladder.jax.step import make_optimizer, planned_temp_bytes, traced_flops
+from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import (
     compile_count,
@@ -31,19 +33,16 @@ from perfladder.jax.timer import (
     throughput,
     versions,
 )
-from perfladder.jax.trainstep import TrainStep
 from perfladder.kernels.roofline import of_run
-from perfladder.ladder.engine import Rung, measure_settled
+from perfladder.ladder.engine import measure_settled
 from perfladder.measure.evidence import (
     Compile,
     Memory,
-    Prediction,
     ProfileSummary,
     Receipt,
-    Timing,
 )
 from perfladder.measure.timing import Throughput
-from perfladder.results.record import LadderResult, LearningCheck, RungResult
+from perfladder.results.record import LadderResult, LearningCheck
 
 EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
 EAGER_MAX_WINDOWS = 4    # ... and it gives up early (an un-jitted step is slow)
@@ -97,6 +96,7 @@ class JaxLab:
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
             roofs=roofs, notes=notes)
         self._streams: dict[int, Batches] = {}
+        self.code = dict(CODE)
 
     # -- the engine's interface -----------------------------------------------------------------
     def seed_recipe(self) -> Recipe:
@@ -155,22 +155,35 @@ class JaxLab:
                                                 seed=self.config.seed + len(self._streams))
         return self._streams[batch_size]
 
-    def model(self, recipe: Recipe) -> GPT:
-        """A fresh model of the recipe: always the same init (``nnx.Rngs(config.seed)``), fp32
-        parameters, computing in ``recipe.dtype``."""
-        return GPT(self.gpt_config, rngs=nnx.Rngs(self.config.seed), dtype=jnp.dtype(recipe.dtype),
-                   param_dtype=jnp.float32, **recipe.model_kw())
+    def use(self, **code) -> None:
+        """Build this and every later step with these technique functions (by name)."""
+        unknown = sorted(set(code) - set(CODE))
+        if unknown:
+            raise ValueError(f"no technique named {', '.join(unknown)}; valid choices: {', '.join(CODE)}")
+        bad = [k for k, f in code.items() if not callable(f)]
+        if bad:
+            raise TypeError(f"technique {bad[0]}={code[bad[0]]!r} must be a function")
+        self.code.update(code)
 
-    def build_step(self, recipe: Recipe, place=None) -> TrainStep:
-        """A fresh model, its AdamW and the recipe's step. ``place(model, optimizer)`` lays the
-        state out (e.g. over a device mesh) before the step is made."""
+    def model(self, recipe: Recipe, plain_code: bool = False) -> GPT:
+        """A fresh model of the recipe: always the same init (``config.seed``), fp32 parameters,
+        computing in ``recipe.dtype`` (``make_model``; ``plain_code``: the library's)."""
+        code = CODE if plain_code else self.code
+        kw = recipe.model_kw()
+        kw["checkpoint"] = code["checkpoint_block"] if recipe.checkpoint else False
+        return code["make_model"](self.gpt_config, jnp.dtype(recipe.dtype), self.config.seed, **kw)
+
+    def build_step(self, recipe: Recipe, place=None, plain_code: bool = False) -> TrainStep:
+        """A fresh model, its AdamW and the recipe's step, built with this lab's technique code
+        (``plain_code``: the library's, as every gate's reference is). ``place(model,
+        optimizer)`` lays the state out (e.g. over a device mesh) before the step is made."""
         if not isinstance(recipe, Recipe):
             raise TypeError(f"recipe must be a perfladder.jax.Recipe, got {type(recipe).__name__}")
-        model = self.model(recipe)
+        model = self.model(recipe, plain_code)
         optimizer = make_optimizer(model, self.config.lr)
         if place is not None:
             place(model, optimizer)
-        return TrainStep.of(model, optimizer, recipe)
+        return TrainStep.of(model, optimizer, recipe, code=CODE if plain_code else self.code)
 
     def measure(self, step, batch_size: int, *, stream=None, eager: bool = False
                 ) -> tuple[Throughput, bool]:
@@ -219,27 +232,7 @@ class JaxLab:
             raise RuntimeError(f"the step recorded no dtypes ({where}): was it ever called?")
         return Receipt(claimed=claimed, observed=dict(step.observed), where=where)
 
-    # -- recording --------------------------------------------------------------------------
-    def record(self, rung: Rung, recipe: Recipe, t: Throughput, *, remeasured: bool = False,
-               kind: str = "rung", batch_size: int | None = None, gates=(),
-               receipt: Receipt | None = None, compile: Compile | None = None,
-               memory: Memory | None = None, profile: ProfileSummary | None = None,
-               prediction: Prediction | None = None, details=None, notes=()) -> RungResult:
-        """A measurement and its evidence as the rung's ``RungResult``."""
-        seq = t.batch_shape[1]
-        fpt = self.model_flops_per_token(seq)
-        precision = self.precision(recipe)
-        details = {"step_ms": 1e3 * t.step_time_s, "model_flops_per_token": fpt, **(details or {})}
-        return RungResult(
-            name=rung.name, key=rung.key, label=rung.label, tokens_per_s=t.tokens_per_s, kind=kind,
-            precision=precision, batch_size=batch_size or t.batch_shape[0], seq_len=seq,
-            recipe=recipe.to_dict(), timing=Timing.of(t, remeasured),
-            tflops=achieved_tflops(t.tokens_per_s, fpt),
-            mfu=mfu(t.tokens_per_s, fpt, self.device_name, "bf16" if precision == "bf16" else "tf32"),
-            memory=memory, compile=compile, gates=list(gates), receipt=receipt, profile=profile,
-            prediction=prediction, details=details, notes=list(notes))
-
-    def model_flops_per_token(self, seq_len: int) -> int:
+    def flops_per_token(self, seq_len: int) -> int:
         from perfladder.config import expected_num_params, flops_per_token
         g = self.gpt_config
         return flops_per_token(expected_num_params(g), g.num_blks, seq_len, g.num_hiddens)

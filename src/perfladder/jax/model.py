@@ -14,6 +14,8 @@ Shapes: B batch, T sequence, D width, H heads, Dh = D / H head width, V vocabula
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import jax
@@ -161,11 +163,35 @@ def _run_block_addnorm(blk: Block, H: jax.Array, pending):
     return blk.forward_addnorm(H, pending)
 
 
-_run_block_remat = nnx.remat(_run_block)   # recompute the block's activations in backward
-_run_block_addnorm_remat = nnx.remat(_run_block_addnorm)
+# -- 5. activation checkpointing (rung R4's technique) ----------------------------------------
+def checkpoint_block(run_block):
+    """R4: a block run that keeps only its inputs; the backward pass recomputes the rest."""
+    return nnx.remat(run_block)
 
 
-# -- 5. the model ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _wrapped(wrap, run_block):
+    """``wrap(run_block)``, made once per wrapper: a block function is static model structure,
+    and a fresh function object per model would make every fresh model compile anew."""
+    return run_block if wrap is None else wrap(run_block)
+
+
+# What the forward computes in, written while it runs (under jit: once, while it is traced):
+# a ``TrainStep`` opens ``observing(its dict)`` around its calls, so its receipt comes from
+# the very program that is timed, whatever function it was handed to run the model.
+_OBSERVE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("observe", default=None)
+
+
+@contextlib.contextmanager
+def observing(into: dict | None):
+    token = _OBSERVE.set(into)
+    try:
+        yield into
+    finally:
+        _OBSERVE.reset(token)
+
+
+# -- 6. the model ----------------------------------------------------------------------------
 class GPT(nnx.Module):
     """Decoder-only transformer with tied input/output embeddings.
 
@@ -173,7 +199,8 @@ class GPT(nnx.Module):
     parameters (keep fp32: these are the masters the optimizer updates).
     ``attn_impl``: passed to ``jax.nn.dot_product_attention`` (None lets JAX choose;
     ``'cudnn'`` needs a GPU and a half-precision ``dtype``).
-    ``checkpoint``: run every block under ``nnx.remat`` (activation checkpointing).
+    ``checkpoint``: run every block through ``checkpoint_block`` (activation checkpointing), or
+    through the wrapper given (a reader's own version of the technique).
     ``embed_fp32``: look the tokens up in the fp32 table and cast the rows to ``dtype``
     afterwards, so that in the backward pass the embedding gradient is accumulated into
     the V-row table in fp32 rather than in ``dtype``.
@@ -206,7 +233,8 @@ class GPT(nnx.Module):
                              f"(bfloat16 or float16); got dtype={dtype}")
         self.config = config
         self.dtype, self.param_dtype = dtype, param_dtype
-        self.attn_impl, self.checkpoint, self.embed_fp32 = attn_impl, bool(checkpoint), bool(embed_fp32)
+        self.use_checkpoint(checkpoint)
+        self.attn_impl, self.embed_fp32 = attn_impl, bool(embed_fp32)
         self.embed_impl = embed   # not ``self.embed``: that is the method below
         self.fused = check_fused(fused)
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -217,6 +245,16 @@ class GPT(nnx.Module):
         self.blks = nnx.List([Block(config, attn_impl=attn_impl, **kw)
                               for _ in range(config.num_blks)])
         self.norm = _layer_norm(D, config.ln_eps, **kw)
+
+    def use_checkpoint(self, checkpoint) -> None:
+        """Run every block through ``checkpoint_block`` (True), the wrapper given, or plainly."""
+        if not (isinstance(checkpoint, bool) or callable(checkpoint)):
+            raise ValueError(f"checkpoint={checkpoint!r} must be True, False or a block wrapper "
+                             "such as checkpoint_block")
+        wrap = checkpoint_block if checkpoint is True else checkpoint or None
+        self.checkpoint = wrap is not None
+        self._run = _wrapped(wrap, _run_block)
+        self._run_addnorm = _wrapped(wrap, _run_block_addnorm)
 
     def embed(self, X: jax.Array) -> jax.Array:
         """The first activation: token (+ learned position) embedding, (B, T) -> (B, T, D).
@@ -257,18 +295,18 @@ class GPT(nnx.Module):
         written while this forward runs -- under ``jit``, once, while it is traced -- so a
         jitted step reports what it computes in from the program itself.
         """
+        observe = _OBSERVE.get() if observe is None else observe
         H = self.embed(X)                                                  # (B, T, D)
         if observe is not None:
             observe["first_activation"] = str(jnp.result_type(H))
         if "addnorm" in self.fused:
             pending = None                                                 # the stream is H + pending
             for blk in self.blks:
-                run = _run_block_addnorm_remat if self.checkpoint else _run_block_addnorm
-                H, pending = run(blk, H, pending)                          # (B, T, D) each
+                H, pending = self._run_addnorm(blk, H, pending)            # (B, T, D) each
             logits = self.token_emb.attend(fused_norm(self.norm, H, pending)[1])  # (B, T, V)
         else:
             for blk in self.blks:
-                H = _run_block_remat(blk, H) if self.checkpoint else blk(H)  # (B, T, D)
+                H = self._run(blk, H)                                      # (B, T, D)
             logits = self.token_emb.attend(self.norm(H))                     # (B, T, V) tied
         if observe is not None:
             observe["logits"] = str(jnp.result_type(logits))

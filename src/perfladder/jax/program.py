@@ -1,4 +1,5 @@
-"""What a compiled XLA module holds, read from its HLO text (``lower(...).compile().as_text()``).
+"""What a step's program holds: the compiled XLA module, read from its HLO text
+(``lower(...).compile().as_text()``), and the traced jaxpr.
 
 * ``hlo_op_categories(text)`` -- a category (``perfladder.kernels.CATEGORIES``) for every op
   of the module, from what it contains (a fusion's body) and from the Python code it was
@@ -8,11 +9,20 @@
 * ``refine(kernel_name, op_category)`` -- a profiled kernel's category from both;
 * ``scatters_in_hlo`` / ``embedding_scatters`` -- the module's ``scatter`` instructions, and
   which of them accumulate the embedding table's gradient (its [V, D] shape), with their
-  element types.
+  element types;
+* ``matmul_dtypes`` / ``dot_flops`` -- the operand dtypes and FLOPs of every ``dot_general`` of a
+  traced jaxpr (the receipt that every matmul runs in bf16; the FLOP count checked against the
+  formula); ``planned_temp_bytes`` -- the compiled program's planned temporaries.
 """
 from __future__ import annotations
 
+import collections
+import math
 import re
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
 
 from perfladder.kernels import CATEGORIES, categorize
 
@@ -273,3 +283,60 @@ def embedding_scatters(text: str, table_shape) -> dict:
     """How many scatters into the [V, D] table the compiled program holds, and their types."""
     found = [s for s in scatters_in_hlo(text, table_shape) if s["embedding_grad"]]
     return {"count": len(found), "types": sorted({t for s in found for t in s["element_types"]})}
+
+
+# -- the traced program (jaxpr) -------------------------------------------------------------
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, nested ones (jit, custom_jvp, remat, ...) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for p in eqn.params.values():
+            for sub in (p if isinstance(p, (list, tuple)) else (p,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
+def matmul_dtypes(model, X) -> dict[str, int]:
+    """Operand dtypes of every matmul (``dot_general``) in the traced forward pass.
+
+    A stronger receipt than one activation: ``{'bfloat16': 13}`` means every matmul of the
+    forward runs on bf16 operands.
+    """
+    graphdef, state = nnx.split(model)
+    jaxpr = jax.make_jaxpr(lambda s, X: nnx.merge(graphdef, s)(X))(state, X)
+    counts: collections.Counter = collections.Counter()
+    for eqn in _eqns(jaxpr.jaxpr):
+        if eqn.primitive.name == "dot_general":
+            counts["+".join(sorted({str(v.aval.dtype) for v in eqn.invars}))] += 1
+    return dict(counts)
+
+
+
+
+def dot_flops(eqn) -> int:
+    """FLOPs of one ``dot_general``: 2 x (batch x contracted x free dims of both operands)."""
+    (_, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
+    lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+    rhs_free = math.prod(d for i, d in enumerate(rhs) if i not in rhs_contract and i not in rhs_batch)
+    return 2 * math.prod(lhs) * rhs_free
+
+
+
+
+def planned_temp_bytes(compiled) -> int | None:
+    """Temporary buffer bytes the compiled program plans (``memory_analysis()``)."""
+    ma = compiled.memory_analysis()
+    if ma is None:
+        return None
+    return int(ma.temp_size_in_bytes)
+
+
+def param_dtypes(*trees) -> set[str]:
+    """The dtypes of every floating array in the ``nnx.Param`` / optimizer state given."""
+    out = set()
+    for t in trees:
+        for leaf in jax.tree.leaves(t):
+            if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating):
+                out.add(str(leaf.dtype))
+    return out

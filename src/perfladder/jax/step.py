@@ -1,18 +1,29 @@
-"""Training steps, the precision receipts, and the correctness gates the rungs share.
+"""The JAX training step, and the chapter's techniques it is built from.
 
-Two ways to compile the same step:
+Each technique is a plain function, and each is what its rung's notebook cell shows (a test
+keeps the two the same):
 
-* ``make_train_step()`` -- ``nnx.jit`` over ``step(model, optimizer, X, Y)``; the model and
-  optimizer are updated in place. Each call walks the module graph in Python.
-* ``make_split_step(model, optimizer)`` -- the Flax NNX performance-guide form: ``nnx.split``
-  once, ``jax.jit`` a pure function of ``(graphdef, state)`` with the state donated, and
-  ``nnx.merge`` inside. The caller holds the state; ``.commit()`` writes it back.
+    train_step   R0   one AdamW step on the fp32 loss, gradients w.r.t. the fp32 parameters
+    jit_step     R1   the whole step as one compiled XLA program (``nnx.jit``)
+    cast_arrays  R2a  the naive cast: every floating array of a copy to bf16
+    make_model   R2   bf16 threaded for real: the compute dtype every module remembers
+
+(R4's, ``checkpoint_block``, runs inside the model: ``perfladder.jax.model``.) ``CODE`` names
+them for ``JaxLab.use``, which lets a notebook cell pass its own version of any of them.
+
+Two ways to compile the same step: ``make_train_step()`` (``nnx.jit`` over
+``step(model, optimizer, X, Y)``; each call walks the module graph in Python) and
+``make_split_step(model, optimizer)`` (the Flax NNX performance-guide form: ``nnx.split``
+once, ``jax.jit`` a pure function of ``(graphdef, state)`` with the state donated, rung B3).
+``TrainStep`` is a recipe's step, ready to time: while it is traced its forward writes the
+dtypes it computes in into ``TrainStep.observed`` (``perfladder.jax.model.observing``), so the
+precision receipt comes from the very program that is timed.
 """
 from __future__ import annotations
 
 import collections
 import functools
-import math
+import time
 from functools import partial
 from typing import Callable
 
@@ -21,43 +32,60 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-# Logit agreement is judged relative to the logits' scale: max |a - b| / max |b| <= tol
-# (a tiny fresh model has logits of order 0.1, so an absolute tolerance would be toothless).
-# Jit vs op-by-op: fusion re-associates sums (and on a GPU fp32 matmuls run as TF32), so
-# agreement is loose. A checkpointed mirror runs the same arithmetic as its reference, so
-# its agreement must be (nearly) exact.
-PARITY_TOL = {"float32": 1e-2, "bfloat16": 5e-2}
-MIRROR_TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+from perfladder.jax.model import GPT, checkpoint_block, observing
+from perfladder.jax.program import _eqns, dot_flops
+from perfladder.jax.recipe import Recipe
 
 
-# -- loss and step -----------------------------------------------------------------------------
-def loss_fn(model, X, Y, view: Callable | None = None, observe: dict | None = None):
-    """Mean cross entropy, always in fp32 (logits are cast up before the softmax).
-
-    ``observe``: passed to ``GPT.__call__`` (the dtypes the forward computes in)."""
+# -- the techniques, in ladder order -----------------------------------------------------------
+def loss_fn(model, X, Y, view: Callable | None = None):
+    """Mean cross entropy, always in fp32 (logits are cast up before the softmax)."""
     net = model if view is None else view(model)
-    out = net(X) if observe is None else net(X, observe=observe)          # (B, T, V)
-    logits = out.astype(jnp.float32)                                      # fp32 for the loss
+    logits = net(X).astype(jnp.float32)                                   # (B, T, V) fp32
     flat = logits.reshape(-1, logits.shape[-1])                           # (B*T, V)
-    per_token = optax.softmax_cross_entropy_with_integer_labels(flat, Y.reshape(-1))  # (B*T,)
-    return per_token.mean()
+    return optax.softmax_cross_entropy_with_integer_labels(flat, Y.reshape(-1)).mean()
 
 
-def train_step(model, optimizer, X, Y, view: Callable | None = None, observe: dict | None = None,
-               receipts: dict | None = None):
-    """One AdamW step; returns the loss. Gradients w.r.t. the (fp32) ``nnx.Param`` masters.
-
-    ``observe`` (a dict owned by ``TrainStep``) and ``receipts`` (a dict owned by a jitted step
-    of ``make_train_step``) receive, while the step is traced, the dtypes of the program being
-    compiled, so a receipt describes what is timed.
-    """
-    if receipts is not None:
-        record_receipt(receipts, model, X, view)
-    # view and observe ride in the closure: as arguments of the transformed function they
-    # would be flattened and rebuilt (a copy of ``observe`` would receive the dtypes)
-    value, grads = nnx.value_and_grad(partial(loss_fn, view=view, observe=observe))(model, X, Y)
+def train_step(model, optimizer, X, Y, view=None):
+    """R0: one AdamW step on the fp32 loss; gradients w.r.t. the fp32 parameters (the masters).
+    ``view``: what the forward runs instead of ``model`` (R2a's cast copy)."""
+    loss, grads = nnx.value_and_grad(partial(loss_fn, view=view))(model, X, Y)
     optimizer.update(model, grads)
-    return value
+    return loss
+
+
+def jit_step(step_fn):
+    """R1: the whole step -- forward, gradients, AdamW update -- as one compiled program."""
+    return nnx.jit(step_fn)
+
+
+def cast_floating(tree, dtype):
+    """Every floating array of a pytree cast to ``dtype`` (integers, keys untouched)."""
+    def cast(a):
+        return a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+    return jax.tree.map(cast, tree)
+
+
+def cast_arrays(model, dtype=jnp.bfloat16):
+    """R2a: the naive move -- a copy of the model with every floating array cast to ``dtype``.
+
+    The modules still remember ``dtype=float32`` from construction and cast every array they
+    are handed back to it, so this copy computes in fp32 (the lesson of R2a)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, cast_floating(state, dtype))
+
+
+def receipt(model, X) -> str:
+    """The dtype of the model's first activation (embedding output): what it computes in."""
+    return str(model.embed(X).dtype)
+
+
+def make_model(config, dtype, seed=0, **options):
+    """R2: every module computes in ``dtype``; the parameters stay fp32 (the optimizer's masters)."""
+    return GPT(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=jnp.float32, **options)
+
+
+CODE = {f.__name__: f for f in (train_step, jit_step, cast_arrays, make_model, checkpoint_block)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +116,8 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
     receipts: dict = {}
 
     def step(model, optimizer, X, Y):
-        return train_step(model, optimizer, X, Y, view, receipts=receipts)
+        record_receipt(receipts, model, X, view)
+        return train_step(model, optimizer, X, Y, view)
 
     # the compiled module is named after the function: jit_train_step, as the kernel
     # attribution (perfladder.jax.kernels) and profiles expect
@@ -98,10 +127,13 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
     return jitted
 
 
+
 def _pure_step(graphdef, view, state, X, Y, observe: dict | None = None):
     """One training step as a pure function of the split state: merge, step, split again."""
     model, optimizer = nnx.merge(graphdef, state)
-    loss = train_step(model, optimizer, X, Y, view, observe, receipts=_SPLIT_RECEIPTS)
+    record_receipt(_SPLIT_RECEIPTS, model, X, view)
+    with observing(observe):
+        loss = train_step(model, optimizer, X, Y, view)
     return loss, nnx.state((model, optimizer))
 
 
@@ -153,54 +185,6 @@ def make_split_step(model, optimizer, view: Callable | None = None) -> SplitStep
     return SplitStep(model, optimizer, view)
 
 
-# -- precision ----------------------------------------------------------------------------------
-def cast_floating(tree, dtype):
-    """Every floating array of a pytree cast to ``dtype`` (integers, keys untouched)."""
-    def cast(a):
-        return a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
-    return jax.tree.map(cast, tree)
-
-
-def naive_bf16(model):
-    """A copy of ``model`` whose floating arrays are bf16 -- and nothing else changed.
-
-    The modules still remember ``dtype=float32`` from construction and cast every array
-    they are handed back to it, so this copy computes in fp32 (rung R2a's lesson).
-    """
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, cast_floating(state, jnp.bfloat16))
-
-
-def receipt(model, X) -> str:
-    """The dtype of the model's first activation (embedding output): what it computes in."""
-    return str(model.embed(X).dtype)
-
-
-def _eqns(jaxpr):
-    """Every equation of a jaxpr, nested ones (jit, custom_jvp, remat, ...) included."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for p in eqn.params.values():
-            for sub in (p if isinstance(p, (list, tuple)) else (p,)):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _eqns(inner)
-
-
-def matmul_dtypes(model, X) -> dict[str, int]:
-    """Operand dtypes of every matmul (``dot_general``) in the traced forward pass.
-
-    A stronger receipt than one activation: ``{'bfloat16': 13}`` means every matmul of the
-    forward runs on bf16 operands.
-    """
-    graphdef, state = nnx.split(model)
-    jaxpr = jax.make_jaxpr(lambda s, X: nnx.merge(graphdef, s)(X))(state, X)
-    counts: collections.Counter = collections.Counter()
-    for eqn in _eqns(jaxpr.jaxpr):
-        if eqn.primitive.name == "dot_general":
-            counts["+".join(sorted({str(v.aval.dtype) for v in eqn.invars}))] += 1
-    return dict(counts)
-
 
 def scatter_add_dtypes(model, X, Y) -> dict[str, int]:
     """Dtypes of the scatter-adds into the embedding table in the traced gradient (before XLA).
@@ -217,6 +201,7 @@ def scatter_add_dtypes(model, X, Y) -> dict[str, int]:
         if "scatter" in eqn.primitive.name and tuple(getattr(out, "shape", ())) == table:
             counts[str(out.dtype)] += 1
     return dict(counts)
+
 
 
 # -- receipts recorded by the compiled step itself ------------------------------------------------
@@ -266,91 +251,6 @@ def step_receipt(step, model=None, X=None) -> dict | None:
     return None if got is None else dict(got)
 
 
-def param_dtypes(*trees) -> set[str]:
-    """The dtypes of every floating array in the ``nnx.Param`` / optimizer state given."""
-    out = set()
-    for t in trees:
-        for leaf in jax.tree.leaves(t):
-            if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating):
-                out.add(str(leaf.dtype))
-    return out
-
-
-def assert_fp32_masters(model, optimizer) -> None:
-    """Parameters and AdamW moments must still be fp32 after a mixed-precision step."""
-    params = nnx.state(model, nnx.Param)
-    opt_state = nnx.state(optimizer, nnx.OptState) if hasattr(nnx, "OptState") else nnx.state(optimizer)
-    for name, tree in (("parameters", params), ("optimizer state", opt_state)):
-        dts = param_dtypes(tree)
-        if dts != {"float32"}:
-            raise AssertionError(f"fp32 masters broken: {name} hold dtypes {sorted(dts)}")
-
-
-# -- correctness gates --------------------------------------------------------------------------
-def _tol(dtype, table) -> float:
-    return table.get(str(jnp.dtype(dtype)), table["bfloat16"])
-
-
-def _compare(got, want, tol, what) -> float:
-    """Relative disagreement ``max|got - want| / max|want|``; raises above ``tol``."""
-    g, w = jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)
-    if g.shape != w.shape:
-        raise AssertionError(f"{what}: logits shapes differ, {g.shape} vs {w.shape}")
-    rel = float(jnp.max(jnp.abs(g - w)) / jnp.maximum(jnp.max(jnp.abs(w)), 1e-30))
-    if not rel <= tol:
-        raise AssertionError(f"{what}: logits differ, max|diff| / max|logits| = {rel:.3g} "
-                             f"> allowed {tol:g}")
-    return rel
-
-
-def check_jit_parity(model, X, *, reference=None, tol: float | None = None) -> float:
-    """R1's gate: ``nnx.jit``-compiled logits of ``model`` == op-by-op logits of ``reference``.
-
-    ``reference`` defaults to ``model`` itself (a test passes a different, planted one).
-    Returns ``max|diff| / max|logits|``; raises ``AssertionError`` above ``tol``
-    (default by compute dtype, ``PARITY_TOL``).
-    """
-    reference = model if reference is None else reference
-    compiled = nnx.jit(lambda m, X: m(X))(model, X)
-    eager = reference(X)
-    return _compare(compiled, eager, _tol(model.dtype, PARITY_TOL) if tol is None else tol,
-                    "jit parity gate")
-
-
-def with_checkpointing(model):
-    """A mirror of ``model`` sharing its parameter values, with every block under remat."""
-    graphdef, state = nnx.split(model)
-    mirror = nnx.merge(graphdef, state)
-    mirror.checkpoint = True
-    return mirror
-
-
-def _two_forwards(a, b, X):
-    return a(X), b(X)
-
-
-_two_forwards_jit = nnx.jit(_two_forwards)
-
-
-def check_mirror(reference, mirror, X, *, tol: float | None = None) -> float:
-    """R4's gate: the checkpointed model must compute the reference's logits.
-
-    Both forwards run in one ``nnx.jit`` program (one compilation); remat must not change
-    what the forward computes. Returns ``max|diff| / max|logits|``; raises above ``tol``.
-    """
-    got, want = _two_forwards_jit(mirror, reference, X)
-    return _compare(got, want, _tol(reference.dtype, MIRROR_TOL) if tol is None else tol,
-                    "checkpoint mirror")
-
-
-# -- accounting ---------------------------------------------------------------------------------
-def dot_flops(eqn) -> int:
-    """FLOPs of one ``dot_general``: 2 x (batch x contracted x free dims of both operands)."""
-    (_, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
-    lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-    rhs_free = math.prod(d for i, d in enumerate(rhs) if i not in rhs_contract and i not in rhs_batch)
-    return 2 * math.prod(lhs) * rhs_free
-
 
 def traced_flops(model, X, Y) -> int:
     """Matmul FLOPs of one training step's forward and backward pass, read off the jaxpr.
@@ -370,9 +270,73 @@ def traced_flops(model, X, Y) -> int:
                if eqn.primitive.name == "dot_general")
 
 
-def planned_temp_bytes(compiled) -> int | None:
-    """Temporary buffer bytes the compiled program plans (``memory_analysis()``)."""
-    ma = compiled.memory_analysis()
-    if ma is None:
-        return None
-    return int(ma.temp_size_in_bytes)
+
+class TrainStep:
+    """``loss = step(X, Y)`` advances ``model`` and ``optimizer`` by one AdamW step.
+
+    ``jit``: 'none' (op by op), 'nnx' (``nnx.jit``; the model and optimizer are updated in
+    place), 'split' (``nnx.split`` once, ``jax.jit`` with the state donated: call
+    ``commit()`` before reading ``model`` / ``optimizer``). ``view``: what the forward runs
+    (R2a's naive cast); gradients still reach the original parameters.
+    """
+
+    def __init__(self, model, optimizer, *, jit: str = "nnx", view=None, code: dict | None = None):
+        code = {**CODE, **(code or {})}
+        self.model, self.optimizer, self.jit = model, optimizer, jit
+        self.observed: dict[str, str] = {}
+        self.first_call_s: float | None = None
+        self._split = None
+        step_fn = code["train_step"]
+
+        def body(model, optimizer, X, Y):
+            return step_fn(model, optimizer, X, Y, view)
+        body.__name__ = body.__qualname__ = "train_step"     # the compiled module: jit_train_step
+        if jit == "none":
+            self._call = lambda X, Y: body(model, optimizer, X, Y)
+        elif jit == "nnx":
+            self._jitted = code["jit_step"](body)
+            self._call = lambda X, Y: self._jitted(model, optimizer, X, Y)
+        elif jit == "split":
+            self._split = SplitStep(model, optimizer, view=view, observe=self.observed)
+            self._call = self._split
+        else:
+            raise ValueError(f"jit={jit!r} is not valid; valid choices: ('none', 'nnx', 'split')")
+
+    @classmethod
+    def of(cls, model, optimizer, recipe: Recipe, code: dict | None = None) -> "TrainStep":
+        code = {**CODE, **(code or {})}
+        return cls(model, optimizer, jit=recipe.jit, code=code,
+                   view=code["cast_arrays"] if recipe.naive_cast else None)
+
+    def __call__(self, X, Y):
+        """One step; the first call (where a jitted step traces and compiles) times itself,
+        between syncs, whoever makes it."""
+        if self.first_call_s is not None:
+            with observing(self.observed):
+                return self._call(X, Y)
+        t0 = time.perf_counter()
+        with observing(self.observed):
+            loss = jax.block_until_ready(self._call(X, Y))
+        self.first_call_s = time.perf_counter() - t0
+        return loss
+
+    @property
+    def jitted(self) -> bool:
+        return self.jit != "none"
+
+    def lower(self, X, Y):
+        """``jax.stages.Lowered`` of this step for one batch (jitted steps only)."""
+        if self.jit == "none":
+            raise ValueError("an un-jitted step has no compiled program to lower")
+        if self._split is not None:
+            return self._split.lower(X, Y)
+        return self._jitted.lower(self.model, self.optimizer, X, Y)
+
+    def commit(self):
+        """The trained ``(model, optimizer)`` (the split step's state written back first)."""
+        if self._split is not None:
+            self._split.commit()
+        return self.model, self.optimizer
+
+    def __repr__(self) -> str:
+        return f"TrainStep(jit={self.jit!r}, observed={self.observed})"

@@ -1,30 +1,26 @@
-"""One jitted rung's measurement, in the same order for every rung: ``trial``.
+"""One JAX rung's measurement, in the same order for every rung: ``trial``.
 
-    build the recipe's step (fresh init) -> gates on the fresh model -> first (compiling) call
-    -> loss gate against a reference recipe -> receipt (dtypes written while the step was
-    traced) -> the compiler's plan -> timed windows until they settle -> profile -> fp32
-    masters checked -> a ``Trial`` that ``JaxLab.record`` turns into the rung's result.
+    build the recipe's step (fresh init) -> gates (on the fresh model; the loss gate's steps
+    include the first, compiling, call) -> first call -> receipt (dtypes written while the
+    step was traced) -> the compiler's plan -> timed windows until they settle -> profile ->
+    fp32 masters checked -> ``Evidence`` (the engine records it)
 
 A gate or a receipt that fails raises: the engine records the rung as skipped, with the error.
+Every phase's seconds go into the evidence (``details['seconds']``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
-from perfladder.jax.gates import model_gate
-from perfladder.jax.lab import JaxLab, Plan
-from perfladder.jax.program import embedding_scatters
+from perfladder.jax.gates import assert_fp32_masters, model_gate
+from perfladder.jax.lab import JaxLab
+from perfladder.jax.program import embedding_scatters, matmul_dtypes
 from perfladder.jax.recipe import Recipe
-from perfladder.jax.step import (
-    assert_fp32_masters,
-    matmul_dtypes,
-    naive_bf16,
-    scatter_add_dtypes,
-)
-from perfladder.jax.trainstep import TrainStep
-from perfladder.measure.evidence import Compile, Gate, ProfileSummary, Receipt
-from perfladder.measure.timing import Throughput
+from perfladder.jax.step import TrainStep, scatter_add_dtypes
+from perfladder.jax.timer import compile_count
+from perfladder.ladder.rung import Evidence, Given
+from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
+from perfladder.measure.timing import Stopwatch
 
 GATE_STEPS = 3      # AdamW steps the loss gate compares, from the same init on the same batches
 GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its cost, not its power)
@@ -36,28 +32,6 @@ GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its 
 LOSS_TOL = 2e-2
 
 
-@dataclass
-class Trial:
-    recipe: Recipe
-    step: TrainStep
-    t: Throughput
-    remeasured: bool
-    compile: Compile
-    plan: Plan
-    profile: ProfileSummary
-    receipt: Receipt
-    gates: list[Gate] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
-
-    def record(self, lab: JaxLab, rung, **kw):
-        details = {"traced_flops_per_step": self.plan.traced_flops,
-                   "traced_tflops": self.plan.traced_flops / self.t.step_time_s / 1e12,
-                   **self.details, **kw.pop("details", {})}
-        return lab.record(rung, self.recipe, self.t, remeasured=self.remeasured, gates=self.gates,
-                          receipt=self.receipt, compile=self.compile, memory=lab.planned(self.plan),
-                          profile=self.profile, details=details, **kw)
-
-
 def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate]:
     """The first line, before the step's first call: its model computes the plain fp32 model's
     logits and every parameter's gradient (``perfladder.jax.gates.model_gate``, on a few rows of
@@ -67,7 +41,7 @@ def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate
     if recipe.naive_cast or recipe.replace(jit="nnx") == plain:
         return []
     n = min(GATE_ROWS, X.shape[0])
-    return [model_gate(lab.model(plain), step.model, [(X[:n], Y[:n])]).evidence()]
+    return [model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])]).evidence()]
 
 
 def check_receipt(recipe: Recipe, receipt: Receipt, dots: dict[str, int]) -> None:
@@ -104,52 +78,77 @@ def loss_gate(got, want, reference: str, tol: float = LOSS_TOL) -> Gate:
                 detail={"losses": got, "reference_losses": want})
 
 
-def trial(lab: JaxLab, recipe: Recipe, *, check: Callable | None = None,
+def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Callable | None = None,
           reference: tuple[str, Recipe] | None = None, loss_tol: float = LOSS_TOL,
           inspect: Callable | None = None, after: Callable | None = None, evidence: bool = False,
-          stream=None, place=None, devices: int = 1) -> Trial:
-    """Gate, compile, plan, time and profile ``recipe`` (see the module docstring).
+          stream=None, place=None, devices: int = 1, eager: bool = False, details=None,
+          notes=(), prediction=None) -> Evidence:
+    """Gate, compile, plan, time and profile ``recipe`` (default: the given one); see the module
+    docstring.
 
     ``check(step, X, Y) -> [Gate]`` runs on the fresh model; ``reference=(name, recipe)``
     adds the loss gate against that recipe; ``inspect(hlo_text, details) -> dict`` reads the
     compiled program before timing; ``after(step, stream, reference_step) -> dict`` runs after
     timing; ``evidence`` records the embedding gradient's scatters (jaxpr and HLO).
     ``stream`` / ``place`` / ``devices``: a sharded step's batches, state layout, device count.
+    ``eager``: an un-jitted step (no plan, short windows, no profile).
     """
-    step = lab.build_step(recipe, place)
+    recipe = given.recipe if recipe is None else recipe
+    watch = Stopwatch()
+    with watch("build"):
+        step = lab.build_step(recipe, place)
     stream = lab.stream(recipe.batch_size) if stream is None else stream
     batch = [next(stream) for _ in range(GATE_STEPS if reference else 1)]
     X, Y = batch[0]
-    gates = model_gates(lab, recipe, step, X, Y) if devices == 1 else []
-    gates += list(check(step, X, Y)) if check is not None else []
-    details = {"matmul_dtypes": matmul_dtypes(naive_bf16(step.model) if recipe.naive_cast
-                                              else step.model, X)}
-    if evidence:                 # before the first call: a split step donates the model's arrays
-        details["jaxpr_embedding_scatter_add"] = scatter_add_dtypes(step.model, X, Y)
-    compiled, loss = lab.first_call(step, X, Y)
+    details = dict(details or {})
+    with watch("gates"):
+        gates = model_gates(lab, recipe, step, X, Y) if devices == 1 else []
+        gates += list(check(step, X, Y)) if check is not None else []
+        details["matmul_dtypes"] = matmul_dtypes(lab.code["cast_arrays"](step.model)
+                                                 if recipe.naive_cast else step.model, X)
+        if evidence:             # before the first call: a split step donates the model's arrays
+            details["jaxpr_embedding_scatter_add"] = scatter_add_dtypes(step.model, X, Y)
+    c0 = compile_count()
+    with watch("first call"):
+        loss = step(X, Y)
+    compiled = Compile(first_call_s=step.first_call_s, compilations=compile_count() - c0)
     ref_step = None
     if reference is not None:
-        name, ref_recipe = reference
-        losses = [loss] + [step(*b) for b in batch[1:]]
-        ref_step = lab.build_step(ref_recipe)
-        gates.append(loss_gate(losses, [ref_step(*b) for b in batch], f"{name}'s recipe "
-                               f"({ref_recipe}), same init, same {len(batch)} batches", loss_tol))
-    receipt = lab.receipt(recipe, step)
-    check_receipt(recipe, receipt, details["matmul_dtypes"])
-    plan = lab.plan(step, X, Y)
-    if evidence:
-        details["hlo_embedding_scatter"] = embedding_scatters(
-            plan.text, tuple(step.model.token_emb.embedding.shape))
-    if inspect is not None:
-        details.update(inspect(plan.text, details))
-    t, remeasured = lab.measure(step, recipe.batch_size, stream=stream)
-    profile = lab.profile(step, stream, plan.text, devices)
+        with watch("gates"):
+            name, ref_recipe = reference
+            losses = [loss] + [step(*b) for b in batch[1:]]
+            ref_step = lab.build_step(ref_recipe, plain_code=True)
+            gates.append(loss_gate(losses, [ref_step(*b) for b in batch], f"{name}'s recipe "
+                                   f"({ref_recipe}), same init, same {len(batch)} batches", loss_tol))
+    with watch("receipt"):
+        receipt = lab.receipt(recipe, step)
+        check_receipt(recipe, receipt, details["matmul_dtypes"])
+    plan = None
+    if not eager:
+        with watch("plan"):
+            plan = lab.plan(step, X, Y)
+            details["traced_flops_per_step"] = plan.traced_flops
+            if evidence:
+                details["hlo_embedding_scatter"] = embedding_scatters(
+                    plan.text, tuple(step.model.token_emb.embedding.shape))
+            if inspect is not None:
+                details.update(inspect(plan.text, details))
+    with watch("time"):
+        t, remeasured = lab.measure(step, recipe.batch_size, stream=stream, eager=eager)
+    if plan is not None:
+        details["traced_tflops"] = plan.traced_flops / t.step_time_s / 1e12
+    with watch("profile"):
+        profile = None if eager else lab.profile(step, stream, plan.text, devices)
     if after is not None:
-        details.update(after(step, stream, ref_step))
+        with watch("after"):
+            details.update(after(step, stream, ref_step))
     model, optimizer = step.commit()
     if recipe.bf16:
         assert_fp32_masters(model, optimizer)
         gates.append(Gate(name="fp32 masters", passed=True, reference="after the timed steps",
                           detail={"parameters": "float32", "optimizer state": "float32"}))
-    return Trial(recipe=recipe, step=step, t=t, remeasured=remeasured, compile=compiled, plan=plan,
-                 profile=profile, receipt=receipt, gates=gates, details=details)
+    details["step_ms"] = 1e3 * t.step_time_s
+    details["seconds"] = watch.seconds
+    return Evidence(timing=Timing.of(t, remeasured), recipe=recipe, gates=gates, receipt=receipt,
+                    compile=compiled, memory=lab.planned(plan), profile=profile,
+                    prediction=prediction, details=details, notes=list(notes), devices=devices)

@@ -60,6 +60,7 @@ import re
 from dataclasses import dataclass, field
 
 from perfladder.kernels import CATEGORIES, KernelBreakdown
+from perfladder.kernels.taxonomy import ROOFLINE_GROUPS
 
 PRECISIONS = ("bf16", "fp32")
 EMBEDS = ("gather", "onehot")
@@ -85,6 +86,7 @@ GROUPS = {
     "copies": (("memcpy/memset",), "0 (nothing must be copied)"),
     "other": (("collective", "other"), "0"),
 }
+assert tuple(GROUPS) == ROOFLINE_GROUPS, "kernels.taxonomy.ROOFLINE_GROUPS names these groups"
 _covered = {c for cats, _ in GROUPS.values() for c in cats}
 assert _covered == set(CATEGORIES), _covered
 

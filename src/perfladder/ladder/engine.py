@@ -1,15 +1,11 @@
-"""The ladder engine (framework-free): rung declarations, the registry, and ``run_ladder``.
+"""The ladder engine (framework-free): how rungs chain, which are kept, and ``run_ladder``.
 
-A rung is declared once, as a ``Rung``: its display ``name`` in one framework ("R1", "B4"),
-a technique ``key`` shared by both frameworks ("compile", "onehot_embedding"), a bar
-``label``, the ``change`` it makes to the configuration it builds on (a recipe), what proves
-it computes the same model (``gate``), the chapter section whose tool it applies, and the
-function that builds, gates and measures it. Each framework supplies a *lab* (its backend:
-device, versions, sync, how to build a step from a recipe, measure, free memory, profile,
-train) and a registry of declarations; this module runs them:
+Each framework supplies a *lab* (its backend: device, versions, how to build a step from a
+recipe, measure, profile, train) and a registry of rung declarations
+(``perfladder.ladder.rung``); this module runs them:
 
-    config -> lab -> for each rung: recipe = change(base) -> fn(lab, recipe, base) -> RungResult
-           -> LadderResult.finalize() (ratios, verdicts, regimes) -> kernel report -> learning check
+    config -> lab -> for each rung: recipe = change(base) -> fn(lab, Given) -> Evidence
+           -> RungResult (built here, once) -> LadderResult.finalize() -> kernel report -> learning
 
 How rungs chain. A seed rung builds on the rung it names (``builds_on``), and its recipe is
 that rung's recipe with its own ``change`` applied, whether or not that rung ran in this
@@ -18,103 +14,43 @@ configuration so far: a rung is kept (the next one builds on it) when its verdic
 'faster' -- judged against both measurements' noise, and never for a measurement that did
 not settle. One exception keeps a disturbed base from discarding a real fix: a settled rung
 whose slowest window beats every window of a base that did not settle is kept, though its
-speedup is not credited. In the smoke configuration the numbers mean nothing, so they do not decide:
-every added technique is kept and a choice between implementations (``alternative``) is
-not, so a smoke run always walks the same configurations. Multi-GPU rungs run last.
+speedup is not credited. In the smoke configuration the numbers mean nothing, so they do not
+decide: every added technique is kept and a choice between implementations
+(``alternative``) is not, so a smoke run always walks the same configurations. Multi-GPU
+rungs run last. The last kept configuration is *the* fastest: the kernel report, the
+learning check and every page read that one (``LadderResult.fastest``).
 
 A rung whose function raises (a gate refusing the model, a kernel refusing the shape, memory
-running out) becomes a loud 'skipped' entry with the error, and the ladder goes on.
+running out) becomes a loud 'skipped' entry with the error, and the ladder goes on. An
+interrupt (``KeyboardInterrupt``) is not a failure of the rung: it stops the ladder.
+
+``LadderRun.run(name, **code)`` runs one rung with the reader's own code for a technique
+(``lab.code``: the functions the lab builds steps from), so a notebook cell that edits a
+technique measures the edit.
 """
 from __future__ import annotations
 
-import re
+import statistics
 import sys
+import time
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable
 
-from perfladder.kernels.roofline import GROUPS as ROOFLINE_GROUPS
+from perfladder.hardware import achieved_tflops, mfu
+from perfladder.ladder.rung import (
+    Evidence,
+    Given,
+    NotMeasured,
+    Rung,
+    check_rungs,
+    registry,
+)
+from perfladder.measure.timing import measure_settled
 from perfladder.measure.verdict import above_unsettled_base
-from perfladder.results.record import STAGES, LadderResult, RungResult
+from perfladder.results.record import LadderResult, RungResult
 
-KEY = re.compile(r"^[a-z0-9_]+$")
-RUNG_KINDS = ("rung", "control", "multi-gpu")
-
-
-class Recipe(Protocol):
-    def replace(self, **changes) -> "Recipe": ...
-    def to_dict(self) -> dict: ...
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One rung, declared once (see the module docstring)."""
-    name: str
-    key: str
-    label: str
-    fn: Callable[..., RungResult]              # fn(lab, recipe, base_name) -> RungResult
-    stage: str = "seed"                        # "seed" | "beyond" | "multi-gpu"
-    kind: str = "rung"                         # "rung" | "control" | "multi-gpu"
-    builds_on: str | None = None               # seed rungs: the rung it changes
-    change: Callable[[Any, Any], Any] | None = None   # change(recipe, config) -> recipe
-    gate: str = ""                             # what proves the same model
-    section: str = ""                          # the chapter section whose tool it applies
-    attacks: str = ""                          # kernel category / cost it goes after
-    targets: tuple[str, ...] = ()              # the roofline groups it attacks (perfladder.kernels.roofline)
-    alternative: bool = False                  # a choice between implementations
-    optional: bool = False                     # run only when named
-    needs_gpu: str | None = None               # why the technique does not exist on CPU
-
-    def __post_init__(self):
-        if not KEY.match(self.key):
-            raise ValueError(f"rung {self.name!r}: key={self.key!r} must match {KEY.pattern}")
-        if self.stage not in STAGES:
-            raise ValueError(f"rung {self.name!r}: stage={self.stage!r}; valid choices: {STAGES}")
-        if self.kind not in RUNG_KINDS:
-            raise ValueError(f"rung {self.name!r}: kind={self.kind!r}; valid choices: {RUNG_KINDS}")
-        bad = [t for t in self.targets if t not in ROOFLINE_GROUPS]
-        if isinstance(self.targets, str) or bad:
-            raise ValueError(f"rung {self.name!r}: targets={self.targets!r} must be a tuple of roofline "
-                             f"groups; valid choices: {', '.join(ROOFLINE_GROUPS)}")
-
-    def __call__(self, lab, recipe, base: str | None) -> RungResult:
-        return self.fn(lab, recipe, base)
-
-
-def registry(rungs: Iterable[Rung]) -> dict[str, Rung]:
-    """Ordered ``{name: Rung}``; names and keys unique, stages in order, ``builds_on`` earlier."""
-    out: dict[str, Rung] = {}
-    keys: set[str] = set()
-    order = {s: i for i, s in enumerate(STAGES)}
-    last = 0
-    for r in rungs:
-        if r.name in out:
-            raise ValueError(f"rung name {r.name!r} declared twice")
-        if r.key in keys:
-            raise ValueError(f"technique key {r.key!r} declared twice (rung {r.name!r})")
-        if order[r.stage] < last:
-            raise ValueError(f"rung {r.name!r} ({r.stage}) is declared after a later stage")
-        if r.builds_on is not None and r.builds_on not in out:
-            raise ValueError(f"rung {r.name!r} builds on {r.builds_on!r}, which is not declared before it")
-        last = order[r.stage]
-        out[r.name] = r
-        keys.add(r.key)
-    return out
-
-
-def check_rungs(rungs: dict[str, Rung], names=None, optional: bool = False) -> list[str]:
-    """Rung names in ladder order. ``None``: every rung but the optional ones (those too with
-    ``optional``). An unknown name is an error listing the valid ones."""
-    if names is None:
-        return [n for n, r in rungs.items() if optional or not r.optional]
-    if isinstance(names, str):
-        names = [names]
-    names = list(names)
-    unknown = [n for n in names if n not in rungs]
-    if unknown:
-        raise ValueError(f"unknown rung(s) {', '.join(map(repr, unknown))}; "
-                         f"valid choices: {', '.join(rungs)}")
-    return [n for n in rungs if n in set(names)]
+__all__ = ["Chain", "LadderRun", "Rung", "check_rungs", "registry", "keeps", "run_rung",
+           "run_ladder", "record", "measure_settled"]
 
 
 def keeps(rung: Rung, res: RungResult, smoke: bool) -> bool:
@@ -158,39 +94,65 @@ class Chain:
         return self.fastest
 
 
-def failed(rung: Rung, lab, base: str | None, recipe, error: str, tb: str = "") -> RungResult:
-    """The 'skipped' entry of a rung that measured nothing, said loudly on stderr."""
-    print(f"perfladder: {lab.framework} {rung.name} ({rung.label}) not measured: {error}",
-          file=sys.stderr, flush=True)
+def record(rung: Rung, given: Given, ev: Evidence, lab) -> RungResult:
+    """The one place a ``RungResult`` is made from a rung's evidence and its declaration."""
+    recipe = ev.recipe if ev.recipe is not None else given.recipe
+    t = ev.timing
+    rate = statistics.median(t.settled_windows)
+    B, T = (t.batch_shape or [recipe.batch_size, lab.config.num_steps])[:2]
+    precision = lab.precision(recipe)
+    fpt = lab.flops_per_token(T)
+    per_device = rate / max(1, ev.devices)
+    return RungResult(
+        name=rung.name, key=rung.key, label=rung.label, tokens_per_s=rate, kind=rung.kind,
+        stage=rung.stage, precision=precision, batch_size=B, seq_len=T, builds_on=given.base_name,
+        recipe=recipe.to_dict(), timing=t, tflops=achieved_tflops(rate, fpt),
+        mfu=mfu(per_device, fpt, lab.device_name, "bf16" if precision == "bf16" else "tf32"),
+        memory=ev.memory, compile=ev.compile, gates=list(ev.gates), receipt=ev.receipt,
+        profile=ev.profile, prediction=ev.prediction, details=dict(ev.details),
+        notes=list(ev.notes), section=rung.section)
+
+
+def failed(rung: Rung, lab, base: str | None, recipe, error: str, tb: str = "", *,
+           details: dict | None = None, prediction=None, loud: bool = True) -> RungResult:
+    """The 'skipped' entry of a rung that measured nothing (said on stderr unless it chose not
+    to measure)."""
+    if loud:
+        print(f"perfladder: {lab.framework} {rung.name} ({rung.label}) not measured: {error}",
+              file=sys.stderr, flush=True)
+    details = dict(details or {})
+    if tb:
+        details["traceback"] = tb[-4000:]
     return RungResult(name=rung.name, key=rung.key, label=rung.label, kind="skipped",
                       stage=rung.stage, builds_on=base,
                       recipe=recipe.to_dict() if recipe is not None else {},
                       precision=getattr(recipe, "precision", None) or "fp32",
-                      error=error[:3000], section=rung.section,
-                      details={"traceback": tb[-4000:]} if tb else {})
+                      error=error[:3000], section=rung.section, details=details,
+                      prediction=prediction)
 
 
 def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
     """Build the rung's recipe on its base, run it (failures become skipped rungs), record it."""
     base, base_recipe = chain.base(rung)
     recipe = base_recipe
+    t0 = time.perf_counter()
     try:
         if rung.change is not None:
             recipe = rung.change(base_recipe, lab.config)
+        given = Given(rung=rung, recipe=recipe, base_name=base, base_recipe=base_recipe,
+                      base=_ran(lab.result, base))
         if rung.needs_gpu and not lab.on_gpu:
             res = failed(rung, lab, base, recipe, f"not applicable on CPU: {rung.needs_gpu}")
         else:
-            res = rung(lab, recipe, base)
+            res = record(rung, given, rung.fn(lab, given), lab)
+    except NotMeasured as e:
+        res = failed(rung, lab, base, e.recipe or recipe, e.reason, details=e.details,
+                     prediction=e.prediction, loud=False)
     except Exception as e:     # the ladder goes on; the entry says what happened
         res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc())
     finally:
         lab.free()
-    res.name, res.key, res.stage, res.section = rung.name, rung.key, rung.stage, rung.section
-    res.label = res.label or rung.label
-    if res.kind != "skipped":
-        res.kind = rung.kind            # the declaration decides what a measurement is
-    if res.builds_on is None:
-        res.builds_on = base
+    res.details.setdefault("seconds", {})["total"] = time.perf_counter() - t0
     lab.result.add(res)
     if res.measured:
         chain.recipes[rung.name] = lab.recipe_from_dict(res.recipe) if res.recipe else recipe
@@ -200,6 +162,16 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
         if res.kept:
             chain.fastest = (rung.name, chain.recipes[rung.name])
     return res
+
+
+def _ran(result: LadderResult, name: str | None) -> RungResult | None:
+    if name is None:
+        return None
+    try:
+        r = result.rung(name)
+    except KeyError:
+        return None
+    return r if r.measured else None
 
 
 class LadderRun:
@@ -231,11 +203,15 @@ class LadderRun:
     def result(self) -> LadderResult:
         return self.lab.result
 
-    def run(self, name: str) -> RungResult:
-        """Run rung ``name`` (in any order the caller likes; its base is what ran so far)."""
+    def run(self, name: str, **code: Callable) -> RungResult:
+        """Run rung ``name`` (in any order the caller likes; its base is what ran so far).
+
+        ``code``: technique functions to build this and every later step from, by name (the
+        lab's ``code``; e.g. ``compile_model=...``), so an edited notebook cell is measured."""
         check_rungs(self.rungs, [name])
         if any(r.name == name for r in self.result.rungs):
             raise ValueError(f"rung {name!r} already ran in this ladder")
+        self.lab.use(**code)
         return run_rung(self.rungs[name], self.lab, self.chain)
 
     def fastest(self) -> tuple[str, Any]:
@@ -283,21 +259,25 @@ def run_ladder(lab, rungs: dict[str, Rung], names=None, *, learn: bool = True, p
 
 
 def fastest(lab, chain: Chain) -> tuple[str, Any]:
-    """The configuration the kernel report and the learning check use: the chain's top once
-    beyond rungs ran; else the fastest settled seed waterfall rung (smoke: ``seed_top``, since
-    its numbers decide nothing); else ``seed_top``'s declared recipe."""
+    """The configuration the kernel report and the learning check use, recorded as the result's
+    ``fastest``: the chain's top once beyond rungs ran; else the fastest settled seed waterfall
+    rung (smoke: ``seed_top``, since its numbers decide nothing); else ``seed_top``'s recipe."""
     if chain.fastest is not None:
-        return chain.fastest
-    ran = [r for r in lab.result.waterfall() if r.name in chain.recipes and r.stable is not False]
-    if ran and not lab.config.is_smoke:
-        best = max(ran, key=lambda r: r.tokens_per_s)
-        return best.name, chain.recipes[best.name]
-    return lab.seed_top, chain.recipe_of(lab.seed_top)
+        name, recipe = chain.fastest
+    else:
+        ran = [r for r in lab.result.waterfall() if r.name in chain.recipes and r.stable is not False]
+        if ran and not lab.config.is_smoke:
+            name = max(ran, key=lambda r: r.tokens_per_s).name
+            recipe = chain.recipes[name]
+        else:
+            name, recipe = lab.seed_top, chain.recipe_of(lab.seed_top)
+    lab.result.fastest = name
+    return name, recipe
 
 
 def kernel_report(lab, chain: Chain) -> dict | None:
-    """The kernel breakdown of the fastest configuration, on its rung (``kernels``); a profiler
-    failure costs the report, not the ladder (recorded in the rung's details and the notes)."""
+    """The kernel breakdown of the fastest configuration, stored under that name in the result
+    (``LadderResult.kernel_reports``); a profiler failure costs the report, not the ladder."""
     name, recipe = fastest(lab, chain)
     try:
         report = lab.kernel_report(name, recipe)
@@ -306,17 +286,10 @@ def kernel_report(lab, chain: Chain) -> dict | None:
         lab.result.notes.append(f"kernel breakdown of {name} failed: {msg}")
         print(f"perfladder: {lab.result.notes[-1]}", file=sys.stderr, flush=True)
         report = None
-        try:
-            lab.result.rung(name).details["kernels_error"] = msg
-        except KeyError:
-            pass
     finally:
         lab.free()
     if report is not None:
-        try:
-            lab.result.rung(name).kernels = report
-        except KeyError:
-            lab.result.notes.append(f"kernel breakdown of {name}'s configuration: {name} not in this run")
+        lab.result.attach_kernels(name, report)
     return report
 
 
@@ -330,11 +303,3 @@ def learning_check(lab, chain: Chain):
     check.configuration = name
     lab.result.learning = check
     return check
-
-
-def measure_settled(measure: Callable[[], Any]) -> tuple[Any, bool]:
-    """``measure()``; once more when its windows did not settle. ``(Throughput, remeasured)``."""
-    t = measure()
-    if t.stable:
-        return t, False
-    return measure(), True

@@ -1,10 +1,11 @@
-"""What each technique key does and which cost it goes after, in the words the computed
-sentences of the pages use (framework-free).
+"""Every technique of the ladder, keyed once (framework-free): what it does, the cost it goes
+after, the roofline groups it targets, and the chapter section whose tool it applies.
 
-Keys are the rung declarations' ``key`` (``perfladder.ladder.engine.Rung``), shared by both
-frameworks. ``attacks`` names the regimes of ``perfladder.measure.verdict.REGIMES`` a technique can
-relieve; a sentence that says "it cannot pay here" is the base rung's measured regime missing
-from this tuple. A key missing from ``TECHNIQUES`` is described by its rung's label only.
+Keys are the rung declarations' ``key`` (``perfladder.ladder.rung.Rung``), shared by both
+frameworks, so one technique has one description and one section whichever framework runs
+it. ``attacks`` names the regimes of ``perfladder.measure.verdict.REGIMES`` a technique can
+relieve; ``targets`` the roofline groups (``perfladder.kernels.taxonomy.ROOFLINE_GROUPS``)
+it goes after, which the kernel report's "tried against it" column reads.
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 class Technique:
     does: str                          # a verb phrase: "<label> <does>"
     attacks: tuple[str, ...] = ()      # regimes it relieves
+    section: str = ""                  # the chapter section whose tool it applies
+    cost: str = ""                     # the cost it goes after, in a few words
+    targets: tuple[str, ...] = ()      # roofline groups it attacks
     control: bool = False              # a control measurement, not a waterfall step
     memory_trade: bool = False         # trades time for memory (pays only when memory binds)
     devices: bool = False              # adds devices (read against a prediction)
@@ -23,49 +27,89 @@ class Technique:
 
 HOST, MEMORY, COMPUTE = "host-bound", "memory-bound", "compute-bound"
 
+S_MEASURE, S_ROOF, S_COMPILE, S_OVERHEAD = ("13.1 measurement and profiling",
+                                            "13.1 roofline: arithmetic intensity",
+                                            "13.3 compilation", "13.3 overhead")
+S_FUSION, S_KERNEL, S_PRECISION = "13.3 fusion", "13.3 fusion (a hand-written kernel)", "13.4 mixed precision"
+S_DP, S_ATTN = "13.5 and 13.6 data parallelism", "10.5 fused attention"
+E_REST, ATTN, NORM, MATMUL = "elementwise: rest", "attention", "layernorm/reductions", "matmul"
+
 TECHNIQUES: dict[str, Technique] = {
-    "eager": Technique("runs the training step operator by operator"),
+    "eager": Technique("runs the training step operator by operator", section=S_MEASURE,
+                       cost="nothing: the ladder's first measurement"),
     "compile": Technique("compiles the step, fusing the elementwise chains between the matmuls "
-                         "and cutting the number of kernel launches", (HOST, MEMORY)),
+                         "and cutting the number of kernel launches", (HOST, MEMORY), S_COMPILE,
+                         "per-op dispatch and the unfused elementwise kernels"),
     "bf16_naive_cast": Technique("casts the parameters to bf16 without changing the compute dtype "
-                                 "the modules remember", control=True, noun="naive-cast control"),
+                                 "the modules remember", (), S_PRECISION,
+                                 "matmul time, which it does not reach", control=True,
+                                 noun="naive-cast control"),
     "bf16": Technique("computes in bf16, which doubles the tensor cores' rate and halves the "
-                      "bytes of every activation", (COMPUTE, MEMORY)),
+                      "bytes of every activation", (COMPUTE, MEMORY), S_PRECISION,
+                      "matmul time and activation bytes"),
     "fp32_control": Technique("runs fp32 at the big batch, to separate the batch's effect from "
-                              "bf16's", control=True, noun="fp32 control"),
+                              "bf16's", (), "13.4 memory anatomy",
+                              "nothing: prices the big batch without bf16", control=True,
+                              noun="fp32 control"),
     "batch_up": Technique("raises the batch, so each matmul is bigger and every fixed per-step cost "
-                          "is spread over more tokens", (HOST,)),
+                          "is spread over more tokens", (HOST,), S_ROOF,
+                          "fixed per-step costs (launches, the AdamW update, dispatch)"),
     "checkpoint": Technique("recomputes each block's activations in the backward pass instead of "
-                            "storing them", memory_trade=True),
+                            "storing them", (), "13.4 activation checkpointing",
+                            "activation memory, paid for in recomputed FLOPs", memory_trade=True),
     "fused_adamw": Technique("does the whole AdamW update in one fused pass over the parameters",
-                             (HOST, MEMORY)),
+                             (HOST, MEMORY), S_FUSION, "the optimizer's many small kernels",
+                             ("optimizer",)),
     "compiled_adamw": Technique("compiles the optimizer step so its arithmetic is fused",
-                                (HOST, MEMORY)),
+                                (HOST, MEMORY), S_COMPILE, "the optimizer's many small kernels",
+                                ("optimizer",)),
     "cuda_graphs": Technique("replays the compiled step as CUDA graphs, one launch where there "
-                             "were hundreds", (HOST,)),
+                             "were hundreds", (HOST,), S_OVERHEAD, "launch overhead"),
     "onehot_embedding": Technique("looks tokens up with a one-hot matmul, so the embedding's "
-                                  "gradient is a matmul instead of a scatter-add", (MEMORY,)),
+                                  "gradient is a matmul instead of a scatter-add", (MEMORY,), S_ROOF,
+                                  "the embedding gradient's scatter-add (contended atomics)",
+                                  (E_REST,)),
     "embed_fp32_lookup": Technique("gathers rows from the fp32 table and casts them afterwards, so "
-                                   "the embedding gradient's scatter-add runs in fp32", (MEMORY,)),
+                                   "the embedding gradient's scatter-add runs in fp32", (MEMORY,),
+                                   S_PRECISION, "the embedding gradient's bf16 scatter-add",
+                                   (E_REST,)),
     "split_jit": Technique("splits the model and optimizer state once and jits a pure step that "
-                           "donates its inputs, so each call does less host work", (HOST,)),
+                           "donates its inputs, so each call does less host work", (HOST,),
+                           S_OVERHEAD, "host work per call (graph traversal, fresh state buffers)"),
     "attention_kernel": Technique("runs attention as one fused kernel that keeps its score tiles "
-                                  "on chip", (MEMORY, COMPUTE)),
-    "batch_x2": Technique("doubles the batch again", (HOST,)),
-    "batch_x4": Technique("quadruples the batch", (HOST,)),
-    "max_autotune": Technique("lets the compiler autotune its kernels", (COMPUTE,)),
+                                  "on chip", (MEMORY, COMPUTE), S_ATTN,
+                                  "attention: scores, mask and softmax through memory", (ATTN,)),
+    "batch_x2": Technique("doubles the batch again", (HOST,), S_ROOF,
+                          "per-step costs that do not grow with the batch"),
+    "batch_x4": Technique("quadruples the batch", (HOST,), S_ROOF,
+                          "per-step costs that do not grow with the batch"),
+    "max_autotune": Technique("lets the compiler autotune its GEMM and fusion kernels", (COMPUTE,),
+                              S_COMPILE, "cuBLAS's first-choice GEMM algorithms", (MATMUL,)),
     "fused_rope": Technique("rotates q and k in one hand-written kernel straight from the QKV "
-                            "projection, the rotation done in registers", (MEMORY,)),
+                            "projection, the rotation done in registers", (MEMORY,), S_KERNEL,
+                            "the RoPE apply, an elementwise pass", ("elementwise: RoPE",)),
     "fused_gelu": Technique("computes GELU and its derivative in one hand-written pass each",
-                            (MEMORY,)),
+                            (MEMORY,), S_KERNEL, "GELU, an elementwise pass", ("elementwise: GELU",)),
     "fused_addnorm": Technique("fuses each residual add into the LayerNorm after it, with a "
-                               "one-pass LayerNorm backward", (MEMORY,)),
+                               "one-pass LayerNorm backward", (MEMORY,), S_KERNEL,
+                               "residual adds and LayerNorm", (NORM,)),
+    "fused_attention": Technique("runs attention in one hand-written kernel that reads the QKV "
+                                 "projection directly and rotates q and k on load", (MEMORY,),
+                                 S_KERNEL, "attention's copies and the RoPE passes around it",
+                                 (ATTN, "elementwise: RoPE", "copies")),
+    "bf16_residual": Technique("keeps the residual stream between blocks in bf16 (a numerics "
+                               "change)", (MEMORY,), S_PRECISION,
+                               "the bytes of the residual stream and its casts", (NORM, E_REST)),
     "data_parallel": Technique("splits each batch across GPUs and sums the gradients every step",
+                               section=S_DP, cost="one GPU's throughput: k GPUs, gradients all-reduced",
                                devices=True),
     "data_parallel_fast": Technique("runs data parallelism on the fastest single-GPU "
-                                    "configuration", devices=True),
+                                    "configuration", section=S_DP,
+                                    cost="one GPU's throughput, from the fastest configuration",
+                                    devices=True),
     "fsdp": Technique("shards the parameters and optimizer state across GPUs as well as the "
-                      "batch", devices=True),
+                      "batch", section=S_DP, cost="per-GPU memory of the replicated state",
+                      devices=True),
 }
 
 # What comes next, read from a step's own regime: the move, and the technique keys that make it.
@@ -88,5 +132,10 @@ CONTROLS = {"batch_up": "fp32_control", "bf16": "bf16_naive_cast"}
 DIAGNOSES = {"batch_up": ("embed_fp32_lookup", "onehot_embedding")}
 
 
-def technique(key: str) -> Technique | None:
-    return TECHNIQUES.get(key)
+def technique(key: str) -> Technique:
+    """The technique of ``key``; a key nobody described is an error naming the valid ones."""
+    try:
+        return TECHNIQUES[key]
+    except KeyError:
+        raise KeyError(f"technique key {key!r} is not described in perfladder.ladder.techniques; "
+                       f"valid choices: {', '.join(TECHNIQUES)}") from None

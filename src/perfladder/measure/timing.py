@@ -26,6 +26,7 @@ of a batch as bytes).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -177,3 +178,27 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
                       seconds=secs, steps_per_window=timed, tokens_per_window=tokens,
                       warmup=warmup, batch_shape=shape or (), settled=windows, stable=stable,
                       target_spread=float(target_spread))
+
+
+def measure_settled(measure: Callable[[], Throughput]) -> tuple[Throughput, bool]:
+    """``measure()``; once more when its windows did not settle. ``(Throughput, remeasured)``."""
+    t = measure()
+    if t.stable:
+        return t, False
+    return measure(), True
+
+
+class Stopwatch:
+    """Wall seconds per phase of one rung (``with watch("gates"): ...``): where a rung's time
+    goes outside its timed windows, so the ladder's own cost can be read and bounded."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0

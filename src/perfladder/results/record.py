@@ -230,6 +230,8 @@ class LadderResult:
     peak_tflops: dict | None = None     # the datasheet's dense peaks (the MFU denominators)
     roofs: dict | None = None           # this run's own device probe: measured ceilings
     notes: list[str] = field(default_factory=list)
+    fastest: str | None = None          # the configuration the ladder kept last (its kernel
+                                        # report and learning check are of this rung)
     schema_read: int = SCHEMA_VERSION   # the schema version the file was written with
 
     def __post_init__(self):
@@ -257,6 +259,22 @@ class LadderResult:
             raise ValueError(f"no measured waterfall rung in this {self.framework} ladder")
         settled = [r for r in chain if r.stable is not False]
         return max(settled or chain, key=lambda r: r.tokens_per_s)
+
+    def fastest_rung(self) -> RungResult:
+        """*The* fastest configuration, the one every page names: the rung the ladder recorded as
+        its fastest (the last one it kept), else, for a file that recorded none, the rung that
+        carries the kernel report, else ``best()``."""
+        if self.fastest is not None:
+            return self.rung(self.fastest)
+        with_kernels = [r for r in self.rungs if r.kernels]
+        return with_kernels[-1] if with_kernels else self.best()
+
+    def attach_kernels(self, name: str, report: dict) -> None:
+        """The kernel breakdown of configuration ``name``, kept with that rung's record."""
+        try:
+            self.rung(name).kernels = report
+        except KeyError:
+            self.notes.append(f"kernel breakdown of {name}'s configuration: {name} not in this run")
 
     def add(self, rung: RungResult) -> RungResult:
         if any(r.name == rung.name for r in self.rungs):
@@ -301,6 +319,7 @@ class LadderResult:
             "rungs": [r.to_dict() for r in self.rungs],
             "learning": None if self.learning is None else self.learning.to_dict(),
             "notes": list(self.notes),
+            "fastest": self.fastest,
         }
 
     def write(self, path: str | Path) -> Path:
@@ -327,7 +346,7 @@ class LadderResult:
                   learning=LearningCheck.from_dict(data.get("learning")),
                   created=data.get("created", ""), command=data.get("command", ""),
                   peak_tflops=data.get("peak_tflops"), roofs=data.get("roofs"),
-                  notes=data.get("notes", []), schema_read=version)
+                  notes=data.get("notes", []), fastest=data.get("fastest"), schema_read=version)
         return res.finalize()
 
     @classmethod

@@ -13,43 +13,21 @@ import os
 
 os.environ["TEARDOWN_CUPTI"] = "1"
 
-from perfladder.ladder.engine import LadderRun, check_rungs, registry  # noqa: E402
-from perfladder.ladder.engine import run_ladder as _run_ladder  # noqa: E402
-from perfladder.torch.gates import (
+from perfladder.torch.gates import (  # noqa: E402
     CorrectnessError,
     GateError,
     MirrorError,
     PrecisionError,
-)  # noqa: E402
+)
 from perfladder.torch.idiom import TimeMachine, num_gpus, try_gpu  # noqa: E402
 from perfladder.torch.kernels import kernel_breakdown  # noqa: E402
 from perfladder.torch.lab import TorchLab  # noqa: E402
 from perfladder.torch.model import GPT  # noqa: E402
 from perfladder.torch.recipe import Recipe  # noqa: E402
-from perfladder.torch.rungs.beyond import BEYOND  # noqa: E402
-from perfladder.torch.rungs.multigpu import MULTI  # noqa: E402
-from perfladder.torch.rungs.seed import SEED  # noqa: E402
+from perfladder.torch.rungs import RUNGS, Ladder, run_ladder  # noqa: E402
 from perfladder.torch.step import TrainStep, make_step  # noqa: E402
 from perfladder.torch.stream import batches  # noqa: E402
 from perfladder.torch.timer import device_name, has_gpu, throughput, versions  # noqa: E402
-
-RUNGS = registry([*SEED, *BEYOND, *MULTI])
-
-
-def Ladder(config, command: str = "", device=None) -> LadderRun:
-    """A ladder to run rung by rung: ``run.run("R0")`` returns R0's ``RungResult``."""
-    return LadderRun(TorchLab(config, device=device, command=command), RUNGS)
-
-
-def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: str = "",
-               optional: bool = False, kernels: bool = True, device=None, resume=None):
-    """Every default rung (or ``rungs``), the kernel report of the fastest configuration and
-    its learning check; returns the ``LadderResult``."""
-    check_rungs(RUNGS, rungs)               # a typo is refused before the lab loads and probes
-    lab = TorchLab(config, device=device, command=command)
-    return _run_ladder(lab, RUNGS, rungs, learn=learn, progress=progress, optional=optional,
-                       kernels=kernels, resume=resume)
-
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
            "RUNGS", "Ladder", "run_ladder", "TorchLab", "kernel_breakdown", "make_step",

@@ -3,7 +3,11 @@
 It owns what every rung shares -- the data, the device, a fresh model / optimizer / step for
 any ``Recipe``, the timer, the profiler, the growing ``LadderResult`` -- and turns one
 measurement into a ``RungResult`` with its typed evidence. The rungs themselves are small
-functions declared in ``rungs.py``, ``beyond.py`` and ``multigpu.py``.
+functions declared in ``rungs/``; each measures through ``perfladder.torch.trial.trial``.
+
+``code`` holds the technique functions steps are built from (``perfladder.torch.step.CODE``
+and the model's ``checkpoint_block``); ``use(name=fn)`` swaps in a reader's own version, for
+this and every later step, and the gates' references keep the library's.
 """
 from __future__ import annotations
 
@@ -14,25 +18,23 @@ import torch
 
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
-from perfladder.hardware import achieved_tflops, mfu, peak_for
+from perfladder.hardware import peak_for
 from perfladder.kernels.roofline import of_run
 from perfladder.ladder.engine import measure_settled
 from perfladder.measure.evidence import (
-    Compile,
-    Gate,
     Memory,
     ProfileSummary,
     Receipt,
-    Timing,
 )
-from perfladder.results.record import LadderResult, RungResult
+from perfladder.results.record import LadderResult
 from perfladder.torch.device import probe_roofs
-from perfladder.torch.gates import PrecisionError
-from perfladder.torch.model import GPT
+from perfladder.torch.model import GPT, checkpoint_block
 from perfladder.torch.recipe import Recipe
-from perfladder.torch.step import TrainStep, make_optimizer, make_step
+from perfladder.torch.step import CODE, TrainStep, make_step
 from perfladder.torch.stream import batches
 from perfladder.torch.timer import device_name, throughput, versions
+
+LIBRARY_CODE = {**CODE, "checkpoint_block": checkpoint_block}
 
 
 class TorchLab:
@@ -56,8 +58,6 @@ class TorchLab:
                                 num_train=config.num_train, num_val=config.num_val)
         self.gpt_config = config.gpt(vocab_size=len(self.data.vocab))
         self.num_params = expected_num_params(self.gpt_config)
-        self.flops_per_token = flops_per_token(self.num_params, self.gpt_config.num_blks,
-                                               config.num_steps, self.gpt_config.num_hiddens)
         self.device_name = device_name() if self.on_gpu else "cpu"
         peak = peak_for(self.device_name)
         notes = [f"fp32 matmuls {'run as TF32' if self.on_gpu else 'stay fp32 on CPU'} "
@@ -73,6 +73,7 @@ class TorchLab:
         self._allow_recompiles()
         self._seeds = itertools.count(config.seed)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
+        self.code = dict(LIBRARY_CODE)
         if not self.on_gpu and config.is_smoke and torch.get_num_threads() > 1:
             # tiny smoke ops: thread synchronisation would cost more than it saves
             torch.set_num_threads(1)
@@ -99,21 +100,37 @@ class TorchLab:
     def recipe_from_dict(self, d: dict) -> Recipe:
         return Recipe.from_dict(d)
 
-    def make_model(self, recipe: Recipe | None = None) -> GPT:
+    def use(self, **code) -> None:
+        """Build this and every later step with these technique functions (by name)."""
+        unknown = sorted(set(code) - set(LIBRARY_CODE))
+        if unknown:
+            raise ValueError(f"no technique named {', '.join(unknown)}; valid choices: "
+                             f"{', '.join(LIBRARY_CODE)}")
+        bad = [k for k, f in code.items() if not callable(f)]
+        if bad:
+            raise TypeError(f"technique {bad[0]}={code[bad[0]]!r} must be a function")
+        self.code.update(code)
+
+    def make_model(self, recipe: Recipe | None = None, plain_code: bool = False) -> GPT:
         """A fresh GPT from ``config.seed`` (every rung starts from the same weights)."""
         r = recipe or self.seed_recipe()
+        code = LIBRARY_CODE if plain_code else self.code
         torch.manual_seed(self.config.seed)
-        return GPT(self.gpt_config, attn_backend=r.attn_backend, checkpoint=r.checkpoint,
+        return GPT(self.gpt_config, attn_backend=r.attn_backend,
+                   checkpoint=code["checkpoint_block"] if r.checkpoint else False,
                    embed=r.embed, fused=r.fused).to(self.device)
 
-    def build_step(self, recipe: Recipe) -> TrainStep:
-        """A fresh model, its AdamW and the training step ``recipe`` describes."""
+    def build_step(self, recipe: Recipe, plain_code: bool = False) -> TrainStep:
+        """A fresh model, its AdamW and the training step ``recipe`` describes, built with this
+        lab's technique code (``plain_code``: the library's, as every gate's reference is)."""
         if not isinstance(recipe, Recipe):
             raise TypeError(f"recipe must be a perfladder.torch.Recipe, got {type(recipe).__name__}")
-        model = self.make_model(recipe)
-        return make_step(model, make_optimizer(model, self.config.lr, recipe.optimizer),
+        code = LIBRARY_CODE if plain_code else self.code
+        model = self.make_model(recipe, plain_code)
+        return make_step(model, code["make_optimizer"](model, self.config.lr, recipe.optimizer),
                          compiled=recipe.compiled, bf16=recipe.bf16, device_type=self.device.type,
-                         mode=recipe.mode, compile_optimizer=recipe.optimizer == "compiled")
+                         mode=recipe.mode, compile_optimizer=recipe.optimizer == "compiled",
+                         code=code)
 
     def stream(self, batch_size: int, split: str = "train"):
         """A fresh stream of (batch_size, num_steps) batches (each call a new shuffle seed)."""
@@ -161,30 +178,22 @@ class TorchLab:
             kb = kernel_breakdown(step, self.stream(batch_size), steps=steps, warmup=1, top=10)
         return summary_of(kb)
 
-    def receipt(self, step: TrainStep, claimed: str) -> Receipt:
-        """What the last timed call computed in, from the receipt that call recorded
-        (``TrainStep.__call__``); ``PrecisionError`` when it is not ``claimed``."""
-        from perfladder.torch.gates import check_receipt
-        check_receipt(step, "bf16" if claimed == "bf16" else "fp32")
-        observed = {"logits": str(step.receipt["logits"]).removeprefix("torch.")}
-        return Receipt(claimed=claimed, observed=observed, where="TrainStep.__call__")
+    def precision(self, recipe: Recipe) -> str:
+        """What the matmuls run in: 'bf16', or 'tf32' (fp32 on a GPU), or 'fp32' (CPU)."""
+        return "bf16" if recipe.bf16 else self.fp32_label()
 
-    def record(self, name: str, label: str, recipe: Recipe, t, remeasured: bool, mem: Memory, *,
-               kind: str = "rung", gates=(), receipt: Receipt | None = None,
-               compile: Compile | None = None, profile: ProfileSummary | None = None,
-               details=None, notes=()) -> RungResult:
-        """A measured ``RungResult`` with TFLOP/s and MFU (None where the peak is unknown)."""
-        rate = t.tokens_per_s
-        precision = "bf16" if recipe.bf16 else self.fp32_label()
-        if receipt is not None and not receipt.ok:
-            raise PrecisionErrorFromReceipt(name, receipt)
-        return RungResult(
-            name=name, key="", label=label, tokens_per_s=rate, kind=kind, precision=precision,
-            batch_size=recipe.batch_size, seq_len=self.config.num_steps, recipe=recipe.to_dict(),
-            timing=Timing.of(t, remeasured), tflops=achieved_tflops(rate, self.flops_per_token),
-            mfu=mfu(rate, self.flops_per_token, self.device_name, "bf16" if recipe.bf16 else "tf32"),
-            memory=mem, compile=compile, gates=list(gates), receipt=receipt, profile=profile,
-            details=dict(details or {}), notes=list(notes))
+    def flops_per_token(self, seq_len: int) -> int:
+        g = self.gpt_config
+        return flops_per_token(self.num_params, g.num_blks, seq_len, g.num_hiddens)
+
+    def receipt(self, step: TrainStep, recipe: Recipe) -> Receipt:
+        """What the step's last call computed in, from the receipt that call recorded
+        (``TrainStep.forward_backward``); ``PrecisionError`` when it is not the recipe's."""
+        from perfladder.torch.gates import check_receipt
+        claimed = self.precision(recipe)
+        check_receipt(step, "bf16" if recipe.bf16 else "fp32")
+        return Receipt(claimed=claimed, observed={"logits": step.receipt["logits"]},
+                       where="TrainStep.forward_backward")
 
     def free(self, graphs: bool = True) -> None:
         """Hand a finished configuration's device memory back before the next is built: its
@@ -239,14 +248,6 @@ class TorchLab:
         return f"TorchLab(config={self.config.name!r}, device={self.device_name!r})"
 
 
-class PrecisionErrorFromReceipt(PrecisionError):
-    """The timed step computed in another precision than the rung claims (a ``GateError``)."""
-
-    def __init__(self, name: str, receipt: Receipt):
-        super().__init__(f"{name} claims {receipt.claimed} but its timed step produced "
-                         f"{receipt.observed}: not recording an fp32 number as {receipt.claimed}")
-
-
 def summary_of(kb) -> ProfileSummary:
     """A ``KernelBreakdown`` as the rung's ``ProfileSummary`` (per step; device time first)."""
     per = kb.steps * 1000.0
@@ -255,8 +256,3 @@ def summary_of(kb) -> ProfileSummary:
     return ProfileSummary(tool=f"torch.profiler ({'CUDA kernels' if kb.device == 'gpu' else 'CPU operators'})",
                           steps=kb.steps, host_ms=None, device_ms=kb.total_us / per,
                           shares=dict(kb.category_share), rows=rows)
-
-
-def passed_gate(name: str, reference: str, values: dict, tolerances: dict, **detail) -> Gate:
-    return Gate(name=name, passed=True, values=values, tolerances=tolerances, reference=reference,
-                detail=detail)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.checkpoint import checkpoint as _checkpoint
+from torch.utils.checkpoint import checkpoint
 
 from perfladder.config import GPTConfig, gpt_config
 from perfladder.config import flops_per_token as _flops_per_token
@@ -211,13 +211,19 @@ class Block(nn.Module):
         return H, self.ffn(y)
 
 
-# -- 5. the model --------------------------------------------------------------------------
+# -- 5. activation checkpointing (rung R4's technique) ----------------------------------------
+def checkpoint_block(block, *inputs):
+    """R4: run one block keeping only its inputs; the backward pass recomputes the rest."""
+    return checkpoint(block, *inputs, use_reentrant=False)
+
+
+# -- 6. the model ----------------------------------------------------------------------------
 class GPT(nn.Module):
     """Decoder-only Transformer with tied input/output embeddings.
 
     ``attn_backend``: ``None`` (PyTorch picks) or one of ``'flash'``, ``'efficient'``,
     ``'math'``, ``'cudnn'`` to pin the attention kernel via ``sdpa_kernel``.
-    ``checkpoint=True`` runs every block under activation checkpointing (recompute the
+    ``checkpoint=True`` runs every block through ``checkpoint_block`` (recompute the
     block's activations in the backward pass instead of storing them).
     ``embed``: ``'gather'`` (an ``nn.Embedding`` lookup) or ``'onehot'`` (``one_hot(X) @ W``
     in fp32, see ``embed_tokens``): same parameter, the same rows in fp32, a different
@@ -237,7 +243,12 @@ class GPT(nn.Module):
         check_attn_backend(attn_backend)
         self.config = config
         self.attn_backend = attn_backend
-        self.checkpoint = bool(checkpoint)
+        # True: every block through ``checkpoint_block``; a function: through that one instead
+        # (a reader's own version of the technique, ``LadderRun.run("R4", checkpoint_block=...)``)
+        self.run_block = checkpoint_block if checkpoint is True else checkpoint or None
+        if self.run_block is not None and not callable(self.run_block):
+            raise ValueError(f"checkpoint={checkpoint!r} must be True, False or a function "
+                             "run_block(block, *inputs)")
         self.embed = check_embed(embed)
         self.fused = check_fused(fused)
         if self.fused:
@@ -290,22 +301,23 @@ class GPT(nn.Module):
         if "addnorm" in self.fused:
             return self._forward_addnorm(H)
         for blk in self.blks:
-            if self.checkpoint:
-                H = _checkpoint(blk, H, use_reentrant=False)      # (B, T, D)
-            else:
-                H = blk(H)                                        # (B, T, D)
+            H = blk(H) if self.run_block is None else self.run_block(blk, H)   # (B, T, D)
         return F.linear(self.norm(H), self.token_emb.weight)      # (B, T, D) @ (D, V) -> (B, T, V)
 
     def _forward_addnorm(self, H: torch.Tensor) -> torch.Tensor:
         """The blocks and the final norm with the residual adds fused into the LayerNorms."""
         pending = None                                            # the stream is H + pending
         for blk in self.blks:
-            if self.checkpoint:
-                H, pending = _checkpoint(blk.forward_addnorm, H, pending, use_reentrant=False)
-            else:
+            if self.run_block is None:
                 H, pending = blk.forward_addnorm(H, pending)      # (B, T, D) each
+            else:
+                H, pending = self.run_block(blk.forward_addnorm, H, pending)
         _, y = fused_norm(self.norm, H, pending)                  # (B, T, D)
         return F.linear(y, self.token_emb.weight)                 # (B, T, D) @ (D, V) -> (B, T, V)
+
+    @property
+    def checkpoint(self) -> bool:
+        return self.run_block is not None
 
     def num_params(self) -> int:
         """Distinct parameters (the tied embedding counted once)."""

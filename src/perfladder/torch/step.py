@@ -1,13 +1,25 @@
-"""Training steps: one factory, a few switches (compile and its mode, bf16, the optimizer;
-checkpointing and the embedding live in the model).
+"""The training step, and the seed rungs' techniques it is built from.
 
 A step is ``zero_grad -> forward -> fp32 loss -> backward -> AdamW``; it returns the loss
-as a device tensor (``.detach()``-ed, never read on the host inside the hot loop).
+as a device tensor (``.detach()``-ed, never read on the host inside the hot loop). The
+techniques are plain functions, in the order the ladder applies them, and each is what its
+rung's notebook cell shows (a test keeps the two the same):
+
+    loss_and_grads     R0   the fp32 loss of the forward's logits, and its gradients
+    compile_model      R1   torch.compile the model (and, through AOTAutograd, its backward)
+    autocast_bf16      R2   the forward under bf16 autocast
+    make_optimizer     B1   AdamW, fused or not
+    compile_optimizer  B2   the optimizer step torch.compile-d
+
+(R4's, ``checkpoint_block``, runs inside the model: ``perfladder.torch.model``.) ``build_step``
+composes them from a ``Recipe``; ``CODE`` names them for ``TorchLab.use``, which lets a
+notebook cell pass its own version of any of them.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 import torch.nn.functional as F
@@ -26,14 +38,47 @@ OPTIMIZERS = ("default", "fused", "compiled")
 COMPILED_OPT_RANGE = "Optimizer.step#AdamW.compiled"
 
 
-def autocast(bf16: bool, device_type: str):
-    """bf16 autocast on ``device_type`` ('cuda' or 'cpu'), or a no-op context when ``bf16`` is False."""
-    if not bf16:
-        return contextlib.nullcontext()
-    if device_type not in ("cuda", "cpu"):
-        raise ValueError(f"device_type={device_type!r} is not valid for bf16 autocast; "
-                         "valid choices: ('cuda', 'cpu')")
-    return torch.autocast(device_type, dtype=torch.bfloat16)
+# -- the techniques, in ladder order ---------------------------------------------------------
+def loss_and_grads(forward, X, Y):
+    """R0's step up to the optimizer: the fp32 loss of the forward's logits, and its gradients."""
+    logits = forward(X)                                                  # (B, T, V)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), Y.flatten())    # fp32, (B*T, V) rows
+    loss.backward()                                                      # gradients into p.grad
+    return loss.detach(), logits.detach()
+
+
+def compile_model(model, mode=None):
+    """R1: compile the forward; static shapes, so a new batch shape is a visible recompile."""
+    return torch.compile(model, dynamic=False, mode=mode)
+
+
+def autocast_bf16(forward, device_type):
+    """R2: run the forward under bf16 autocast; the weights and the loss stay fp32."""
+    def forward_bf16(X):
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return forward(X)                                            # (B, T, V) in bf16
+    return forward_bf16
+
+
+def make_optimizer(model, lr, kind="default"):
+    """AdamW over the model's parameters: B1's fused kernel, or the one PyTorch picks."""
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"optimizer={kind!r} is not valid; valid choices: {OPTIMIZERS}")
+    if kind == "fused":
+        return torch.optim.AdamW(model.parameters(), lr=lr, fused=True)   # one kernel per group
+    return torch.optim.AdamW(model.parameters(), lr=lr)                   # foreach on CUDA
+
+
+def compile_optimizer(opt):
+    """B2: the default AdamW with its step compiled, so inductor fuses the update."""
+    @torch.compile(fullgraph=False)
+    def opt_step():
+        opt.step()
+    return opt_step
+
+
+CODE = {f.__name__: f for f in (loss_and_grads, compile_model, autocast_bf16, make_optimizer,
+                                compile_optimizer)}
 
 
 def check_mode(mode, device_type: str | None = None):
@@ -46,52 +91,49 @@ def check_mode(mode, device_type: str | None = None):
     return mode
 
 
-def compile_model(model: nn.Module, mode=None) -> nn.Module:
-    """``torch.compile`` with static shapes: a new batch shape is a new, visible compile
-    (which the timer's recompile guard turns into an error) rather than a silent switch
-    to a slower dynamic-shape graph. ``mode``: one of ``COMPILE_MODES``."""
-    check_mode(mode)
-    return torch.compile(model, dynamic=False, mode=mode)
+def _dtype(t: torch.Tensor | None) -> str | None:
+    return None if t is None else str(t.dtype).removeprefix("torch.")
 
 
 class TrainStep:
     """``step(X, Y) -> loss``: one optimizer step on ``model`` (a GPT, possibly DDP-wrapped).
 
-    ``forward`` is the module actually called (the compiled wrapper when ``compiled``);
-    ``logits(X)`` runs it under the step's precision. ``forward_backward(X, Y)`` is the step
-    without its optimizer update (what the gates call), and every call records in ``receipt``
-    the dtypes it computed in (``perfladder.torch.gates.check_receipt`` reads it).
-    ``mode`` picks the ``torch.compile`` mode (``compiled`` only); ``compile_optimizer``
-    wraps ``opt.step`` in ``torch.compile`` (PyTorch's "compiling the optimizer" recipe).
+    Built from the seed techniques above (``code``: the functions to use, by name; default
+    ``CODE``): ``compiled`` runs the model through ``compile_model`` (with ``mode``), ``bf16``
+    the forward through ``autocast_bf16``, ``compile_optimizer`` the optimizer step through
+    ``compile_optimizer``. ``forward`` is what is called for the logits;
+    ``forward_backward(X, Y)`` is the step without its optimizer update (what the gates call,
+    so a gate checks the code that is timed). Every call records in ``receipt`` the dtypes it
+    computed in (dtype reads are host metadata: no sync), and the first call times itself
+    (``first_call_s``: where a compiled step compiles, whoever makes that call).
     """
 
     def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, *, compiled: bool = False,
                  bf16: bool = False, device_type: str | None = None, mode=None,
-                 compile_optimizer: bool = False):
+                 compile_optimizer: bool = False, code: dict | None = None):
+        code = {**CODE, **(code or {})}
         self.model, self.opt = model, opt
         self.compiled, self.bf16 = bool(compiled), bool(bf16)
         self.device_type = device_type or next(model.parameters()).device.type
-        autocast(self.bf16, self.device_type)          # validate the device type now
+        if self.bf16 and self.device_type not in ("cuda", "cpu"):
+            raise ValueError(f"device_type={self.device_type!r} is not valid for bf16 autocast; "
+                             "valid choices: ('cuda', 'cpu')")
         check_mode(mode, self.device_type)
         if mode is not None and not self.compiled:
             raise ValueError(f"mode={mode!r} needs compiled=True (an eager step has no compile mode)")
         self.mode = mode
         self.cudagraphs = mode in CUDAGRAPH_MODES
         self.compile_optimizer = bool(compile_optimizer)
-        self.vocab_size = getattr(model, "module", model).config.vocab_size
-        self.forward = compile_model(model, mode) if compiled else model
-        self.receipt: dict = {}          # what the last call computed in (``forward_backward``)
-        self._opt_step = self._compiled_opt_step() if self.compile_optimizer else opt.step
-        # what the timed call itself computed in (dtype reads cost no sync): the receipt
-        self.receipt: dict[str, str] = {}
+        self._loss_and_grads = code["loss_and_grads"]
+        forward = code["compile_model"](model, mode) if compiled else model
+        self.forward = code["autocast_bf16"](forward, self.device_type) if bf16 else forward
+        self._opt_step = self._timed_range(code["compile_optimizer"](opt)) if compile_optimizer else opt.step
+        self.receipt: dict = {}             # what the last call computed in
+        self.first_call_s: dict[str, float] = {}   # the first forward+backward, the first update
 
-    def _compiled_opt_step(self):
+    @staticmethod
+    def _timed_range(opt_step):
         _quiet_ignored_range_warning()
-        opt = self.opt
-
-        @torch.compile(fullgraph=False)
-        def opt_step():
-            opt.step()
 
         def run():
             # dynamo drops the optimizer's own profiler range inside the compiled region;
@@ -103,38 +145,42 @@ class TrainStep:
     def logits(self, X: torch.Tensor) -> torch.Tensor:
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        with autocast(self.bf16, self.device_type):
-            return self.forward(X)                                       # (B, T, V)
+        return self.forward(X)                                           # (B, T, V)
 
     def forward_backward(self, X: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step up to (not including) the optimizer: zero the gradients, run the forward
-        under the step's precision, the fp32 loss, the backward. Returns ``(loss, logits)``,
-        both detached; the gradients are left in ``p.grad``. ``__call__`` runs exactly this and
-        then the optimizer, so a gate that calls it checks the code that is timed.
-
-        It records ``self.receipt`` on every call: the dtypes of what this call computed
-        (reading ``.dtype`` is host metadata, no device sync)."""
+        """The step up to (not including) the optimizer: zero the gradients, the forward under
+        the step's precision, the fp32 loss, the backward. Returns ``(loss, logits)``, both
+        detached; the gradients are left in ``p.grad``. ``__call__`` runs exactly this and then
+        the optimizer."""
         self.opt.zero_grad(set_to_none=True)
-        logits = self.logits(X)                                          # (B, T, V), bf16 under autocast
-        self.receipt["logits"] = str(logits.dtype).removeprefix("torch.")
-        loss = F.cross_entropy(logits.float().reshape(-1, self.vocab_size),  # (B*T, V) in fp32
-                               Y.reshape(-1))                            # (B*T,)
-        loss.backward()
-        self._record_receipt(logits, loss)
-        return loss.detach(), logits.detach()
-
-    def _record_receipt(self, logits: torch.Tensor, loss: torch.Tensor) -> None:
-        # The logits come out of the tied output matmul, so under autocast their dtype is that
-        # matmul's compute dtype; the first parameter's gradient dtype says the masters stayed fp32.
+        with self._first("forward_backward"):
+            loss, logits = self._loss_and_grads(self.logits, X, Y)
+        # the logits come out of the tied output matmul (under autocast: its compute dtype);
+        # the first parameter's gradient dtype says the masters stayed fp32
         grad = next(iter(self.model.parameters())).grad
-        self.receipt = {"logits": str(logits.dtype), "loss": str(loss.dtype),
-                        "grad": None if grad is None else str(grad.dtype),
+        self.receipt = {"logits": _dtype(logits), "loss": _dtype(loss), "grad": _dtype(grad),
                         "calls": self.receipt.get("calls", 0) + 1}
+        return loss, logits
 
     def __call__(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         loss, _ = self.forward_backward(X, Y)
-        self._opt_step()
+        with self._first("optimizer"):
+            self._opt_step()
         return loss
+
+    @contextlib.contextmanager
+    def _first(self, what: str):
+        """Time ``what`` the first time it runs, between device syncs (only then: the timed
+        windows never see these syncs)."""
+        if what in self.first_call_s:
+            yield
+            return
+        sync = torch.cuda.synchronize if self.device_type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        yield
+        sync()
+        self.first_call_s[what] = time.perf_counter() - t0
 
     def __repr__(self) -> str:
         extra = "".join(f", {k}={v!r}" for k, v in (("mode", self.mode),
@@ -157,19 +203,9 @@ def _quiet_ignored_range_warning() -> None:
         log.addFilter(_DropIgnoredRange())
 
 
-def make_optimizer(model: nn.Module, lr: float, kind: str = "default") -> torch.optim.Optimizer:
-    """AdamW over ``model``'s parameters. ``kind`` 'fused' asks for the fused kernel; 'default'
-    and 'compiled' build PyTorch's default implementation (the step decides whether to compile it)."""
-    if kind not in OPTIMIZERS:
-        raise ValueError(f"optimizer={kind!r} is not valid; valid choices: {OPTIMIZERS}")
-    if kind == "fused":
-        return torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
-    return torch.optim.AdamW(model.parameters(), lr=lr)
-
-
 def make_step(model: nn.Module, opt: torch.optim.Optimizer, *, compiled: bool = False,
               bf16: bool = False, device_type: str | None = None, mode=None,
-              compile_optimizer: bool = False) -> TrainStep:
+              compile_optimizer: bool = False, code: dict | None = None) -> TrainStep:
     """The training step of a rung: eager or ``torch.compile``-d, fp32 or bf16 autocast."""
     return TrainStep(model, opt, compiled=compiled, bf16=bf16, device_type=device_type, mode=mode,
-                     compile_optimizer=compile_optimizer)
+                     compile_optimizer=compile_optimizer, code=code)

@@ -3,7 +3,7 @@
     import perfladder.config, perfladder.jax as pj
     result = pj.run_ladder(perfladder.config.get_config("smoke"))       # everything
     run = pj.Ladder(perfladder.config.get_config("smoke"))              # rung by rung
-    run.run("R0"); run.run("R1"); run.result.table()
+    run.run("R0"); run.run("R1", jit_step=my_jit)                      # a technique of your own
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from perfladder.jax.lab import JaxLab
 from perfladder.jax.rungs.beyond import BEYOND
 from perfladder.jax.rungs.multigpu import MULTI_GPU
 from perfladder.jax.rungs.seed import SEED
-from perfladder.ladder import engine as engine
+from perfladder.ladder import engine
 from perfladder.results.record import LadderResult
 
 RUNGS = engine.registry(SEED + BEYOND + MULTI_GPU)

@@ -22,78 +22,64 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from perfladder.jax.diagnosis import host_overhead, per_step_times, step_stats
+from perfladder.jax.gates import PARITY_TOL, _compare, _two_forwards_jit
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.program import embedding_scatters
 from perfladder.jax.recipe import Recipe
-from perfladder.jax.rungs.seed import SEED
-from perfladder.jax.step import (
-    PARITY_TOL,
-    _compare,
-    _two_forwards_jit,
-    scatter_add_dtypes,
-)
+from perfladder.jax.step import scatter_add_dtypes
 from perfladder.jax.trial import trial
-from perfladder.ladder.engine import Chain, Rung, registry
+from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
 
 LOOKUP_TOL = 1e-6          # one-hot rows vs gathered rows: exact up to the matmul's rounding
 SPLIT_LOSS_TOL = 5e-3      # nnx.jit vs split step: the same program, called two ways
 
 
-def base_recipe(lab: JaxLab, base: str) -> Recipe:
-    """The recipe of the rung this one builds on: what it ran, or (not run) what the seed
-    declarations give it."""
-    try:
-        ran = lab.result.rung(base)
-    except KeyError:
-        ran = None
-    if ran is not None and ran.measured:
-        return lab.recipe_from_dict(ran.recipe)
-    return Chain(registry(SEED), lab).recipe_of(base)
-
-
-def _base_scatter(lab: JaxLab, base: str, ref_step, X, Y) -> dict:
+def _base_scatter(given: Given, ref_step, X, Y) -> dict:
     """The embedding-gradient scatters of the base's compiled step (its record, else compiled)."""
-    try:
-        found = lab.result.rung(base).details.get("hlo_embedding_scatter")
-    except KeyError:
-        found = None
+    found = given.base.details.get("hlo_embedding_scatter") if given.base is not None else None
     if found is not None:
         return found
     text = ref_step.lower(X, Y).compile().as_text()
     return embedding_scatters(text, tuple(ref_step.model.token_emb.embedding.shape))
 
 
-def _per_step(lab: JaxLab, base: str | None = None):
-    """``after`` hook: step-by-step stats of the candidate (and of the base, with ``base``)."""
+def _per_step(lab: JaxLab, given: Given | None = None):
+    """``after`` hook: step-by-step stats of the candidate (and of its base, with ``given``)."""
     def after(step, stream, ref_step):
         n = lab.config.timed
         out = {"per_step": step_stats(per_step_times(step, stream, n))}
-        if base is not None:
+        if given is not None:
             X, Y = next(stream)
             stats = step_stats(per_step_times(ref_step, stream, n))
             ref_step.commit()
             out["before"] = {"per_step": stats,
                              "jaxpr_embedding_scatter_add": scatter_add_dtypes(ref_step.model, X, Y),
-                             "hlo_embedding_scatter": _base_scatter(lab, base, ref_step, X, Y)}
+                             "hlo_embedding_scatter": _base_scatter(given, ref_step, X, Y)}
         return out
     return after
 
 
-def b1_embed_fp32_lookup(lab: JaxLab, recipe: Recipe, base: str):
+def against_base(given: Given) -> tuple[str, Recipe]:
+    """The loss gate's reference: the configuration this rung builds on."""
+    return given.base_name, given.base_recipe
+
+
+def b1_embed_fp32_lookup(lab: JaxLab, given: Given) -> Evidence:
     """Look up in the fp32 table, so the gradient's scatter-add is f32."""
-    tr = trial(lab, recipe, reference=(base, base_recipe(lab, base)), evidence=True,
-               after=_per_step(lab, base))
+    recipe = given.recipe
+    tr = trial(lab, given, reference=against_base(given), evidence=True, after=_per_step(lab, given))
     d, T, V = tr.details, lab.config.num_steps, lab.gpt_config.vocab_size
     notes = [f"embedding gradient: scatter-add of {recipe.batch_size * T:,} rows into {V} table "
              f"rows; jaxpr {d['before']['jaxpr_embedding_scatter_add']} -> "
              f"{d['jaxpr_embedding_scatter_add']}; HLO types {d['before']['hlo_embedding_scatter']['types']} "
              f"-> {d['hlo_embedding_scatter']['types']}; known issue: openxla/xla#26371 "
              "(bf16 atomic add compiled to a compare-and-swap loop)"]
-    return tr.record(lab, B1, notes=notes)
+    tr.notes += notes
+    return tr
 
 
-def b2_onehot_embedding(lab: JaxLab, recipe: Recipe, base: str):
+def b2_onehot_embedding(lab: JaxLab, given: Given) -> Evidence:
     """The embedding as ``one_hot(X) @ table``: its gradient is a matmul, no scatter."""
     def lookup(step, X, Y):
         model = step.model
@@ -112,16 +98,17 @@ def b2_onehot_embedding(lab: JaxLab, recipe: Recipe, base: str):
                                  f"{details['hlo_embedding_scatter']}")
         return {}
 
-    tr = trial(lab, recipe, check=lookup, reference=(base, base_recipe(lab, base)), evidence=True,
+    tr = trial(lab, given, check=lookup, reference=against_base(given), evidence=True,
                inspect=no_scatter, after=_per_step(lab))
     V, D = lab.gpt_config.vocab_size, lab.gpt_config.num_hiddens
     notes = [f"embedding scatters in the compiled step: 0; extra lookup FLOPs per token "
              f"{4 * V * D:,} (forward and gradient); known issue: jax-ml/jax#38806 (f32 atomic "
              "add compiled to a compare-and-swap loop)"]
-    return tr.record(lab, B2, notes=notes)
+    tr.notes += notes
+    return tr
 
 
-def b3_split_jit(lab: JaxLab, recipe: Recipe, base: str):
+def b3_split_jit(lab: JaxLab, given: Given) -> Evidence:
     """``nnx.split`` once, ``jax.jit`` a pure step with the state donated, ``nnx.merge`` inside."""
     n = max(3, lab.config.timed // 4)
 
@@ -129,18 +116,16 @@ def b3_split_jit(lab: JaxLab, recipe: Recipe, base: str):
         return {"host_overhead": {"base": host_overhead(ref_step, stream, n),
                                   "split": host_overhead(step, stream, n)}}
 
-    tr = trial(lab, recipe, reference=(base, base_recipe(lab, base)), loss_tol=SPLIT_LOSS_TOL,
-               after=after)
-    return tr.record(lab, B3)
+    return trial(lab, given, reference=against_base(given), loss_tol=SPLIT_LOSS_TOL, after=after)
 
 
-def b4_attention_kernel(lab: JaxLab, recipe: Recipe, base: str):
+def b4_attention_kernel(lab: JaxLab, given: Given) -> Evidence:
     """cuDNN's fused attention kernel in place of XLA's."""
-    ref = base_recipe(lab, base)
+    base, ref = against_base(given)
 
     def parity(step, X, Y):
         tol = PARITY_TOL["bfloat16"]
-        got, want = _two_forwards_jit(step.model, lab.model(ref), X)      # the same init
+        got, want = _two_forwards_jit(step.model, lab.model(ref, plain_code=True), X)   # same init
         rel = _compare(got, want, tol, "cuDNN vs XLA attention")
         return [Gate(name="attention parity", passed=True, values={"rel_diff": rel},
                      tolerances={"rel_diff": tol}, reference=f"{base}'s recipe (XLA attention) logits")]
@@ -151,73 +136,52 @@ def b4_attention_kernel(lab: JaxLab, recipe: Recipe, base: str):
             raise AssertionError("no cuDNN attention call (__cudnn$fmha...) in the compiled step")
         return {"cudnn_attention_calls": n}
 
-    tr = trial(lab, recipe, check=parity, reference=(base, ref), inspect=calls)
-    return tr.record(lab, B4)
+    return trial(lab, given, check=parity, reference=(base, ref), inspect=calls)
 
 
-def b7_fused_addnorm(lab: JaxLab, recipe: Recipe, base: str):
+def b7_fused_addnorm(lab: JaxLab, given: Given) -> Evidence:
     """Each residual add fused into the LayerNorm after it: a Pallas kernel under custom_vjp."""
-    return trial(lab, recipe, reference=(base, base_recipe(lab, base))).record(lab, B7)
+    return trial(lab, given, reference=against_base(given))
 
 
-def _batch_rung(rung: Rung, lab: JaxLab, recipe: Recipe, base: str):
-    ref = base_recipe(lab, base)
+def batch_rung(lab: JaxLab, given: Given) -> Evidence:
+    """A bigger batch, and nothing else: checked against the recipe it builds on."""
+    recipe, (base, ref) = given.recipe, against_base(given)
     changed = sorted(k for k, v in recipe.to_dict().items() if ref.to_dict()[k] != v)
     if changed != ["batch_size"]:
-        raise AssertionError(f"{rung.name} must change the batch alone; changed {changed}")
+        raise AssertionError(f"{given.rung.name} must change the batch alone; changed {changed}")
 
     def only_batch(step, X, Y):
         return [Gate(name="batch only", passed=True,
                      values={"batch_size": recipe.batch_size, "base_batch_size": ref.batch_size},
                      reference=f"{base}'s recipe", detail={"changed": changed})]
 
-    return trial(lab, recipe, check=only_batch).record(lab, rung)
-
-
-def b5_batch_x2(lab: JaxLab, recipe: Recipe, base: str):
-    return _batch_rung(B5, lab, recipe, base)
-
-
-def b6_batch_x4(lab: JaxLab, recipe: Recipe, base: str):
-    return _batch_rung(B6, lab, recipe, base)
+    return trial(lab, given, check=only_batch)
 
 
 LOSS_GATE = "loss over the first steps == its base's (same init, same batches)"
 STAGE = dict(stage="beyond")
 B1 = Rung("B1", "embed_fp32_lookup", "+fp32 embedding grad", b1_embed_fp32_lookup, **STAGE,
-          change=lambda r, c: r.replace(embed_fp32=True), section="13.4 mixed precision",
-          gate=LOSS_GATE, attacks="the embedding gradient's bf16 scatter-add (contended atomics)",
-          targets=('elementwise: rest',))
+          change=lambda r, c: r.replace(embed_fp32=True),
+          gate=LOSS_GATE)
 B2 = Rung("B2", "onehot_embedding", "+one-hot embedding", b2_onehot_embedding, **STAGE,
           change=lambda r, c: r.replace(embed="onehot"), alternative=True,
-          section="13.1 roofline: arithmetic intensity",
-          gate="one-hot rows == gathered rows; " + LOSS_GATE,
-          attacks="the embedding gradient's scatter, replaced by a matmul",
-          targets=('elementwise: rest',))
+          gate="one-hot rows == gathered rows; " + LOSS_GATE)
 B3 = Rung("B3", "split_jit", "+split jit, donated", b3_split_jit, **STAGE,
-          change=lambda r, c: r.replace(jit="split"), section="13.3 overhead",
-          gate=LOSS_GATE, attacks="host work per call (graph traversal, fresh state buffers)")
+          change=lambda r, c: r.replace(jit="split"),
+          gate=LOSS_GATE)
 B4 = Rung("B4", "attention_kernel", "+cuDNN attention", b4_attention_kernel, **STAGE,
-          change=lambda r, c: r.replace(attn_impl="cudnn"), section="10.5 fused attention",
+          change=lambda r, c: r.replace(attn_impl="cudnn"),
           gate="logits == XLA attention's; " + LOSS_GATE,
-          attacks="attention: scores, mask and softmax through memory",
-          needs_gpu="cuDNN fused attention (jax.nn.dot_product_attention(implementation='cudnn'))",
-          targets=('attention',))
-B5 = Rung("B5", "batch_x2", "+batch x2", b5_batch_x2, **STAGE,
-          change=lambda r, c: r.replace(batch_size=2 * c.big_batch),
-          section="13.1 roofline: arithmetic intensity", gate="its base's step; only the batch changes",
-          attacks="per-step costs that do not grow with the batch")
-B6 = Rung("B6", "batch_x4", "+batch x4", b6_batch_x4, **STAGE,
-          change=lambda r, c: r.replace(batch_size=4 * c.big_batch),
-          section="13.1 roofline: arithmetic intensity", gate="its base's step; only the batch changes",
-          attacks="per-step costs that do not grow with the batch")
+          needs_gpu="cuDNN fused attention (jax.nn.dot_product_attention(implementation='cudnn'))")
+B5 = Rung("B5", "batch_x2", "+batch x2", batch_rung, **STAGE,
+          change=lambda r, c: r.replace(batch_size=2 * c.big_batch), gate="its base's step; only the batch changes")
+B6 = Rung("B6", "batch_x4", "+batch x4", batch_rung, **STAGE,
+          change=lambda r, c: r.replace(batch_size=4 * c.big_batch), gate="its base's step; only the batch changes")
 
 B7 = Rung("B7", "fused_addnorm", "+fused add+LayerNorm", b7_fused_addnorm, **STAGE,
-          change=lambda r, c: r.replace(fused=(*r.fused, "addnorm")),
-          section="13.3 fusion (a hand-written kernel)", gate=LOSS_GATE,
-          attacks="reduction/norm: residual add and LayerNorm",
+          change=lambda r, c: r.replace(fused=(*r.fused, "addnorm")), gate=LOSS_GATE,
           needs_gpu="Pallas kernels compile for a GPU; on CPU they run only through Pallas's "
-                    "interpreter, in tests/test_jax_fused.py",
-          targets=('layernorm/reductions',))
+                    "interpreter, in tests/test_jax_fused.py")
 
 BEYOND = [B1, B2, B3, B4, B5, B6, B7]

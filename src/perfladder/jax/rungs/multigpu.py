@@ -10,6 +10,8 @@ rung is a skipped entry that still carries the prediction, for k = 2, 4, 8.
 """
 from __future__ import annotations
 
+import statistics
+
 import jax
 
 from perfladder.config import expected_num_params
@@ -19,11 +21,10 @@ from perfladder.jax.parallel.measure import allreduce_bus_bw, peak_mem_bytes
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.stream import batches
 from perfladder.jax.trial import trial
-from perfladder.ladder.engine import Rung
+from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
 from perfladder.measure.evidence import Prediction
 from perfladder.multigpu import costmodel
 from perfladder.multigpu.measurement import baseline_from_windows, efficiency
-from perfladder.results.record import RungResult
 
 STREAM_SEED_OFFSET = 100    # the sharded streams' seed, away from the single-device streams'
 
@@ -54,57 +55,55 @@ def predict(lab: JaxLab, recipe: Recipe, base: str | None, label: str) -> tuple[
     return pred, single
 
 
-def sharded(lab: JaxLab, rung: Rung, recipe: Recipe, base: str | None, fsdp: bool) -> RungResult:
-    """Measure ``recipe`` per device over every visible device (or, on one, predict only)."""
+def sharded(lab: JaxLab, given: Given, fsdp: bool) -> Evidence:
+    """Measure the recipe per device over every visible device (or, on one, predict only)."""
+    rung, recipe, base = given.rung, given.recipe, given.base_name
     k = jax.device_count()
     pred, single = predict(lab, recipe, base, f"{rung.name} jax")
     if k == 1:
-        return RungResult(name=rung.name, key=rung.key, label=rung.label, kind="skipped",
-                          stage=rung.stage, builds_on=base, recipe=recipe.to_dict(),
-                          error="one device visible: data parallelism needs at least two "
-                                "(predicted for k = 2, 4, 8; nothing measured)",
-                          prediction=pred, section=rung.section)
+        raise NotMeasured("one device visible: data parallelism needs at least two (predicted for "
+                          "k = 2, 4, 8; nothing measured)", prediction=pred)
     n = expected_num_params(lab.gpt_config)
     at_k = costmodel.predict(k, recipe.batch_size, lab.config.num_steps, single.tokens_per_s, n,
                              pred.assumptions["link"]["name"])
     mesh = make_data_mesh(k)
     stream = batches(lab.data, k * recipe.batch_size, seed=lab.config.seed + STREAM_SEED_OFFSET,
                      sharding=batch_sharding(mesh))
-    tr = trial(lab, recipe, stream=stream, devices=k,
+    ev = trial(lab, given, stream=stream, devices=k, prediction=pred,
                place=lambda model, opt: place_state(mesh, model, opt, fsdp=fsdp))
+    rate = statistics.median(ev.timing.settled_windows)
     pred.predicted_tokens_per_s = at_k.predicted_tokens_per_s
-    pred.measured_tokens_per_s = tr.t.tokens_per_s
-    eff, why = efficiency(tr.t.tokens_per_s, k, single)
+    pred.measured_tokens_per_s = rate
+    eff, why = efficiency(rate, k, single)
     details = {"k": k, "per_rank_batch": recipe.batch_size,
                "layout": "fsdp" if fsdp else "replicated",
                "bus_bw_measured": allreduce_bus_bw(mesh, n),
                "efficiency_vs_linear": eff, "efficiency_note": why,
                "peak_mem_bytes_per_gpu": peak_mem_bytes(mesh.devices.flat)}
-    notes = [] if lab.on_gpu else ["CPU host devices: the numbers exercise the code path, not an interconnect"]
-    return tr.record(lab, rung, kind="multi-gpu", prediction=pred, details=details, notes=notes)
+    ev.details.update(details)
+    if not lab.on_gpu:
+        ev.notes.append("CPU host devices: the numbers exercise the code path, not an interconnect")
+    return ev
 
 
-def r5_data_parallel(lab: JaxLab, recipe: Recipe, base):
-    return sharded(lab, R5, recipe, base, fsdp=False)
+def r5_data_parallel(lab: JaxLab, given: Given) -> Evidence:
+    return sharded(lab, given, fsdp=False)
 
 
-def r5x_data_parallel_fast(lab: JaxLab, recipe: Recipe, base):
-    return sharded(lab, R5x, recipe, base, fsdp=False)
+def r5x_data_parallel_fast(lab: JaxLab, given: Given) -> Evidence:
+    return sharded(lab, given, fsdp=False)
 
 
-def r5f_fsdp(lab: JaxLab, recipe: Recipe, base):
-    return sharded(lab, R5f, recipe, base, fsdp=True)
+def r5f_fsdp(lab: JaxLab, given: Given) -> Evidence:
+    return sharded(lab, given, fsdp=True)
 
 
-MULTI = dict(stage="multi-gpu", kind="multi-gpu", section="13.6 data parallelism")
+MULTI = dict(stage="multi-gpu", kind="multi-gpu")
 R5 = Rung("R5", "data_parallel", "data parallel", r5_data_parallel, builds_on="R1", **MULTI,
-          gate="R1's jitted step, unchanged: only the arrays' layouts change",
-          attacks="one device's throughput: k devices, gradients allreduced")
+          gate="R1's jitted step, unchanged: only the arrays' layouts change")
 R5x = Rung("R5x", "data_parallel_fast", "data parallel (fastest recipe)", r5x_data_parallel_fast,
-           **MULTI, gate="the fastest configuration's step, unchanged: only the layouts change",
-           attacks="one device's throughput, from the fastest configuration")
+           **MULTI, gate="the fastest configuration's step, unchanged: only the layouts change")
 R5f = Rung("R5f", "fsdp", "FSDP (fastest recipe)", r5f_fsdp, **MULTI,
-           gate="the fastest configuration's step, unchanged: parameters and AdamW state sharded",
-           attacks="per-device memory of the replicated state")
+           gate="the fastest configuration's step, unchanged: parameters and AdamW state sharded")
 
 MULTI_GPU = [R5, R5x, R5f]

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from perfladder.hardware import achieved_tflops, mfu
-from perfladder.ladder.engine import Rung
+from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
 from perfladder.measure.evidence import Memory, Timing
 from perfladder.multigpu import costmodel
 from perfladder.multigpu.measurement import baseline_from_windows
-from perfladder.results.record import RungResult
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.parallel import measure as dataparallel
 
@@ -47,7 +45,8 @@ def baseline_of(lab: TorchLab, base: str | None):
     return baseline_from_windows(r.timing.settled_windows), base
 
 
-def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel: str) -> RungResult:
+def data_parallel(lab: TorchLab, given: Given, *, form: str, parallel: str) -> Evidence:
+    name, recipe, base = given.rung.name, given.recipe, given.base_name
     backend = "nccl" if lab.on_gpu else "gloo"
     link = dataparallel.default_link(backend)
     baseline, source = baseline_of(lab, base)
@@ -62,9 +61,8 @@ def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel
     n_gpu = torch.cuda.device_count() if lab.on_gpu else 0
     ks = [k for k in PREDICT_KS if k <= n_gpu]
     if not ks:
-        return RungResult(name=name, key="", label="", kind="skipped", recipe=recipe.to_dict(),
-                          prediction=pred, error=f"{n_gpu} CUDA GPU(s) here: data parallelism needs "
-                          "at least 2; predicted for k = 2, 4, 8, not measured")
+        raise NotMeasured(f"{n_gpu} CUDA GPU(s) here: data parallelism needs at least 2; predicted "
+                          "for k = 2, 4, 8, not measured", prediction=pred)
     runs = []
     for k in ks:
         lab.reset_memory()                               # hand the ranks the parent's cache
@@ -75,11 +73,9 @@ def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel
     details = {"runs": [r.to_dict() | {"ranks": []} for r in runs],
                "not_carried_under_ddp": ddp_recipe(recipe)[1]}
     if m.status != "measured":
-        return RungResult(name=name, key="", label="", kind="skipped", recipe=recipe.to_dict(),
-                          prediction=pred, details=details, error=m.reason)
+        raise NotMeasured(m.reason, details=details, prediction=pred)
     pred.predicted_tokens_per_s = m.predicted_tokens_per_s
     pred.measured_tokens_per_s = m.measured_tokens_per_s
-    rate = m.measured_tokens_per_s
     details.update(k=m.k, per_rank_batch=m.per_rank_batch, bus_bw_measured=m.bus_bw_measured,
                    efficiency_vs_linear=m.efficiency_vs_linear, efficiency_note=m.efficiency_note,
                    peak_mem_bytes_per_gpu=m.peak_mem_bytes_per_gpu,
@@ -89,42 +85,33 @@ def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel
                     target_spread=lab.config.target_spread, steps_per_window=lab.config.timed,
                     warmup=lab.config.warmup, batch_shape=[B, T])
     mems = [x for x in m.peak_mem_bytes_per_gpu if x is not None]
-    return RungResult(
-        name=name, key="", label=f"{name_label(parallel)} x{m.k}", tokens_per_s=rate,
-        kind="multi-gpu", precision="bf16" if recipe.bf16 else lab.fp32_label(), batch_size=B,
-        seq_len=T, recipe=recipe.to_dict(), timing=timing,
-        tflops=achieved_tflops(rate, lab.flops_per_token),
-        mfu=mfu(rate / m.k, lab.flops_per_token, lab.device_name, "bf16" if recipe.bf16 else "tf32"),
-        memory=Memory(max(mems) if mems else None, "measured peak per GPU (largest rank)"),
-        prediction=pred, details=details)
+    details["mechanism"] = f"{name_label(parallel)} x{m.k}"
+    return Evidence(timing=timing, prediction=pred, details=details, devices=m.k,
+                    memory=Memory(max(mems) if mems else None, "measured peak per GPU (largest rank)"))
 
 
 def name_label(parallel: str) -> str:
     return {"ddp": "DDP", "fsdp2": "FSDP2"}[parallel]
 
 
-def r5_data_parallel(lab, recipe, base):
-    return data_parallel(lab, "R5", recipe, base, form="seed", parallel="ddp")
+def r5_data_parallel(lab, given: Given) -> Evidence:
+    return data_parallel(lab, given, form="seed", parallel="ddp")
 
 
-def r5x_data_parallel_fast(lab, recipe, base):
-    return data_parallel(lab, "R5x", recipe, base, form="fast", parallel="ddp")
+def r5x_data_parallel_fast(lab, given: Given) -> Evidence:
+    return data_parallel(lab, given, form="fast", parallel="ddp")
 
 
-def r5f_fsdp(lab, recipe, base):
-    return data_parallel(lab, "R5f", recipe, base, form="fast", parallel="fsdp2")
+def r5f_fsdp(lab, given: Given) -> Evidence:
+    return data_parallel(lab, given, form="fast", parallel="fsdp2")
 
 
-MULTI = [
+MULTI_GPU = [
     Rung("R5", "data_parallel", "DDP", r5_data_parallel, stage="multi-gpu", kind="multi-gpu",
-         builds_on="R0", section="13.5 and 13.6 data parallelism",
-         gate="every rank starts from rank 0's weights (DDP broadcasts them)",
-         attacks="one GPU's throughput: k GPUs, gradients all-reduced"),
+         builds_on="R0",
+         gate="every rank starts from rank 0's weights (DDP broadcasts them)"),
     Rung("R5x", "data_parallel_fast", "DDP, fastest recipe", r5x_data_parallel_fast,
-         stage="multi-gpu", kind="multi-gpu", section="13.6 data parallelism",
-         gate="every rank starts from rank 0's weights",
-         attacks="one GPU's throughput, from the fastest configuration"),
-    Rung("R5f", "fsdp", "FSDP2, fastest recipe", r5f_fsdp, stage="multi-gpu", kind="multi-gpu",
-         section="13.6 data parallelism", gate="every rank starts from the same weights",
-         attacks="per-GPU memory of the replicated state"),
+         stage="multi-gpu", kind="multi-gpu",
+         gate="every rank starts from rank 0's weights"),
+    Rung("R5f", "fsdp", "FSDP2, fastest recipe", r5f_fsdp, stage="multi-gpu", kind="multi-gpu", gate="every rank starts from the same weights"),
 ]
