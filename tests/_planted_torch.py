@@ -92,8 +92,8 @@ class SilentFP32Step(TrainStep):
 
     def forward_backward(self, X, Y):
         self.opt.zero_grad(set_to_none=True)
-        logits = self.forward(X)                                    # no autocast: fp32
-        loss = F.cross_entropy(logits.float().reshape(-1, self.vocab_size), Y.reshape(-1))
+        logits = self.model(X)                                      # no autocast: fp32
+        loss = F.cross_entropy(logits.float().flatten(0, 1), Y.flatten())
         loss.backward()
         self._record_receipt(logits, loss)
         return loss.detach(), logits.detach()

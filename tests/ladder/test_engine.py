@@ -21,6 +21,7 @@ from perfladder.ladder.engine import (
     run_ladder,
     run_rung,
 )
+from perfladder.ladder.rung import Evidence
 from perfladder.results.record import LadderResult, LearningCheck, RungResult
 
 SMOKE = get_config("smoke")
@@ -68,6 +69,15 @@ class FakeLab:
     def seed_recipe(self):
         return Recipe()
 
+    def use(self, **code):
+        self.code = code
+
+    def precision(self, recipe):
+        return "fp32"
+
+    def flops_per_token(self, seq_len):
+        return 1000
+
     def recipe_from_dict(self, d):
         return Recipe.from_dict(d)
 
@@ -88,15 +98,15 @@ class FakeLab:
 def fake(name, kind="rung", pin=None):
     """A rung function: records what it was handed, returns the planted measurement. ``pin``
     changes the recipe it reports (as a rung that picks something inside, like B7)."""
-    def fn(lab, recipe, base):
+    def fn(lab, given):
+        recipe, base = given.recipe, given.base_name
         lab.calls.append((name, recipe, base))
         p = lab.plan.get(name, [100.0, 100.0, 100.0])
         if isinstance(p, Exception):
             raise p
         windows, stable = p if isinstance(p, tuple) else (p, True)
         ran = recipe if pin is None else recipe.replace(tricks=recipe.tricks + (pin,))
-        return RungResult(name=name, key="", label="", kind=kind, tokens_per_s=statistics.median(windows),
-                          recipe=ran.to_dict(), timing=timing_of(windows, stable=stable))
+        return Evidence(timing=timing_of(windows, stable=stable), recipe=ran)
     fn.__name__ = f"rung_{name}"
     return fn
 
@@ -108,16 +118,16 @@ def declarations():
         Rung("R2", "bf16", "+bf16", fake("R2"), builds_on="R1", change=add("bf16")),
         Rung("R2c", "fp32_control", "control", fake("R2c", kind="control"), kind="control",
              builds_on="R0", change=lambda r, c: r.replace(batch=c.big_batch)),
-        Rung("B1", "fused", "+fused", fake("B1"), stage="beyond", change=add("fused")),
-        Rung("B2", "alt", "alternative", fake("B2"), stage="beyond", change=add("alt"), alternative=True),
-        Rung("B3", "graphs", "+graphs", fake("B3"), stage="beyond", change=add("graphs"),
+        Rung("B1", "fused_adamw", "+fused", fake("B1"), stage="beyond", change=add("fused")),
+        Rung("B2", "compiled_adamw", "alternative", fake("B2"), stage="beyond", change=add("alt"), alternative=True),
+        Rung("B3", "cuda_graphs", "+graphs", fake("B3"), stage="beyond", change=add("graphs"),
              needs_gpu="graphs exist only on a GPU"),
-        Rung("B4", "onehot", "+onehot", fake("B4"), stage="beyond", change=add("onehot")),
-        Rung("B5", "pinned", "pinned", fake("B5", pin="pinned"), stage="beyond", alternative=True),
-        Rung("B6", "tune", "+tune", fake("B6"), stage="beyond", change=add("tune"), optional=True),
-        Rung("M1", "dp", "dp", fake("M1", kind="multi-gpu"), stage="multi-gpu", kind="multi-gpu",
+        Rung("B4", "onehot_embedding", "+onehot", fake("B4"), stage="beyond", change=add("onehot")),
+        Rung("B5", "attention_kernel", "pinned", fake("B5", pin="pinned"), stage="beyond", alternative=True),
+        Rung("B6", "max_autotune", "+tune", fake("B6"), stage="beyond", change=add("tune"), optional=True),
+        Rung("M1", "data_parallel", "dp", fake("M1", kind="multi-gpu"), stage="multi-gpu", kind="multi-gpu",
              builds_on="R0"),
-        Rung("M2", "dp_fast", "dp fast", fake("M2", kind="multi-gpu"), stage="multi-gpu",
+        Rung("M2", "data_parallel_fast", "dp fast", fake("M2", kind="multi-gpu"), stage="multi-gpu",
              kind="multi-gpu"),
     ]
 
@@ -145,14 +155,14 @@ def nop(lab, recipe, base):
 
 
 @pytest.mark.parametrize("rungs, msg", [
-    ([Rung("R0", "a", "a", nop), Rung("R0", "b", "b", nop)], "rung name 'R0' declared twice"),
-    ([Rung("R0", "a", "a", nop), Rung("R1", "a", "b", nop)], r"technique key 'a' declared twice \(rung 'R1'\)"),
-    ([Rung("B1", "b", "b", nop, stage="beyond"), Rung("R0", "a", "a", nop)],
+    ([Rung("R0", "eager", "a", nop), Rung("R0", "compile", "b", nop)], "rung name 'R0' declared twice"),
+    ([Rung("R0", "eager", "a", nop), Rung("R1", "eager", "b", nop)], r"technique key 'eager' declared twice \(rung 'R1'\)"),
+    ([Rung("B1", "compile", "b", nop, stage="beyond"), Rung("R0", "eager", "a", nop)],
      r"rung 'R0' \(seed\) is declared after a later stage"),
-    ([Rung("M1", "m", "m", nop, stage="multi-gpu"), Rung("B1", "b", "b", nop, stage="beyond")],
+    ([Rung("M1", "data_parallel", "m", nop, stage="multi-gpu"), Rung("B1", "compile", "b", nop, stage="beyond")],
      "rung 'B1' .* after a later stage"),
-    ([Rung("R1", "b", "b", nop, builds_on="R9")], "rung 'R1' builds on 'R9', which is not declared before it"),
-    ([Rung("R1", "b", "b", nop, builds_on="R0"), Rung("R0", "a", "a", nop)], "builds on 'R0', which is not declared before"),
+    ([Rung("R1", "compile", "b", nop, builds_on="R9")], "rung 'R1' builds on 'R9', which is not declared before it"),
+    ([Rung("R1", "compile", "b", nop, builds_on="R0"), Rung("R0", "eager", "a", nop)], "builds on 'R0', which is not declared before"),
 ])
 def test_registry_refuses_inconsistent_declarations(rungs, msg):
     with pytest.raises(ValueError, match=msg):
@@ -312,7 +322,7 @@ def test_a_raising_rung_is_a_loud_skip_and_the_ladder_goes_on(capsys):
     tb = b1.details["traceback"]
     assert tb.startswith("Traceback") and "test_engine.py" in tb and "raise p" in tb
     assert b1.recipe == {"batch": 8, "tricks": ["compile", "bf16", "fused"]}
-    assert (b1.key, b1.label, b1.stage, b1.builds_on) == ("fused", "+fused", "beyond", "R2")
+    assert (b1.key, b1.label, b1.stage, b1.builds_on) == ("fused_adamw", "+fused", "beyond", "R2")
     assert "perfladder: torch B1 (+fused) not measured: RuntimeError: CUDA out of memory (planted)" \
         in capsys.readouterr().err
     assert [r.name for r in res.rungs] == check_rungs(RUNGS)          # every later rung ran

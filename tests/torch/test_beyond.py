@@ -10,8 +10,11 @@ from perfladder.kernels import KernelBreakdown
 from perfladder.ladder.engine import check_rungs
 from perfladder.measure.verdict import REGIMES, VERDICTS
 from perfladder.torch import GPT, RUNGS, Ladder, MirrorError, TorchLab, run_ladder
-from perfladder.torch.attention import BACKENDS, pick_backend
-from perfladder.torch.loss_gate import (
+from perfladder.torch.kernels import BACKENDS, pick_backend
+from perfladder.torch.recipe import Recipe
+from perfladder.torch.rungs import beyond as bz
+from perfladder.torch.step import make_optimizer, make_step
+from perfladder.torch.trial import (
     EMBED_ATOL,
     EMBED_GRAD_RTOL,
     GATE_STEPS,
@@ -21,9 +24,6 @@ from perfladder.torch.loss_gate import (
     gate_batches,
     loss_gate,
 )
-from perfladder.torch.recipe import Recipe
-from perfladder.torch.rungs import beyond as bz
-from perfladder.torch.step import make_optimizer, make_step
 
 CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()
@@ -143,18 +143,18 @@ def test_loss_gates_match_the_seed_recipe(res):
         assert g.values["max_abs_diff"] == pytest.approx(
             max(abs(a - b) for a, b in zip(g.detail["losses"], g.detail["reference_losses"])))
         assert g.detail["losses"][0] - g.detail["losses"][-1] > LOSS_ATOL, (name, g.detail)
-        assert g.reference == "the seed recipe, eager bf16"
+        assert g.reference == "the reference recipe, eager bf16"
 
 
 def test_the_loss_gate_can_fail(lab):
     """A step that does not update (lr=0) or computes another model is refused before timing."""
     B = CFG.big_batch
     ok = lab.build_step(Recipe(batch_size=B, bf16=True))
-    gate, first_s = loss_gate(lab, ok, B)
-    assert gate.values["max_abs_diff"] == 0.0 and first_s > 0
+    gate = loss_gate(lab, ok, B)
+    assert gate.values["max_abs_diff"] == 0.0 and ok.first_call_s["optimizer"] > 0
     frozen = lab.make_model()
     step = make_step(frozen, torch.optim.AdamW(frozen.parameters(), lr=0.0), bf16=True)
-    with pytest.raises(LossGateError, match="differ from the eager seed recipe"):
+    with pytest.raises(LossGateError, match="differ from the eager bf16 reference"):
         loss_gate(lab, step, B)
     other = lab.make_model()
     with torch.no_grad():

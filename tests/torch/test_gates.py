@@ -5,7 +5,10 @@ import pytest
 import torch
 
 from perfladder.config import get_config
-from perfladder.measure.evidence import Receipt
+from perfladder.ladder.engine import record
+from perfladder.ladder.rung import Evidence, Given
+from perfladder.measure.evidence import Receipt, Timing
+from perfladder.measure.gates import ReceiptError
 from perfladder.torch import (
     GPT,
     CorrectnessError,
@@ -16,8 +19,9 @@ from perfladder.torch import (
 from perfladder.torch.gates import check_bf16
 from perfladder.torch.gates import check_compiled as compile_gate
 from perfladder.torch.gates import check_mirror as mirror_gate
-from perfladder.torch.lab import PrecisionErrorFromReceipt, TorchLab
+from perfladder.torch.lab import TorchLab
 from perfladder.torch.recipe import Recipe
+from perfladder.torch.rungs.seed import SEED
 from perfladder.torch.step import make_optimizer, make_step
 
 CFG = get_config("smoke").gpt()
@@ -83,11 +87,11 @@ def test_bf16_receipt_comes_from_the_timed_call():
     step.logits(X)                                    # a side path leaves no receipt
     assert step.receipt == {}
     step(X, X)
-    assert step.receipt["logits"] == "torch.bfloat16" and step.receipt["calls"] == 1
-    assert step.receipt["loss"] == step.receipt["grad"] == "torch.float32"   # fp32 by design
+    assert step.receipt["logits"] == "bfloat16" and step.receipt["calls"] == 1
+    assert step.receipt["loss"] == step.receipt["grad"] == "float32"   # fp32 by design
     fp32 = make_step(m, make_optimizer(m, 1e-3), bf16=False, device_type="cpu")
     fp32(X, X)
-    assert fp32.receipt["logits"] == "torch.float32"
+    assert fp32.receipt["logits"] == "float32"
     with pytest.raises(PrecisionError):
         check_bf16(torch.zeros(2, dtype=torch.float16))
     assert check_bf16(torch.zeros(2, dtype=torch.bfloat16)) == "torch.bfloat16"
@@ -99,16 +103,17 @@ def test_a_bf16_rung_whose_timed_step_ran_fp32_is_refused():
     fp32 = lab.build_step(recipe.replace(bf16=False))          # the wrong step for this recipe
     t, again, mem = lab.measure(fp32, 8, warmup=1, timed=1, windows=1)
     with pytest.raises(PrecisionError, match="claims bf16 but computed"):
-        lab.receipt(fp32, "bf16")                      # the timed call's own receipt refuses it
-    assert lab.receipt(fp32, "fp32").observed == {"logits": "float32"}
+        lab.receipt(fp32, recipe)                      # the timed call's own receipt refuses it
+    assert lab.receipt(fp32, recipe.replace(bf16=False)).observed == {"logits": "float32"}
     receipt = Receipt(claimed="bf16", observed={"logits": "float32"}, where="TrainStep.__call__")
     assert not receipt.ok
-    with pytest.raises(PrecisionErrorFromReceipt, match="claims bf16 but its timed step produced"):
-        lab.record("R2", "+bf16", recipe, t, again, mem, receipt=receipt)
-    assert issubclass(PrecisionErrorFromReceipt, PrecisionError)   # a gate like the others
+    r2 = next(r for r in SEED if r.name == "R2")
+    given = Given(rung=r2, recipe=recipe)
+    with pytest.raises(ReceiptError, match="claims bf16 but its timed step computed in"):
+        record(r2, given, Evidence(timing=Timing.of(t, again), receipt=receipt, memory=mem), lab)
     ok = lab.build_step(recipe)
     t, again, mem = lab.measure(ok, 8, warmup=1, timed=1, windows=1)
-    r = lab.record("R2", "+bf16", recipe, t, again, mem, receipt=lab.receipt(ok, "bf16"))
+    r = record(r2, given, Evidence(timing=Timing.of(t, again), receipt=lab.receipt(ok, recipe)), lab)
     assert r.receipt.ok and r.precision == "bf16"
 
 

@@ -330,6 +330,9 @@ class TrainStep:
             raise ValueError("an un-jitted step has no compiled program to lower")
         if self._split is not None:
             return self._split.lower(X, Y)
+        if not hasattr(self._jitted, "lower"):
+            raise ValueError(f"this step's jit_step returned {self._jitted!r}, which has no compiled "
+                             "program to lower: a jitted rung needs a jitted step")
         return self._jitted.lower(self.model, self.optimizer, X, Y)
 
     def commit(self):

@@ -45,6 +45,7 @@ from perfladder.ladder.rung import (
     check_rungs,
     registry,
 )
+from perfladder.measure.gates import ReceiptError
 from perfladder.measure.timing import measure_settled
 from perfladder.measure.verdict import above_unsettled_base
 from perfladder.results.record import LadderResult, RungResult
@@ -97,6 +98,10 @@ class Chain:
 def record(rung: Rung, given: Given, ev: Evidence, lab) -> RungResult:
     """The one place a ``RungResult`` is made from a rung's evidence and its declaration."""
     recipe = ev.recipe if ev.recipe is not None else given.recipe
+    if ev.receipt is not None and not ev.receipt.ok:
+        raise ReceiptError(f"{rung.name} claims {ev.receipt.claimed} but its timed step computed in "
+                           f"{ev.receipt.observed}: not recording that number as {ev.receipt.claimed}",
+                           gate="receipt")
     t = ev.timing
     rate = statistics.median(t.settled_windows)
     B, T = (t.batch_shape or [recipe.batch_size, lab.config.num_steps])[:2]
@@ -285,11 +290,11 @@ def kernel_report(lab, chain: Chain) -> dict | None:
         msg = f"{type(e).__name__}: {e}"[:2000]
         lab.result.notes.append(f"kernel breakdown of {name} failed: {msg}")
         print(f"perfladder: {lab.result.notes[-1]}", file=sys.stderr, flush=True)
-        report = None
+        lab.result.attach_kernels(name, None, error=msg)
+        return None
     finally:
         lab.free()
-    if report is not None:
-        lab.result.attach_kernels(name, report)
+    lab.result.attach_kernels(name, report)
     return report
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from perfladder.kernels.taxonomy import ROOFLINE_GROUPS
-from perfladder.ladder.techniques import Technique, technique
+from perfladder.ladder.techniques import TECHNIQUES, Technique, technique
 from perfladder.measure.evidence import (
     Compile,
     Gate,
@@ -61,6 +61,10 @@ class Rung:
             raise ValueError(f"rung {self.name!r}: stage={self.stage!r}; valid choices: {STAGES}")
         if self.kind not in RUNG_KINDS:
             raise ValueError(f"rung {self.name!r}: kind={self.kind!r}; valid choices: {RUNG_KINDS}")
+        if self.key not in TECHNIQUES:
+            raise ValueError(f"rung {self.name!r}: technique key {self.key!r} is not described in "
+                             "perfladder.ladder.techniques (what it does, its section, what it "
+                             f"targets); valid choices: {', '.join(TECHNIQUES)}")
         bad = [t for t in self.technique.targets if t not in ROOFLINE_GROUPS]
         if bad:
             raise ValueError(f"technique {self.key!r}: targets {bad} are not roofline groups; valid "

@@ -1,10 +1,12 @@
-"""A rung's evidence card and the kernel breakdown, as HTML and as text (framework-free).
+"""What a page shows of one rung, and the kernel breakdown, as HTML and as text (framework-free).
 
-The card lists what the rung recorded, slot by slot (``perfladder.measure.evidence``): its timing
-windows, the verdict and the regime with the numbers they were decided from, its gates with
-values and tolerances, the precision receipt, memory, compile time, achieved rate, the
-prediction, the top rows of its profile (device time first), and what it left in ``details``.
-Version-1 files kept the profiler's table as text; its rows are read back from it.
+A rung is shown as one line of result (``result_line``: tokens/s, its verdict against the rung
+it builds on) over a compact table of its evidence (``compact_rows``: the windows that count,
+the gates summarised, the receipt, compile, memory, the profile's largest shares, where the
+rung's own time went), with everything it recorded behind a toggle (``card_rows``, slot by
+slot: ``perfladder.measure.evidence``). Kernel names are shortened to what they are; the full
+name is in the hover text and in the JSON. Version-1 files kept the profiler's table as text;
+its rows are read back from it.
 """
 from __future__ import annotations
 
@@ -20,14 +22,7 @@ from perfladder.pages.claims import (
     short_reason,
     target,
 )
-from perfladder.pages.report import (
-    MUTED,
-    esc,
-    story_html,
-    story_text,
-    table_html,
-    tflops_text,
-)
+from perfladder.pages.report import MUTED, esc, table_html, tflops_text
 from perfladder.results.record import LadderResult, RungResult
 
 PROFILE_ROWS = 8
@@ -66,9 +61,23 @@ def profile_rows(r: RungResult, limit: int = PROFILE_ROWS) -> list[dict]:
     return sorted(rows, key=device_first)[:limit]
 
 
+def short_name(name: str, limit: int = 56) -> str:
+    """A kernel's name as a reader reads it: C++ return types, template arguments and parameter
+    lists dropped, the rest cut to ``limit`` characters."""
+    s = re.sub(r"^void\s+", "", name.strip())
+    s = re.sub(r"\(.*\)$", "", s)                           # parameter list
+    while "<" in s and ">" in s:
+        t = re.sub(r"<[^<>]*>", "", s)                       # innermost template arguments
+        if t == s:
+            break
+        s = t
+    s = re.sub(r"\s+", " ", s).strip() or name
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
 def _code(name: str) -> str:
-    """A kernel or operator name: monospace, allowed to break anywhere (they are long)."""
-    return f'<code style="word-break: break-all;">{esc(name)}</code>'
+    """A kernel or operator name, shortened; the full name is the hover text."""
+    return f'<code title="{esc(name)}">{esc(short_name(name))}</code>'
 
 
 def _num(v) -> str:
@@ -160,41 +169,99 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
     return out
 
 
-def evidence_card_html(result: LadderResult, name: str, sentences: bool = True, plan=None) -> str:
-    """Rung ``name``'s evidence (and, with ``sentences``, its computed sentences above it;
-    ``plan``: the ladder's rungs in order while it is still running, see ``narrative.next_move``)."""
+def result_line(result: LadderResult, r: RungResult) -> str:
+    """One line: the rung, its rate, and what may be said of it against the rung it builds on."""
+    head = f"{r.name} {r.label}: "
+    if not r.measured:
+        return head + "not measured (" + short_reason(r.error or "; ".join(r.notes), 140) + ")"
+    c = call(result, r)
+    what = {"start": "the ladder's first measurement" if r.name != result.baseline else "the baseline",
+            "smoke": "a smoke check, not a performance number",
+            "skipped": "not measured"}.get(c.word)
+    if what is None:
+        what = (f"{c.label} {c.against}, " if c.label else "") + c.word
+        if c.bound is not None:
+            what = (f"at least {c.label.lstrip('≥')} {c.against}: every window above every window "
+                    f"of {c.against} ({c.shaky})")
+    if r.kind == "control":
+        what = "a control, not a step of the waterfall"
+    return head + f"{rate(r.tokens_per_s)} tokens/s, {what}"
+
+
+def _gates_summary(r: RungResult) -> str:
+    if not r.gates:
+        return "none"
+    bad = [g.name for g in r.gates if not g.passed]
+    return (f"{len(r.gates) - len(bad)} of {len(r.gates)} passed: " + "; ".join(
+        f"{g.name}" + (f" ({_gate_values(g)})" if _gate_values(g) else "") for g in r.gates))
+
+
+def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
+    """The few rows a reader reads first (the full record is behind the toggle)."""
+    out: list[tuple[str, str]] = []
+    t = r.timing
+    if t is not None:
+        n = len(t.windows)
+        out.append(("windows", f"{rate(t.low)}–{rate(t.high)} tokens/s over the last {t.settled} of {n} "
+                    f"(the median of those is the rate); spread {t.spread:.1%} against {target(r):.0%}, "
+                    + ("settled" if settled(r) else "did NOT settle: nothing is credited")
+                    + (f"; {n - t.settled} earlier window(s) while it settled" if n > t.settled else "")))
+    if r.gates:
+        out.append(("gates", _gates_summary(r)))
+    if r.receipt is not None:
+        rc = r.receipt
+        seen = ", ".join(f"{k} {v}" for k, v in rc.observed.items())
+        out.append(("receipt", f"{seen}: " + ("as claimed (" + rc.claimed + ")" if receipt_ok(rc)
+                                             else f"NOT {rc.claimed}")))
+    if r.compile is not None:
+        c = r.compile
+        out.append(("first call", f"{c.first_call_s:.1f} s" + (
+            "" if not c.compilations else f" ({c.compilations} compilation(s); paid once, outside the timing)")))
+    if r.memory is not None and r.memory.bytes is not None:
+        out.append(("memory", f"{gib(r.memory.bytes)} ({r.memory.kind})"))
+    if r.profile is not None and r.profile.device_ms:
+        p, reg = r.profile, r.regime or {}
+        top = sorted(p.shares.items(), key=lambda kv: -kv[1])[:3]
+        out.append(("profile", f"{p.device_ms:.2f} ms of kernels per step"
+                    + ("" if reg.get("busy") is None else f", busy {reg['busy']:.0%} of the "
+                       f"{reg['step_ms']:.1f} ms step") + ("" if p.host_ms is None else
+                                                         f"; host {p.host_ms:.1f} ms to issue a step")
+                    + ("; " + ", ".join(f"{k} {v:.0%}" for k, v in top) if top else "")
+                    + f"; read as {regime_of(r)}"))
+    if r.tflops is not None:
+        out.append(("rate", f"{tflops_text(r.tflops)} model TFLOP/s"
+                    + ("" if r.mfu is None else f", {r.mfu:.1%} MFU")))
+    secs = {k: v for k, v in r.details.get("seconds", {}).items() if k != "total"}
+    if secs:
+        total = r.details["seconds"].get("total", sum(secs.values()))
+        out.append(("its time", f"{total:.0f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items()
+                                                              if v >= 0.5) or f"{total:.1f} s"))
+    return out
+
+
+def rung_html(result: LadderResult, name: str, label: str = "") -> str:
+    """The rung as a page shows it: the result line, the compact table, all the evidence behind a
+    toggle (and the profile's top kernels, names shortened)."""
     r = result.rung(name)
-    title = f"<strong>{esc(r.name)} · {esc(r.label)}</strong>" + (
-        f" — {esc(rate(r.tokens_per_s))} tokens/s" if r.measured else " — not measured")
-    rows = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)]
-            for k, v in card_rows(result, r, error=not sentences)]
-    out = [f'<div class="perfladder-card" style="border: 1px solid #ddd; border-radius: 4px; '
-           f'padding: 0.4em 0.8em; margin: 0.5em 0;"><p style="margin: 0.2em 0;">{title}</p>']
-    if sentences:
-        out.append(story_html(result, name, plan))
-    if rows:
-        out.append(table_html(["evidence", "value"], rows))
+    rows = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)] for k, v in compact_rows(result, r)]
+    full = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)] for k, v in card_rows(result, r)]
     prof = profile_rows(r)
-    if prof:
-        out.append(f'<p style="margin: 0.2em 0; font-size: 0.85em;">Top of the profile, per step, '
-                   f'device time first ({esc(r.profile.tool if r.profile else "profiler")}):</p>')
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        out.append(table_html(["device ms", "host ms", "calls", "operator / kernel"],
-                              [[fmt(x.get("device_ms"), ".3f"), fmt(x.get("host_ms"), ".3f"),
-                                fmt(x.get("calls"), "g"), _code(x["name"])]
-                               for x in prof], numeric={0, 1, 2}))
-    return "".join(out) + "</div>"
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    prof_table = table_html(["ms/step", "calls", "kernel"],
+                            [[fmt(x.get("device_ms"), ".3f"), fmt(x.get("calls"), "g"), _code(x["name"])]
+                             for x in prof], numeric={0, 1}) if prof else ""
+    return ('<div class="perfladder-card">'
+            + (f'<p class="perfladder-source">{esc(label)}</p>' if label else "")
+            + f'<p class="perfladder-result"><strong>{esc(result_line(result, r))}</strong></p>'
+            + (table_html(["", ""], rows, cls="perfladder-table perfladder-compact") if rows else "")
+            + '<details><summary>everything this rung recorded</summary>'
+            + table_html(["evidence", "value"], full) + prof_table + "</details></div>")
 
 
-def evidence_card_text(result: LadderResult, name: str, sentences: bool = True, plan=None) -> str:
+def rung_text(result: LadderResult, name: str, label: str = "") -> str:
     r = result.rung(name)
-    lines = [f"{r.name} {r.label}: " + (f"{rate(r.tokens_per_s)} tokens/s" if r.measured else "not measured")]
-    if sentences:
-        lines.append(story_text(result, name, plan))
-    lines += [f"  {k:<10} {v}" for k, v in card_rows(result, r, error=not sentences)]
-    for x in profile_rows(r):
-        dev = "-" if x.get("device_ms") is None else f"{x['device_ms']:.3f}"
-        lines.append(f"  device {dev:>8} ms  {x['name'][:70]}")
+    lines = ([label] if label else []) + [result_line(result, r)]
+    lines += [f"  {k:<10} {v}" for k, v in compact_rows(result, r)]
     return "\n".join(lines)
 
 

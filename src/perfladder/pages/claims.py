@@ -127,10 +127,13 @@ class Call:
     ratio: float | None = None        # printed only when not None
     credited: bool = False            # a speedup the page may credit
     shaky: str = ""                   # a loss called against windows that did not settle
+    bound: float | None = None        # an unsettled gain credited as "at least this"
 
     @property
     def label(self) -> str:
         """Short ratio text for a bar or a table cell ("" when nothing may be printed)."""
+        if self.bound is not None:
+            return f"≥{self.bound:.0f}×" if self.bound >= 10 else f"≥{self.bound:.2f}×"
         if self.ratio is None:
             return ""
         return f"{self.ratio:.2f}x" if self.word != "within noise" else f"≈{self.ratio:.2f}x"
@@ -147,6 +150,13 @@ def call_of(v: dict | None, r: RungResult, before: RungResult | None) -> Call:
         blo, _ = v["against_range"]
         if hi < blo and ratio < 1 - v.get("min_effect", _verdict.MIN_EFFECT):
             return Call("slower", v["against"], ratio, shaky=unsettled_clause(r, before))
+        # every window of the rung (settled or not) above every window its base ever showed:
+        # the gain is certain, and at least the ratio of those two extremes
+        mine = min(r.timing.windows) if r.timing is not None and r.timing.windows else lo
+        theirs = (v.get("against_all") or v["against_range"])[1]
+        if mine > theirs * (1 + v.get("min_effect", _verdict.MIN_EFFECT)):
+            return Call("faster", v["against"], None, credited=True, bound=mine / theirs,
+                        shaky=unsettled_clause(r, before))
         return Call("unsettled", v["against"])
     return Call(word, v["against"], ratio, credited=word == "faster")
 

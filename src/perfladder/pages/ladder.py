@@ -1,15 +1,17 @@
 """What a ladder notebook's cells call (framework-free: the framework is imported by name).
 
-    page = LadderPage("torch")      # picks the configuration, builds the ladder, shows the header
-    page.rung("R1")                 # runs R1 live, then shows R1's evidence card and sentences
-    page.waterfall(); page.kernel_report(); page.learning_check(); page.summary(); page.save()
+    page = LadderPage("torch")          # picks the configuration, builds the ladder, shows the header
+    page.run("R1", compile_model=compile_model)   # runs R1 with the cell's code, shows its result
+    page.waterfall(); page.kernel_report(); page.learning_check(); page.glue(); page.save()
 
-On a GPU the page runs the full ladder and shows this build's own numbers. Without one it runs
-the smoke ladder live, as a check of the code (a grey box per rung), and shows the committed
-reference run (``perfladder.book.paths.reference_run()``) rung by rung instead, labelled with its
-device, date, versions and command. ``page.shown`` is the ladder whose numbers the page shows;
-``page.live`` the one this build ran. Output goes through IPython when a kernel is running,
-as text otherwise.
+Each rung's cell holds the code of its technique and passes it to ``run``, so a reader who
+edits the cell measures the edit. On a GPU the page runs the full ladder and shows this
+build's own numbers. Without one it runs the smoke ladder live, as a check of the code (a
+grey box per rung), and shows the committed reference run (``book.paths.reference_run()``)
+rung by rung, labelled with its device and date. ``page.shown`` is the ladder whose numbers
+the page shows; ``page.live`` the one this build ran. The prose between the cells is the
+authors'; ``glue`` inserts its numbers and the verdicts of its checked claims
+(``perfladder.pages.story``, ``perfladder.pages.chapter``) computed from ``shown``.
 """
 from __future__ import annotations
 
@@ -18,18 +20,12 @@ from pathlib import Path
 
 from perfladder.book.paths import build_results_dir, reference_run
 from perfladder.config import pick_config
-from perfladder.pages import cards, plot, reading, report
-from perfladder.pages import multigpu as multigpu_page
+from perfladder.pages import cards, multigpu, plot, report
+from perfladder.pages.chapter import checks_for, numbers_for
 from perfladder.pages.claims import is_smoke, rate
 from perfladder.pages.narrative import learning_text, smoke_check
-from perfladder.pages.report import (
-    box_html,
-    bullets_html,
-    display_html,
-    esc,
-    paragraphs_html,
-    run_label,
-)
+from perfladder.pages.report import box_html, display_html, esc, paragraphs_html, run_label
+from perfladder.pages.story import glue_values
 from perfladder.results.record import FRAMEWORKS, LadderResult, ResultsError
 from perfladder.results.schema import roofs_from_probe
 
@@ -58,6 +54,18 @@ def _show_figure(fig) -> None:
     plt.close(fig)
 
 
+def _glue(key: str, markdown: str) -> None:
+    """``myst_nb.glue`` of a markdown value, not displayed; a no-op outside a notebook kernel."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown
+        from myst_nb import glue
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        glue(key, Markdown(markdown), display=False)
+
+
 class LadderPage:
     """One framework's ladder page (see the module docstring).
 
@@ -74,8 +82,8 @@ class LadderPage:
         self.framework = framework
         self.fw = module if module is not None else importlib.import_module(f"perfladder.{framework}")
         self.config = config if config is not None else pick_config(has_gpu=self.fw.has_gpu())
-        self.run = run if run is not None else self.fw.Ladder(
-            self.config, command=f"perfladder.pages.ladder.LadderPage({framework!r}) in a book build")
+        self.ladder = run if run is not None else self.fw.Ladder(
+            self.config, command=f"perfladder.pages.LadderPage({framework!r}) in a book build")
         self.reference, self.reference_source, self.reference_error = reference, "", ""
         if self.config.is_smoke and reference is None:
             try:
@@ -84,13 +92,14 @@ class LadderPage:
                 self.reference_source = f"benchmarks/results/{folder.name}/{framework}.json"
             except (FileNotFoundError, ValueError, ResultsError) as e:
                 self.reference_error = str(e)
+        self.glued: dict[str, str] = {}
         if show_header:
             self.header()
 
     # -- which ladder is shown --------------------------------------------------------------
     @property
     def live(self) -> LadderResult:
-        return self.run.result
+        return self.ladder.result
 
     @property
     def shown(self) -> LadderResult:
@@ -99,7 +108,7 @@ class LadderPage:
 
     @property
     def plan(self) -> list:
-        """The rung declarations in ladder order (what is still to run, while the page runs)."""
+        """The rung declarations in ladder order."""
         return list(self.fw.RUNGS.values())
 
     def _shown_rung(self, name: str):
@@ -119,32 +128,33 @@ class LadderPage:
             report.banner(self.config, device)
             return
         if self.reference is not None:
-            shows = (f"Every number, table, sentence and figure shown for a rung comes from the committed "
-                     f"reference run: {run_label(self.reference, self.reference_source)}.")
+            shows = (f"Every number, table and figure shown for a rung, and every number in the prose, "
+                     f"comes from the committed reference run: {run_label(self.reference, self.reference_source)}.")
         else:
             shows = (f"No committed reference run could be read ({self.reference_error}), so the page shows "
                      "the smoke run itself: its numbers are not performance results.")
-        text = (f"This build runs the tiny smoke configuration on {device}. Each cell below runs its rung "
-                "live, as a check that the code runs and its gates pass; the grey boxes report "
-                f"that check, and its numbers are NOT performance results. {shows}")
+        text = (f"This build runs the tiny smoke configuration on {device}. Each rung's cell below runs "
+                "its code live, as a check that the code runs and its gates pass; the grey boxes report "
+                f"that check, and their numbers are NOT performance results. {shows}")
         display_html(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
                               "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
 
-    def sections(self) -> None:
-        """Each rung, its technique, and the chapter section whose tool it applies."""
-        display_html(report.sections_html(self.plan), report.sections_text(self.plan))
+    def run(self, name: str, **code):
+        """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show
+        the shown ladder's result for it. Returns this build's ``RungResult``."""
+        res = self.ladder.run(name, **code)
+        self.show(name, res)
+        return res
 
-    def rung(self, name: str) -> None:
-        """Run rung ``name`` live; show the shown ladder's evidence card and sentences for it."""
-        res = self.run.run(name)
+    def show(self, name: str, res=None) -> None:
+        """The shown ladder's result for rung ``name`` (after the smoke check of ``res``)."""
         if not self.config.is_smoke or self.reference is None:
-            plan = None if self.config.is_smoke else self.plan
-            display_html(cards.evidence_card_html(self.live, res.name, plan=plan),
-                         cards.evidence_card_text(self.live, res.name, plan=plan))
-            if not res.measured:
+            display_html(cards.rung_html(self.live, name), cards.rung_text(self.live, name))
+            if not self.live.rung(name).measured:
                 self._committed_multi_gpu(name)
             return
-        self._smoke_box(f"smoke check on {self.live.device}", smoke_check(res))
+        if res is not None:
+            self._smoke_box(f"smoke check of this cell's code on {self.live.device}", smoke_check(res))
         ref = self._shown_rung(name)
         if ref is None:
             decl = self.fw.RUNGS.get(name)
@@ -152,24 +162,22 @@ class LadderPage:
                     f"this technique ({decl.key if decl else name}): it was recorded before the rung existed.")
             display_html(paragraphs_html([text]), text)
             return
-        other = self.reference
-        label = f"Reference run: {other.framework} on {other.device}, {other.created[:10]}"
-        display_html(f'<p style="margin: 0.4em 0 0 0; font-size: 0.85em; color: #666;">{esc(label)}</p>'
-                     + cards.evidence_card_html(self.reference, ref.name),
-                     label + "\n" + cards.evidence_card_text(self.reference, ref.name))
+        label = f"Reference run: {self.reference.device}, {self.reference.created[:10]}"
+        display_html(cards.rung_html(self.reference, ref.name, label),
+                     cards.rung_text(self.reference, ref.name, label))
         if not ref.measured:
             self._committed_multi_gpu(name)
 
     def _committed_multi_gpu(self, name: str) -> None:
-        """A multi-GPU rung this page cannot show measured: the committed 2-GPU run's numbers."""
-        rows = multigpu_page.measurements(self.framework, name)
+        """A multi-GPU rung this page cannot show measured: the committed run's numbers."""
+        rows = multigpu.measurements(self.framework, name)
         if not rows:
             return
         text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
-                f"(benchmarks/results/{multigpu_page.MULTI_GPU_RUN}), each prediction written before "
+                f"(benchmarks/results/{multigpu.MULTI_GPU_RUN}), each prediction written before "
                 "its launch:")
-        display_html(paragraphs_html([text]) + multigpu_page.table_html(rows),
-                     text + "\n" + multigpu_page.table_text(rows))
+        display_html(paragraphs_html([text]) + multigpu.table_html(rows),
+                     text + "\n" + multigpu.table_text(rows))
 
     def _smoke_box(self, title: str, text: str) -> None:
         display_html(box_html(title, f'<p style="margin: 0; font-size: 0.9em;">{esc(text)}</p>', "smoke",
@@ -180,17 +188,12 @@ class LadderPage:
         display_html(report.ladder_table_html(self.shown), report.text_table(self.shown))
 
     def waterfall(self) -> None:
-        """The shown ladder's waterfall, then how to read it."""
+        """The shown ladder's waterfall."""
         _show_figure(plot.waterfall(self.shown))
-        self.reading()
-
-    def reading(self) -> None:
-        lines = reading.reading(self.shown)
-        display_html(paragraphs_html(lines), "\n".join(lines))
 
     def kernel_report(self) -> None:
         """Profile the fastest configuration kernel by kernel (live), show the shown ladder's."""
-        live = self.run.kernel_report()
+        live = self.ladder.kernel_report()
         if self.config.is_smoke and self.reference is not None:
             self._smoke_box(f"smoke check on {self.live.device}",
                             "the kernel breakdown ran: " + (f"{len(live.get('top', []))} top operators sorted"
@@ -207,7 +210,7 @@ class LadderPage:
 
     def learning_check(self) -> None:
         """Train the fastest configuration (live); show the shown ladder's check and loss curve."""
-        live = self.run.learning_check()
+        live = self.ladder.learning_check()
         if self.config.is_smoke and self.reference is not None:
             self._smoke_box(f"smoke check on {self.live.device}", learning_text(live))
         check = self.shown.learning
@@ -224,11 +227,13 @@ class LadderPage:
             fig.tight_layout()
             _show_figure(fig)
 
-    def summary(self) -> None:
-        lines = reading.summary(self.shown)
-        display_html(bullets_html(lines), "\n".join(f"- {s}" for s in lines))
-        if self.config.is_smoke and self.reference is not None:
-            self._smoke_box(f"smoke check on {self.live.device}", " ".join(reading.summary(self.live)))
+    def glue(self) -> dict[str, str]:
+        """Insert the prose's numbers and the verdicts of its checked claims, all computed from
+        the shown ladder (``perfladder.pages.chapter``). Returns what was glued."""
+        self.glued = glue_values(self.shown, checks_for(self.framework), numbers_for(self.framework))
+        for key, value in self.glued.items():
+            _glue(key, value)
+        return self.glued
 
     def save(self, folder: str | Path | None = None) -> tuple[Path, Path]:
         """Write this build's ladder (not the reference) and its waterfall into the build's
@@ -238,7 +243,7 @@ class LadderPage:
         png = folder / f"{self.framework}_waterfall.png"
         import matplotlib.pyplot as plt
         plt.close(plot.waterfall(self.live, png))
-        best = self.live.best() if self.live.waterfall() else None
+        best = self.live.fastest_rung() if self.live.waterfall() else None
         print(f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s"
                                             f"{', smoke' if self.config.is_smoke else ''})" if best else ""))
         return path, png

@@ -3,16 +3,14 @@
 HTML, not markdown: a table here has a few columns whose cells stack a number over its
 qualifier (tokens/s over the window range, a ratio over its verdict), so it reads at the width
 of the book's content column; long names wrap. Each HTML function has a text twin for a
-terminal. The sentences come from ``perfladder.pages.narrative`` / ``perfladder.pages.reading``; the
-evidence card and the kernel breakdown from ``perfladder.pages.cards``.
+terminal. A rung's result and the kernel breakdown come from ``perfladder.pages.cards``.
 
 * ``banner`` / ``banner_html`` / ``banner_text``: which configuration produced a page;
 * ``ladder_table_html``: one row per rung (tokens/s and window range, verdict and ratio,
   regime, TFLOP/s and MFU, memory); ``text_table`` its text form (the CLI's ``table``);
 * ``comparison_html`` / ``comparison_markdown``: two ladders lined up by technique key;
 * ``sections_html``: rung -> technique -> chapter section, from the rung declarations;
-* ``run_label``: where and when a run was measured; ``story_html``: a rung's sentences;
-  ``box_html``, ``paragraphs_html``, ``bullets_html``: the page's building blocks.
+* ``run_label``: where and when a run was measured; ``box_html``, ``paragraphs_html``, ``bullets_html``: the page's building blocks.
 """
 from __future__ import annotations
 
@@ -30,12 +28,11 @@ from perfladder.pages.claims import (
     settled,
     short_reason,
 )
-from perfladder.pages.narrative import story
 from perfladder.results.record import LadderResult, RungResult
 
 __all__ = ["banner", "banner_html", "banner_text", "config_of", "tflops_text", "text_table",
            "ladder_table_html", "comparison_html", "comparison_markdown", "sections_html",
-           "run_label", "story_html", "story_text", "box_html", "paragraphs_html", "bullets_html"]
+           "run_label", "box_html", "paragraphs_html", "bullets_html"]
 
 MUTED = "#666"
 TABLE_STYLE = ("border-collapse: collapse; width: 100%; font-size: 0.85em; margin: 0.4em 0 0.8em 0;")
@@ -306,11 +303,3 @@ def sections_text(rungs) -> str:
 
 
 # -- a rung's sentences --------------------------------------------------------------------------
-def story_html(result: LadderResult, name: str, plan=None) -> str:
-    return '<div class="perfladder-story">' + "".join(
-        f'<p style="margin: 0.3em 0;"><strong>{esc(h)}.</strong> {esc(s)}</p>'
-        for h, s in story(result, name, plan)) + "</div>"
-
-
-def story_text(result: LadderResult, name: str, plan=None) -> str:
-    return "\n".join(f"{h}: {s}" for h, s in story(result, name, plan))

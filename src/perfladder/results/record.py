@@ -269,12 +269,17 @@ class LadderResult:
         with_kernels = [r for r in self.rungs if r.kernels]
         return with_kernels[-1] if with_kernels else self.best()
 
-    def attach_kernels(self, name: str, report: dict) -> None:
-        """The kernel breakdown of configuration ``name``, kept with that rung's record."""
+    def attach_kernels(self, name: str, report: dict | None, error: str = "") -> None:
+        """The kernel breakdown of configuration ``name`` (or why there is none), kept with that
+        rung's record."""
         try:
-            self.rung(name).kernels = report
+            r = self.rung(name)
         except KeyError:
             self.notes.append(f"kernel breakdown of {name}'s configuration: {name} not in this run")
+            return
+        r.kernels = report
+        if error:
+            r.details["kernels_error"] = error
 
     def add(self, rung: RungResult) -> RungResult:
         if any(r.name == rung.name for r in self.rungs):

@@ -155,12 +155,15 @@ class TrainStep:
         self.opt.zero_grad(set_to_none=True)
         with self._first("forward_backward"):
             loss, logits = self._loss_and_grads(self.logits, X, Y)
+        self._record_receipt(logits, loss)
+        return loss, logits
+
+    def _record_receipt(self, logits: torch.Tensor, loss: torch.Tensor) -> None:
         # the logits come out of the tied output matmul (under autocast: its compute dtype);
         # the first parameter's gradient dtype says the masters stayed fp32
         grad = next(iter(self.model.parameters())).grad
         self.receipt = {"logits": _dtype(logits), "loss": _dtype(loss), "grad": _dtype(grad),
                         "calls": self.receipt.get("calls", 0) + 1}
-        return loss, logits
 
     def __call__(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         loss, _ = self.forward_backward(X, Y)

@@ -143,11 +143,14 @@ def loss_gate(lab, step, batch_size: int, atol: float = LOSS_ATOL) -> Gate:
                 detail={"steps": GATE_STEPS, "losses": losses, "reference_losses": ref})
 
 
-def embed_gate(lab, step, recipe: Recipe, atol: float = EMBED_ATOL,
-               grad_rtol: float = EMBED_GRAD_RTOL) -> Gate:
+def onehot_check(lab, step, recipe: Recipe) -> Gate:
+    """B4's own gate (``embed_gate``) on rows of the gate's fixed batch."""
+    return embed_gate(lab, gate_batches(lab, recipe.batch_size)[0][0][: lab.config.batch_size])
+
+
+def embed_gate(lab, X, atol: float = EMBED_ATOL, grad_rtol: float = EMBED_GRAD_RTOL) -> Gate:
     """One-hot and gather embeddings compute the same model: fp32 logits of two eager models
     with the same weights agree to ``atol``, the shared table's gradients to ``grad_rtol``."""
-    X = gate_batches(lab, recipe.batch_size)[0][0][: lab.config.batch_size]
     gather = lab.make_model(Recipe(batch_size=X.shape[0]))
     onehot = lab.make_model(Recipe(batch_size=X.shape[0], embed="onehot"))
     onehot.load_state_dict(gather.state_dict())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
 from perfladder.torch.kernels import BACKENDS, attention_backends, pick_backend
-from perfladder.torch.trial import embed_gate, trial
+from perfladder.torch.trial import onehot_check, trial
 
 
 def gated(optimizer: bool = False, checks=()):
@@ -73,7 +73,7 @@ BEYOND = [
          change=lambda r, c: r.replace(cudagraphs=True), gate=OPT_GATE,
          needs_gpu="CUDA graphs exist only on a CUDA device (mode='reduce-overhead' on CPU would "
                    "compile the default mode)"),
-    Rung("B4", "onehot_embedding", "+one-hot embedding", gated(checks=(embed_gate,)), **BEYOND_,
+    Rung("B4", "onehot_embedding", "+one-hot embedding", gated(checks=(onehot_check,)), **BEYOND_,
          change=lambda r, c: r.replace(embed="onehot"),
          gate="one-hot == gather logits (true fp32) and table gradients; " + GATE),
     Rung("B5", "batch_x2", "batch x2", gated(), **BEYOND_, change=_times(2), gate=GATE),

@@ -1,0 +1,61 @@
+"""The JAX ladder page's checked claims and its own numbers (see ``perfladder.pages.story``).
+
+Each check is one qualitative claim of the prose in ``notebooks/02_jax_ladder.ipynb``, by the
+glue key placed after the sentence that makes it.
+"""
+from __future__ import annotations
+
+from perfladder.pages.claims import call
+from perfladder.pages.story import (
+    Check,
+    beats,
+    learned,
+    less,
+    loses_to,
+    more,
+    ratio,
+    ratio_of,
+    recorded,
+    regime,
+    verdict,
+)
+
+HOST = "host-bound"
+NOT_FASTER = ("slower", "within noise", "unsettled")
+
+
+def gain_of(name: str):
+    """The glue value of a rung's gain over its base as the page may state it: the ratio, or
+    "at least" the bound when its base did not settle."""
+    def value(result):
+        c = call(result, result.rung(name))
+        return c.label.replace("≥", "at least ") if c.bound is not None else ratio(c.ratio)
+    return value
+
+
+CHECKS = [
+    Check("c_R1_faster", "jit pays", verdict("R1", "faster")),
+    Check("c_R1_host", "the jitted step waits on the host", regime("R1", HOST)),
+    Check("c_R2_not_faster", "bf16 at batch 64 does not pay", verdict("R2", *NOT_FASTER)),
+    Check("c_R2_host", "R2 is still host-bound", regime("R2", HOST)),
+    Check("c_R2_device_more", "R2's bf16 kernels take more device time than R1's fp32 ones",
+          more("device_ms", "R2", "R1")),
+    Check("c_R3_faster", "the big batch pays", verdict("R3", "faster")),
+    Check("c_R3_loses", "bf16 loses to its fp32 control at the big batch", loses_to("R3", "R3c")),
+    Check("c_R3_scatter", "R3's embedding gradient is a bf16 scatter-add",
+          recorded("R3", "jaxpr_embedding_scatter_add", "bfloat16")),
+    Check("c_R4_memory", "checkpointing cuts the planned temporaries", less("memory", "R4", "R3")),
+    Check("c_R4_not_faster", "checkpointing is no faster", verdict("R4", *NOT_FASTER)),
+    Check("c_B1_faster", "the fp32 embedding gradient pays", verdict("B1", "faster")),
+    Check("c_B1_beats_R3c", "and beats the fp32 control", beats("B1", "R3c")),
+    Check("c_B2_not_faster", "the one-hot lookup buys nothing more", verdict("B2", *NOT_FASTER)),
+    Check("c_B3_host_less", "the split step issues faster", less("host_ms", "B3", "B1")),
+    Check("c_B3_faster", "the split step pays a little", verdict("B3", "faster")),
+    Check("c_B4_faster", "cuDNN attention pays", verdict("B4", "faster")),
+    Check("c_B5_faster", "doubling the batch pays", verdict("B5", "faster")),
+    Check("c_B6_not_faster", "quadrupling buys nothing more", verdict("B6", *NOT_FASTER)),
+    Check("c_B7_not_faster", "the Pallas add+LayerNorm buys nothing", verdict("B7", *NOT_FASTER)),
+    Check("c_learned", "the fastest configuration learns", learned()),
+]
+
+NUMBERS = {"R1_vs_R0": gain_of("R1"), "R3_vs_R3c": ratio_of("R3", "R3c")}

@@ -1,0 +1,52 @@
+"""The PyTorch ladder page's checked claims and its own numbers (see ``perfladder.pages.story``).
+
+Each check is one qualitative claim of the prose in ``notebooks/01_pytorch_ladder.ipynb``, by
+the glue key placed after the sentence that makes it.
+"""
+from __future__ import annotations
+
+from perfladder.pages.story import (
+    Check,
+    beats,
+    largest_step,
+    learned,
+    less,
+    loses_to,
+    ratio_of,
+    regime,
+    verdict,
+)
+
+HOST = "host-bound"
+DEVICE = ("memory-bound", "compute-bound", "mixed", "device-bound")
+NOT_FASTER = ("slower", "within noise")
+
+CHECKS = [
+    Check("c_R0_host", "the eager step waits on the host", regime("R0", HOST)),
+    Check("c_R1_faster", "compiling pays", verdict("R1", "faster")),
+    Check("c_R1_host", "the compiled step still waits on the host", regime("R1", HOST)),
+    Check("c_R2_slower", "bf16 at the chapter's batch costs time", verdict("R2", "slower")),
+    Check("c_R2_host", "R2's step waits on the host", regime("R2", HOST)),
+    Check("c_R2_device_less", "R2's kernels take less device time than R1's",
+          less("device_ms", "R2", "R1")),
+    Check("c_R3_faster", "the big batch pays", verdict("R3", "faster")),
+    Check("c_R3_largest", "the big batch is the ladder's largest step", largest_step("R3")),
+    Check("c_R3_device", "at the big batch the device is busy", regime("R3", *DEVICE)),
+    Check("c_R3_beats_R3c", "bf16 pays at the big batch", beats("R3", "R3c")),
+    Check("c_R3_memory", "bf16 needs less memory than the fp32 control", less("memory", "R3", "R3c")),
+    Check("c_R4_slower", "checkpointing costs time", verdict("R4", "slower")),
+    Check("c_R4_memory", "checkpointing saves memory", less("memory", "R4", "R3")),
+    Check("c_B1_faster", "the fused AdamW pays", verdict("B1", "faster")),
+    Check("c_B2_noise", "the compiled AdamW buys nothing beyond the noise", verdict("B2", *NOT_FASTER)),
+    Check("c_B3_noise", "CUDA graphs buy nothing measurable", verdict("B3", *NOT_FASTER)),
+    Check("c_B4_not_faster", "the one-hot lookup is no faster", verdict("B4", *NOT_FASTER)),
+    Check("c_B5_faster", "doubling the batch pays", verdict("B5", "faster")),
+    Check("c_B6_not_faster", "quadrupling it buys nothing more", verdict("B6", *NOT_FASTER)),
+    Check("c_B8_faster", "the fused RoPE pays", verdict("B8", "faster")),
+    Check("c_B9_faster", "the fused GELU pays", verdict("B9", "faster")),
+    Check("c_B10_not_faster", "the fused add+LayerNorm does not pay", verdict("B10", *NOT_FASTER)),
+    Check("c_learned", "the fastest configuration learns", learned()),
+    Check("c_R4_loses", "checkpointing is slower than R3", loses_to("R4", "R3")),
+]
+
+NUMBERS = {"R3_vs_R3c": ratio_of("R3", "R3c"), "R3_vs_R2": ratio_of("R3", "R2")}

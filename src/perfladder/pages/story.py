@@ -1,0 +1,282 @@
+"""The authored prose's checked claims and inserted numbers (framework-free).
+
+A page's prose is written by its authors for the run it shows. Its numbers are never typed:
+each is a *glue key* (``{glue:md}`R2_rate```) whose value this module computes from the run.
+Each qualitative claim ("bf16 made the step slower", "the step waits on the host") carries a
+*check* key placed right after it: a ``Check`` evaluated against the same run, which renders
+as nothing when the run supports the sentence and as a visible warning with the evidence
+when it does not (a build on another GPU, a future reference run). So a page can be wrong
+about a run only loudly, and ``tests/pages/test_checked_prose.py`` fails the suite when the
+reference run the pages show contradicts any sentence.
+
+* ``Check(key, says, test)``: ``test(result) -> (holds, evidence)``, built from the predicates
+  below (``verdict``, ``beats``, ``less``, ``regime``, ``kept``, ...);
+* ``numbers(result)``: the glue values every rung and the ladder have (``R2_rate``,
+  ``R2_ratio``, ``R3_memory``, ``fastest``, ``cumulative``, ...);
+* ``glue_values(result, checks, extra)``: everything a page glues, as markdown strings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from perfladder.pages.claims import against, call, ceiling, gib, rate, regime_of
+from perfladder.results.record import LadderResult, RungResult
+
+Test = Callable[[LadderResult], tuple[bool, str]]
+NOT_SUPPORTED = "⚠ not supported by the run shown"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One qualitative claim of the prose, as a test of the run the page shows."""
+    key: str
+    says: str
+    test: Test
+
+    def judge(self, result: LadderResult) -> tuple[bool, str]:
+        try:
+            return self.test(result)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:   # a rung or a number absent
+            return False, f"cannot be judged on this run ({type(e).__name__}: {e})"
+
+    def marker(self, result: LadderResult) -> str:
+        """What the page prints after the sentence: nothing, or the warning with the evidence."""
+        holds, evidence = self.judge(result)
+        return "" if holds else f" **[{NOT_SUPPORTED}: {evidence}]**"
+
+
+# -- words -------------------------------------------------------------------------------------
+def ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+def secs(x: float | None) -> str:
+    return "–" if x is None else (f"{x:.0f} s" if x >= 10 else f"{x:.1f} s")
+
+
+def ms(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f} ms"
+
+
+def _rung(result: LadderResult, name: str) -> RungResult:
+    r = result.rung(name)
+    if not r.measured:
+        raise ValueError(f"{name} was not measured ({r.error or 'no reason recorded'})")
+    return r
+
+
+def _said(result: LadderResult, r: RungResult) -> str:
+    c = call(result, r)
+    return f"{r.name} {rate(r.tokens_per_s)} tokens/s, " + (
+        f"{c.label} {c.against}, {c.word}" if c.label else c.word)
+
+
+# -- predicates ---------------------------------------------------------------------------------
+def verdict(name: str, *words: str) -> Test:
+    """The rung's verdict against the rung it builds on is one of ``words`` (faster, slower,
+    within noise, unsettled)."""
+    def test(result):
+        r = _rung(result, name)
+        return call(result, r).word in words, _said(result, r)
+    return test
+
+
+def beats(a: str, b: str) -> Test:
+    """``a`` is faster than ``b`` beyond the noise of both (any two measured rungs)."""
+    def test(result):
+        ra, rb = _rung(result, a), _rung(result, b)
+        c = against(ra, rb)
+        return c.word == "faster", f"{a} {rate(ra.tokens_per_s)} vs {b} {rate(rb.tokens_per_s)}: {c.word}"
+    return test
+
+
+def loses_to(a: str, b: str) -> Test:
+    """``a`` is slower than ``b`` (its every window below ``b``'s slowest)."""
+    def test(result):
+        ra, rb = _rung(result, a), _rung(result, b)
+        c = against(ra, rb)
+        return c.word == "slower", f"{a} {rate(ra.tokens_per_s)} vs {b} {rate(rb.tokens_per_s)}: {c.word}"
+    return test
+
+
+METRICS: dict[str, Callable[[RungResult], float | None]] = {
+    "memory": lambda r: r.memory.bytes if r.memory else None,
+    "device_ms": lambda r: r.profile.device_ms if r.profile else None,
+    "host_ms": lambda r: r.profile.host_ms if r.profile else None,
+    "busy": lambda r: (r.regime or {}).get("busy"),
+    "step_ms": lambda r: (r.regime or {}).get("step_ms"),
+    "first_call": lambda r: r.compile.first_call_s if r.compile else None,
+    "tokens_per_s": lambda r: r.tokens_per_s,
+}
+
+
+def _metric(result, name, metric) -> float:
+    v = METRICS[metric](_rung(result, name))
+    if v is None:
+        raise ValueError(f"{name} recorded no {metric}")
+    return v
+
+
+def less(metric: str, a: str, b: str, factor: float = 1.0) -> Test:
+    """``metric`` of ``a`` is below ``factor`` times that of ``b`` (memory, device_ms, host_ms,
+    busy, step_ms, first_call)."""
+    def test(result):
+        va, vb = _metric(result, a, metric), _metric(result, b, metric)
+        return va < factor * vb, f"{metric} {a} {va:.4g} vs {b} {vb:.4g}"
+    return test
+
+
+def more(metric: str, a: str, b: str, factor: float = 1.0) -> Test:
+    def test(result):
+        va, vb = _metric(result, a, metric), _metric(result, b, metric)
+        return va > factor * vb, f"{metric} {a} {va:.4g} vs {b} {vb:.4g}"
+    return test
+
+
+def regime(name: str, *words: str) -> Test:
+    """The rung's step was read as one of ``words`` (host-bound, memory-bound, ...)."""
+    def test(result):
+        r = _rung(result, name)
+        return regime_of(r) in words, f"{name} read as {regime_of(r)}"
+    return test
+
+
+def largest_share(name: str, category: str) -> Test:
+    """``category`` takes the largest share of the rung's profiled kernel time."""
+    def test(result):
+        shares = _rung(result, name).profile.shares
+        top = max(shares, key=shares.get)
+        return top == category, f"{name}'s largest kernel share: {top} {shares[top]:.0%}"
+    return test
+
+
+def settled(name: str, yes: bool = True) -> Test:
+    def test(result):
+        r = _rung(result, name)
+        return bool(r.stable) == yes, f"{name} {'settled' if r.stable else 'did not settle'}"
+    return test
+
+
+def kept(name: str, yes: bool = True) -> Test:
+    def test(result):
+        r = result.rung(name)
+        return bool(r.kept) == yes, f"{name} {'kept' if r.kept else 'not kept'}"
+    return test
+
+
+def measured(name: str, yes: bool = True) -> Test:
+    def test(result):
+        r = result.rung(name)
+        return r.measured == yes, f"{name} {'measured' if r.measured else 'not measured: ' + (r.error or '')}"
+    return test
+
+
+def fastest_is(name: str) -> Test:
+    def test(result):
+        f = result.fastest_rung().name
+        return f == name, f"the fastest configuration is {f}"
+    return test
+
+
+def learned() -> Test:
+    def test(result):
+        lc = result.learning
+        return bool(lc and lc.passed), "no learning check" if lc is None else str(lc)
+    return test
+
+
+def largest_step(name: str) -> Test:
+    """``name`` is the largest credited step of the waterfall (ratio to the rung it builds on)."""
+    def test(result):
+        steps = [r for r in result.waterfall() if r.ratio_prev is not None and call(result, r).credited]
+        top = max(steps, key=lambda r: r.ratio_prev)
+        return top.name == name, f"the largest credited step is {top.name} ({ratio(top.ratio_prev)} {top.builds_on})"
+    return test
+
+
+def recorded(name: str, key: str, contains: str) -> Test:
+    """The rung's recorded ``details[key]`` mentions ``contains`` (e.g. a dtype of a scatter)."""
+    def test(result):
+        got = _rung(result, name).details.get(key)
+        return contains in str(got), f"{name} recorded {key} = {got}"
+    return test
+
+
+def all_of(*tests: Test) -> Test:
+    def test(result):
+        out = [t(result) for t in tests]
+        return all(h for h, _ in out), "; ".join(e for _, e in out)
+    return test
+
+
+# -- numbers ------------------------------------------------------------------------------------
+def ratio_of(a: str, b: str) -> Callable[[LadderResult], str]:
+    """The glue value ``a``'s tokens/s over ``b``'s."""
+    return lambda result: ratio(_rung(result, a).tokens_per_s / _rung(result, b).tokens_per_s)
+
+
+def rung_numbers(result: LadderResult, r: RungResult) -> dict[str, str]:
+    """The glue values of one rung (``–`` where it recorded nothing)."""
+    n, reg = r.name, r.regime or {}
+    before = next((x for x in result.rungs if x.name == r.builds_on and x.measured), None)
+    out = {"rate": rate(r.tokens_per_s) if r.measured else "–",
+           "ratio": ratio(r.tokens_per_s / before.tokens_per_s) if (r.measured and before) else "–",
+           "label": r.label, "memory": gib(r.memory.bytes) if r.memory and r.memory.bytes else "–",
+           "first_call": secs(r.compile.first_call_s) if r.compile else "–",
+           "device_ms": ms(r.profile.device_ms) if r.profile else "–",
+           "host_ms": ms(r.profile.host_ms) if r.profile else "–",
+           "step_ms": ms(reg.get("step_ms")), "busy": pct(reg.get("busy")),
+           "tflops": "–" if r.tflops is None else f"{r.tflops:.0f}", "mfu": pct(r.mfu),
+           "spread": pct(r.spread) if r.timing else "–",
+           "windows": (f"{rate(r.timing.low)}–{rate(r.timing.high)}" if r.timing else "–"),
+           "batch": "–" if r.batch_size is None else f"{r.batch_size:,}"}
+    return {f"{n}_{k}": v for k, v in out.items()}
+
+
+def ladder_numbers(result: LadderResult) -> dict[str, str]:
+    """Glue values of the whole ladder: device, date, the fastest configuration and the
+    cumulative factor from the baseline, the ceiling, the learning check."""
+    out = {"device": result.device, "date": (result.created or "")[:10] or "–",
+           "framework_version": result.versions.get(result.framework, "–")}
+    bars = result.waterfall()
+    if bars:
+        best = result.fastest_rung()
+        base = next((r for r in bars if r.name == result.baseline), None)
+        out.update(fastest=best.name, fastest_label=best.label, fastest_rate=rate(best.tokens_per_s),
+                   fastest_mfu=pct(best.mfu), cumulative=ratio(best.tokens_per_s / base.tokens_per_s)
+                   if base else "–", baseline=result.baseline)
+        ceil = ceiling(result)
+        out["ceiling_rate"] = rate(ceil["tokens_per_s"]) if ceil else "–"
+        out["ceiling_tflops"] = f"{ceil['tflops']:.0f}" if ceil else "–"
+        out["of_ceiling"] = pct(best.tokens_per_s / ceil["tokens_per_s"]) if ceil else "–"
+    lc = result.learning
+    if lc is not None:
+        f3 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
+        out.update(learn_steps=str(lc.steps), learn_first=f3(lc.first), learn_last=f3(lc.last),
+                   val_before=f3(lc.val_before), val_after=f3(lc.val_after),
+                   val_threshold=f3(lc.threshold), learn_config=lc.configuration or "–")
+    return out
+
+
+def glue_values(result: LadderResult, checks: list[Check] = (),
+                extra: dict[str, Callable[[LadderResult], str]] | None = None) -> dict[str, str]:
+    """Every value a page glues for ``result``: the ladder's and every rung's numbers, the
+    page's own numbers (``extra``: key -> function of the result), and each check's marker."""
+    out = ladder_numbers(result)
+    for r in result.rungs:
+        out.update(rung_numbers(result, r))
+    for key, fn in (extra or {}).items():
+        try:
+            out[key] = fn(result)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            out[key] = "–"
+    for c in checks:
+        if c.key in out:
+            raise ValueError(f"check key {c.key!r} is also a number's key")
+        out[c.key] = c.marker(result)
+    return out
