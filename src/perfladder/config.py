@@ -124,6 +124,9 @@ class LadderConfig:
     learn_num_train: int = 10000  # training windows of the learning check (validation follows them)
     target_spread: float = 0.03   # timed windows count as settled within this (max-min)/median
     max_windows: int = 12         # give up settling after this many windows (then: unstable)
+    # wall seconds of timed windows per measurement after which no window is opened (and no
+    # second attempt made once half is spent): what bounds a rung whose windows wander
+    timing_budget_s: float | None = None
     lr: float = 1e-3
     seed: int = 0
 
@@ -148,8 +151,8 @@ class LadderConfig:
 PRESETS = {
     "full": LadderConfig(name="full", num_hiddens=512, num_blks=6, num_heads=8,
                          num_steps=128, batch_size=64, big_batch=512,
-                         warmup=30, timed=40, windows=3, eager_timed=5,
-                         learn_steps=300, max_windows=8,
+                         warmup=30, timed=40, windows=3, eager_timed=3,
+                         learn_steps=300, max_windows=8, timing_budget_s=20.0,
                          # 300 steps of batch 2048 would see the d2l split of 10,000 windows
                          # ~60 times over: memorised, not learned. Train the check on most of
                          # the book and judge it on the windows after.

@@ -21,7 +21,6 @@ from perfladder.config import get_config  # noqa: E402
 from perfladder.jax import GPT, RUNGS, JaxLab, Ladder, Recipe, has_gpu, run_ladder  # noqa: E402
 from perfladder.jax.diagnosis import step_stats  # noqa: E402
 from perfladder.jax.model import EMBEDS  # noqa: E402
-from perfladder.jax.rungs import beyond  # noqa: E402
 from perfladder.jax.step import loss_fn  # noqa: E402
 from perfladder.jax.trial import LOSS_TOL  # noqa: E402
 from perfladder.kernels import KernelBreakdown  # noqa: E402
@@ -98,10 +97,10 @@ def test_every_b_rung_is_gated_against_its_base(run):
             g = r.gate("batch only")
             assert g.detail["changed"] == ["batch_size"] and g.values["batch_size"] == r.batch_size
             continue
-        g = r.gate("loss vs base")
+        g = r.gate("loss over steps")
         assert g.passed and g.values["max_rel_diff"] <= g.tolerances["max_rel_diff"] <= LOSS_TOL
         assert len(g.detail["losses"]) == len(g.detail["reference_losses"]) == 3
-        assert r.builds_on in g.reference
+        assert "plain bf16 recipe" in g.reference          # one reference, as PyTorch's
 
 
 def test_anomaly_evidence_is_recorded(run):
@@ -128,7 +127,7 @@ def test_anomaly_evidence_is_recorded(run):
 
 def test_split_rung_gates_and_measures_host_overhead(run):
     b3 = run.result.rung("B3")
-    assert b3.gate("loss vs base").values["max_rel_diff"] <= beyond.SPLIT_LOSS_TOL
+    assert b3.gate("loss over steps").values["max_rel_diff"] <= LOSS_TOL
     for kind in ("base", "split"):
         h = b3.details["host_overhead"][kind]
         assert h["dispatch_ms_per_step"] > 0 and h["unsynced_ms_per_step"] >= h["dispatch_ms_per_step"]
@@ -171,7 +170,7 @@ def test_bad_embed_and_recipe_inputs_are_clear_errors():
         GPT(CFG.gpt(), rngs=nnx.Rngs(0), embed="lookup")
     assert EMBEDS == ("gather", "onehot")
     lab = JaxLab(CFG)
-    assert beyond.base_recipe(lab, "R3") == Recipe(batch_size=CFG.big_batch, dtype="bfloat16")
+    assert Ladder(CFG).chain.recipe_of("R3") == Recipe(batch_size=CFG.big_batch, dtype="bfloat16")
     with pytest.raises(TypeError, match="recipe must be a perfladder.jax.Recipe"):
         lab.build_step({"batch_size": 8})
     with pytest.raises(ValueError, match=r"'B9'.*valid choices: .*B5, B6, B7, R5"):
@@ -224,7 +223,7 @@ def test_beyond_configurations_train_like_r3():
     lab = JaxLab(CFG)
     stream = lab.stream(CFG.big_batch)
     batches = [next(stream) for _ in range(3)]
-    seed = beyond.base_recipe(lab, "R3")
+    seed = Ladder(CFG).chain.recipe_of("R3")
     ref = _three_steps(lab, seed, batches)
     assert ref[-1] < ref[0]                                # it trains
     # the ladder's loss gates cover each B rung against its base; this is the bf16 one-hot

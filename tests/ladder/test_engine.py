@@ -4,7 +4,6 @@ become skipped rungs, the kernel report, the learning check and the progress eve
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from dataclasses import dataclass
 
 import pytest

@@ -67,7 +67,7 @@ def test_measured_beyond_rung_is_well_formed(res, name):
     assert r.kind == "rung" and r.stage == "beyond" and r.tokens_per_s > 0
     assert r.timing.settled == CFG.windows and len(r.windows) >= CFG.windows
     assert sorted(r.timing.settled_windows)[1] == pytest.approx(r.tokens_per_s)
-    assert r.precision == "bf16" and r.receipt.ok and r.receipt.where == "TrainStep.__call__"
+    assert r.precision == "bf16" and r.receipt.ok and r.receipt.where == "TrainStep.forward_backward"
     assert r.batch_size == r.recipe["batch_size"] and r.seq_len == CFG.num_steps
     assert r.timing.steps_per_window == timed_steps(CFG, r.batch_size)
     prev = res.rung(r.builds_on)
@@ -218,7 +218,7 @@ def test_b7_measured_every_backend_and_pinned_the_fastest(res):
     t = d["attention_ms"]
     assert set(t) == {"default", *BACKENDS}
     best = d["attention_backend"]
-    assert best == pick_backend(t) == r.recipe["attn_backend"] and best in r.label
+    assert best == pick_backend(t) == r.recipe["attn_backend"] and r.label == "pinned attention kernel"
     assert all(t[n]["ms"] >= t[best]["ms"] for n in BACKENDS if t[n]["available"])
     assert d["default_picks"] == t["default"]["picks"] in (*BACKENDS, None)
     assert d["refused"] == [n for n in BACKENDS if not t[n]["available"]]
@@ -237,7 +237,7 @@ def test_b7_does_not_remeasure_the_default_kernel(monkeypatch):
             "flash": {"available": True, "ms": 1.0}, "math": {"available": True, "ms": 2.0},
             "efficient": {"available": False, "error": "x"}, "cudnn": {"available": False, "error": "y"}}
     monkeypatch.setattr(bz, "attention_backends", lambda *a, **kw: fake)
-    monkeypatch.setattr(bz, "measure_recipe", lambda *a, **kw: pytest.fail("measured the default again"))
+    monkeypatch.setattr(bz, "trial", lambda *a, **kw: pytest.fail("measured the default again"))
     run = Ladder(CFG)
     r = run.run("B7")
     assert r.kind == "skipped" and "already runs the fastest kernel (flash)" in r.error
@@ -322,7 +322,7 @@ def test_b3_b11_on_cuda():
 def test_a_failing_rung_is_a_loud_skip(monkeypatch, capsys):
     def boom(*a, **kw):
         raise RuntimeError("CUDA out of memory (planted)")
-    monkeypatch.setattr(bz, "measure_recipe", boom)
+    monkeypatch.setattr(bz, "trial", boom)
     run = Ladder(CFG)
     r = run.run("B1")
     assert r.kind == "skipped" and r.tokens_per_s is None and r.kept is False

@@ -58,7 +58,7 @@ def test_rung_declarations():
     assert len(set(keys)) == len(keys)
     assert {RUNGS[n].key for n in ("R0", "R1", "R2", "R3", "R4")} == {
         "eager", "compile", "bf16", "batch_up", "checkpoint"}
-    assert RUNGS["R3c"].kind == "control" and RUNGS["R3c"].builds_on == "R0"
+    assert RUNGS["R3c"].kind == "control" and RUNGS["R3c"].builds_on == "R1"   # R3 without bf16
     assert [RUNGS[n].builds_on for n in ("R1", "R2", "R3", "R4")] == ["R0", "R1", "R2", "R3"]
     assert all(RUNGS[n].stage == "beyond" for n in BEYOND + FUSED + ["B11"])
     assert {n for n, r in RUNGS.items() if r.alternative} == {"B2", "B7"}
@@ -150,17 +150,18 @@ def test_every_bf16_rung_has_a_receipt_from_the_timed_call(ladder_run):
     for r in measured(res):
         if r.name in BF16:
             assert isinstance(r.receipt, Receipt), r.name
-            assert r.receipt.where == "TrainStep.__call__" and r.receipt.claimed == "bf16", r.name
+            assert r.receipt.where == "TrainStep.forward_backward" and r.receipt.claimed == "bf16", r.name
             assert r.receipt.observed == {"logits": "bfloat16"} and r.receipt.ok, r.name
-        else:
-            assert r.receipt is None, r.name
+        elif r.kind != "multi-gpu":          # an fp32 rung's receipt says fp32 (TF32 on a GPU)
+            assert r.receipt.claimed == r.precision and r.receipt.observed == {"logits": "float32"}, r.name
+            assert r.receipt.ok, r.name
 
 
 def test_ratio_prev_follows_builds_on(ladder_run):
     res = ladder_run.result
     t = {r.name: r.tokens_per_s for r in measured(res)}
     assert res.rung("R0").ratio_prev is None
-    for name, prev in (("R1", "R0"), ("R2", "R1"), ("R3c", "R0"), ("R3", "R2"), ("R4", "R3")):
+    for name, prev in (("R1", "R0"), ("R2", "R1"), ("R3c", "R1"), ("R3", "R2"), ("R4", "R3")):
         assert res.rung(name).builds_on == prev
         assert res.rung(name).ratio_prev == pytest.approx(t[name] / t[prev])
     assert res.rung("R3c").kind == "control"
@@ -174,7 +175,8 @@ def test_seed_recipes(ladder_run):
     assert not rec["R0"]["compiled"] and not rec["R0"]["bf16"] and rec["R0"]["batch_size"] == CFG.batch_size
     assert rec["R1"] == {**rec["R0"], "compiled": True}
     assert rec["R2"] == {**rec["R1"], "bf16": True}
-    assert rec["R3c"] == {**rec["R0"], "batch_size": CFG.big_batch}
+    assert rec["R3c"] == {**rec["R1"], "batch_size": CFG.big_batch}       # R3 without bf16
+    assert rec["R3c"] == {**rec["R3"], "bf16": False}
     assert rec["R3"] == {**rec["R2"], "batch_size": CFG.big_batch}
     assert rec["R4"] == {**rec["R3"], "checkpoint": True}
 
@@ -191,17 +193,29 @@ def test_r0_is_profiled_before_it_is_timed(ladder_run):
 def test_r1_compile_time_gate_and_its_own_profile(ladder_run):
     res = ladder_run.result
     r1 = res.rung("R1")
-    # the compile is timed where it is paid (the step's first forward and backward, before the
-    # gates run it): a compiled rung's first call costs many times the eager R0's
-    assert r1.compile.first_call_s > 10 * res.rung("R0").compile.first_call_s > 0
-    for name in ("R2", "R3", "R4"):
-        assert res.rung(name).compile.first_call_s > 10 * res.rung("R0").compile.first_call_s, name
+    # the compile is timed where it is paid (the step times its own first forward and backward,
+    # whoever makes it): every compiled rung records it, and R0, eager, compiles nothing (how long
+    # a compile takes depends on the compile cache, so no factor is asserted)
+    assert res.rung("R0").compile.compilations == 0 and res.rung("R0").compile.first_call_s > 0
+    for name in ("R1", "R2", "R3", "R4"):
+        c = res.rung(name).compile
+        assert c.first_call_s > 0 and isinstance(c.compilations, int), name
     g = r1.gate("compiled vs eager logits")
     assert g.passed and 0 <= g.values["max_abs_diff"] < g.tolerances["atol"] == 1e-2
     names = [row["name"] for row in r1.profile.rows]
     if not ON_GPU:     # on CPU the compiled graphs show up among the top self-time rows
         assert any("Compiled" in n for n in names)
     assert names != [row["name"] for row in res.rung("R0").profile.rows]
+
+
+def test_a_compiled_rung_records_the_compile_it_paid():
+    """In a process that never compiled its graph, R1's first call compiles (dynamo and
+    inductor count it, cache hits included) and is timed by the step itself."""
+    import torch
+    torch._dynamo.reset()                         # forget the graphs other tests compiled
+    res = run_ladder(CFG, rungs=["R1"], learn=False)
+    c = res.rung("R1").compile
+    assert c.compilations >= 1 and c.first_call_s > 0
 
 
 def test_r4_mirror_gate_recorded(ladder_run):
@@ -276,7 +290,7 @@ def test_single_rung_runs_alone():
     res = run_ladder(CFG, rungs=["R3c"], learn=False)
     r = res.rung("R3c")
     assert [x.name for x in res.rungs] == ["R3c"] and r.ratio_base is None and r.ratio_prev is None
-    assert r.builds_on == "R0" and r.recipe["batch_size"] == CFG.big_batch and r.verdict is None
+    assert r.builds_on == "R1" and r.recipe["batch_size"] == CFG.big_batch and r.verdict is None
     assert res.learning is None
     validate(res.to_dict())
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from perfladder.config import get_config
+from perfladder.ladder.engine import Chain, run_rung
 from perfladder.measure.evidence import Timing
 from perfladder.results.record import RungResult
 from perfladder.torch import RUNGS, TorchLab
@@ -72,7 +73,7 @@ def _planted_base(lab, rate=512.0, windows=None):
 def test_one_device_predicts_and_says_it_measured_nothing(capsys):
     lab = TorchLab(CFG)
     _planted_base(lab)
-    r5 = mg.r5_data_parallel(lab, lab.seed_recipe(), "R0")
+    r5 = run_rung(RUNGS["R5"], lab, Chain(RUNGS, lab))
     printed = capsys.readouterr().out
     assert printed.index("predict k=2") < printed.index("predict k=8")   # printed before anything
     assert r5.kind == "skipped" and r5.tokens_per_s is None
@@ -105,9 +106,9 @@ def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys,
         return real(k, config, form, recipe, backend="gloo", timeout=300,
                     **{n: v for n, v in kw.items() if n != "link"}, link="gloo-loopback")
     monkeypatch.setattr(mg.dataparallel, "measure", on_cpu)
-    r5 = mg.r5_data_parallel(lab, lab.seed_recipe(), "R0")
+    r5 = run_rung(RUNGS["R5"], lab, Chain(RUNGS, lab))
     assert launched == [(2, "seed", "ddp", "nvlink4-h200")]
-    assert r5.kind == "multi-gpu" and r5.tokens_per_s > 0 and r5.label == "DDP x2", r5.error
+    assert r5.kind == "multi-gpu" and r5.tokens_per_s > 0 and r5.details["mechanism"] == "DDP x2", r5.error
     assert len(r5.windows) == CFG.windows and isinstance(r5.stable, bool)
     assert r5.prediction.measured_tokens_per_s == r5.tokens_per_s
     d = r5.details

@@ -142,7 +142,7 @@ def _true_fp32(on: bool):
 
 # -- the model gate -------------------------------------------------------------------------------
 def model_gate(reference, candidate, batches, *, view: Callable | None = None,
-               reference_chunks: int = 1, reference_jit: bool = False,
+               reference_chunks: int = 1, reference_jit: bool = False, candidate_jit: bool = True,
                name: str = "model gate") -> GateResult:
     """The candidate computes the reference's model: forward and backward, parameter by parameter.
 
@@ -154,7 +154,10 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     ``perfladder.measure.gates.tolerances``; an fp32 reference runs at full fp32 matmul precision.
     ``reference_chunks`` runs the reference on that many equal slices of each batch and
     averages (a batch rung against the reference at the smaller batch). The reference runs op
-    by op (the plain eager model) unless ``reference_jit``; the candidate is compiled.
+    by op (the plain eager model) unless ``reference_jit``; the candidate is compiled unless
+    ``candidate_jit`` is False (the ladder's trial: the gate checks the model's arithmetic, and
+    compiling a second program per rung for it would cost a GPU ladder seconds per rung; the
+    compiled step itself is checked by the loss gate, which runs it).
     Raises ``ModelGateError`` (the worst parameter and its numbers); returns the ``GateResult``.
     """
     _same_start(reference, candidate)
@@ -172,14 +175,14 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     for X, Y in batches:
         with _true_fp32(p_ref == "fp32"):
             ref_logits, ref_grads = gradients(ref, X, Y, chunks=reference_chunks, jit=reference_jit)
-        cand_logits, cand_grads = gradients(cand, X, Y, view)
+        cand_logits, cand_grads = gradients(cand, X, Y, view, jit=candidate_jit)
         _worse(measured, "logits", _rel(cand_logits, ref_logits))
         for k, g in ref_grads.items():
             _worse(measured, f"grad/{k}", _rel(cand_grads.get(k), g))
     tolerance = {k: tol["forward" if k == "logits" else "backward"] for k in measured}
     result = GateResult.judge(
         name, reference=describe(reference) + (" under jit" if reference_jit else " op by op"),
-        candidate=describe(candidate, view) + " under jit",
+        candidate=describe(candidate, view) + (" under jit" if candidate_jit else " op by op"),
         precision={"reference": p_ref, "candidate": p_cand}, measured=measured, tolerance=tolerance,
         details={"metric": METRIC, "batches": len(batches), "batch_shape": list(batches[0][0].shape),
                  "reference_chunks": reference_chunks, "reference_jit": reference_jit,

@@ -97,6 +97,7 @@ class JaxLab:
             roofs=roofs, notes=notes)
         self._streams: dict[int, Batches] = {}
         self.code = dict(CODE)
+        self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
 
     # -- the engine's interface -----------------------------------------------------------------
     def seed_recipe(self) -> Recipe:
@@ -196,7 +197,8 @@ class JaxLab:
                       max_windows=EAGER_MAX_WINDOWS)
         else:
             kw = dict(warmup=c.warmup, timed=c.timed, windows=c.windows, max_windows=c.max_windows)
-        return measure_settled(lambda: throughput(step, stream, target_spread=c.target_spread, **kw))
+        return measure_settled(lambda: throughput(step, stream, target_spread=c.target_spread,
+                                                  budget_s=c.timing_budget_s, **kw), c.timing_budget_s)
 
     def first_call(self, step, X, Y) -> tuple[Compile, jax.Array]:
         """The step's first (compiling) call, outside any timed window: ``(Compile, loss)``."""

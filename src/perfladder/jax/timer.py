@@ -74,7 +74,7 @@ def fingerprint(X) -> bytes:
 
 def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3, *,
                target_spread: float = DEFAULT_TARGET_SPREAD, max_windows: int | None = None,
-               check_content: bool = True) -> Throughput:
+               check_content: bool = True, budget_s: float | None = None) -> Throughput:
     """Tokens/s of ``step(X, Y)`` over fresh batches from ``stream``: the median of the last
     ``windows`` windows once they agree within ``target_spread`` (see ``perfladder.measure.timing``).
 
@@ -87,7 +87,7 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
                    sync=jax.block_until_ready, compile_count=compile_count,
                    num_tokens=lambda X: int(X.size), shape_of=lambda X: tuple(X.shape),
                    fingerprint=fingerprint if check_content else None,
-                   target_spread=target_spread, max_windows=max_windows)
+                   target_spread=target_spread, max_windows=max_windows, budget_s=budget_s)
 
 
 FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"

@@ -17,6 +17,7 @@ from perfladder.jax.lab import JaxLab
 from perfladder.jax.program import embedding_scatters, matmul_dtypes
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import TrainStep, scatter_add_dtypes
+from perfladder.jax.stream import batches
 from perfladder.jax.timer import compile_count
 from perfladder.ladder.rung import Evidence, Given
 from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
@@ -41,7 +42,8 @@ def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate
     if recipe.naive_cast or recipe.replace(jit="nnx") == plain:
         return []
     n = min(GATE_ROWS, X.shape[0])
-    return [model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])]).evidence()]
+    return [model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])],
+                       candidate_jit=False).evidence()]
 
 
 def check_receipt(recipe: Recipe, receipt: Receipt, dots: dict[str, int]) -> None:
@@ -66,6 +68,32 @@ def check_receipt(recipe: Recipe, receipt: Receipt, dots: dict[str, int]) -> Non
         raise AssertionError(f"{recipe} is not computing in fp32: matmul operands {dots}")
 
 
+GATE_SEED_OFFSET = 10_000   # the loss gate's fixed batches come from their own shuffle seed
+
+
+def gate_batches(lab: JaxLab, batch_size: int) -> list:
+    """``GATE_STEPS`` fixed (X, Y) batches of ``batch_size``, the same for every configuration."""
+    cache = lab.memo.setdefault("gate_batches", {})
+    if batch_size not in cache:
+        stream = batches(lab.data, batch_size, seed=lab.config.seed + GATE_SEED_OFFSET)
+        cache[batch_size] = [next(stream) for _ in range(GATE_STEPS)]
+    return cache[batch_size]
+
+
+def reference_recipe(batch_size: int) -> Recipe:
+    """What every beyond rung's losses are held against: the plain model computing in bf16 under
+    ``nnx.jit``, built from the library's code (as PyTorch's eager bf16 reference)."""
+    return Recipe(batch_size=batch_size, dtype="bfloat16")
+
+
+def reference_losses(lab: JaxLab, batch_size: int) -> list[float]:
+    cache = lab.memo.setdefault("reference_losses", {})
+    if batch_size not in cache:
+        step = lab.build_step(reference_recipe(batch_size), plain_code=True)
+        cache[batch_size] = [float(step(X, Y)) for X, Y in gate_batches(lab, batch_size)]
+    return cache[batch_size]
+
+
 def loss_gate(got, want, reference: str, tol: float = LOSS_TOL) -> Gate:
     """The candidate's losses over the first steps vs the reference's, relative."""
     got, want = [float(x) for x in got], [float(x) for x in want]
@@ -73,23 +101,24 @@ def loss_gate(got, want, reference: str, tol: float = LOSS_TOL) -> Gate:
     if not max(rel) <= tol:
         raise AssertionError(f"loss over {len(got)} steps differs from {reference}: {got} vs {want} "
                              f"(max rel diff {max(rel):.3g} > allowed {tol:g})")
-    return Gate(name="loss vs base", passed=True, values={"max_rel_diff": max(rel)},
+    return Gate(name="loss over steps", passed=True, values={"max_rel_diff": max(rel)},
                 tolerances={"max_rel_diff": tol}, reference=reference,
                 detail={"losses": got, "reference_losses": want})
 
 
 def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Callable | None = None,
-          reference: tuple[str, Recipe] | None = None, loss_tol: float = LOSS_TOL,
+          loss_gate_: bool = False, loss_tol: float = LOSS_TOL,
           inspect: Callable | None = None, after: Callable | None = None, evidence: bool = False,
           stream=None, place=None, devices: int = 1, eager: bool = False, details=None,
           notes=(), prediction=None) -> Evidence:
     """Gate, compile, plan, time and profile ``recipe`` (default: the given one); see the module
     docstring.
 
-    ``check(step, X, Y) -> [Gate]`` runs on the fresh model; ``reference=(name, recipe)``
-    adds the loss gate against that recipe; ``inspect(hlo_text, details) -> dict`` reads the
-    compiled program before timing; ``after(step, stream, reference_step) -> dict`` runs after
-    timing; ``evidence`` records the embedding gradient's scatters (jaxpr and HLO).
+    ``check(step, X, Y) -> [Gate]`` runs on the fresh model; ``loss_gate_`` adds the loss gate
+    (its first steps on fixed batches against ``reference_recipe``'s); ``inspect(hlo_text,
+    details) -> dict`` reads the compiled program before timing; ``after(step, stream, base)
+    -> dict`` runs after timing (``base()`` builds the step of the configuration the rung builds
+    on); ``evidence`` records the embedding gradient's scatters (jaxpr and HLO).
     ``stream`` / ``place`` / ``devices``: a sharded step's batches, state layout, device count.
     ``eager``: an un-jitted step (no plan, short windows, no profile).
     """
@@ -98,8 +127,7 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     with watch("build"):
         step = lab.build_step(recipe, place)
     stream = lab.stream(recipe.batch_size) if stream is None else stream
-    batch = [next(stream) for _ in range(GATE_STEPS if reference else 1)]
-    X, Y = batch[0]
+    X, Y = next(stream)
     details = dict(details or {})
     with watch("gates"):
         gates = model_gates(lab, recipe, step, X, Y) if devices == 1 else []
@@ -109,17 +137,18 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
         if evidence:             # before the first call: a split step donates the model's arrays
             details["jaxpr_embedding_scatter_add"] = scatter_add_dtypes(step.model, X, Y)
     c0 = compile_count()
-    with watch("first call"):
-        loss = step(X, Y)
-    compiled = Compile(first_call_s=step.first_call_s, compilations=compile_count() - c0)
-    ref_step = None
-    if reference is not None:
+    if loss_gate_:
         with watch("gates"):
-            name, ref_recipe = reference
-            losses = [loss] + [step(*b) for b in batch[1:]]
-            ref_step = lab.build_step(ref_recipe, plain_code=True)
-            gates.append(loss_gate(losses, [ref_step(*b) for b in batch], f"{name}'s recipe "
-                                   f"({ref_recipe}), same init, same {len(batch)} batches", loss_tol))
+            want = reference_losses(lab, recipe.batch_size)     # before the candidate's first call
+            fixed = gate_batches(lab, recipe.batch_size)
+            c0 = compile_count()
+            losses = [step(*b) for b in fixed]                  # its first call among them
+            gates.append(loss_gate(losses, want, f"the plain bf16 recipe ({reference_recipe(recipe.batch_size)}), "
+                                   f"same init, same {len(fixed)} batches", loss_tol))
+    else:
+        with watch("first call"):
+            step(X, Y)
+    compiled = Compile(first_call_s=step.first_call_s, compilations=compile_count() - c0)
     with watch("receipt"):
         receipt = lab.receipt(recipe, step)
         check_receipt(recipe, receipt, details["matmul_dtypes"])
@@ -141,7 +170,7 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
         profile = None if eager else lab.profile(step, stream, plan.text, devices)
     if after is not None:
         with watch("after"):
-            details.update(after(step, stream, ref_step))
+            details.update(after(step, stream, lambda: lab.build_step(given.base_recipe, plain_code=True)))
     model, optimizer = step.commit()
     if recipe.bf16:
         assert_fp32_masters(model, optimizer)

@@ -30,6 +30,7 @@ technique measures the edit.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -98,14 +99,16 @@ class Chain:
 def record(rung: Rung, given: Given, ev: Evidence, lab) -> RungResult:
     """The one place a ``RungResult`` is made from a rung's evidence and its declaration."""
     recipe = ev.recipe if ev.recipe is not None else given.recipe
-    if ev.receipt is not None and not ev.receipt.ok:
-        raise ReceiptError(f"{rung.name} claims {ev.receipt.claimed} but its timed step computed in "
-                           f"{ev.receipt.observed}: not recording that number as {ev.receipt.claimed}",
+    precision = lab.precision(recipe)
+    # the number is recorded under the precision the recipe computes in: the timed step's own
+    # receipt must show it (a control that claims bf16 and computes fp32, R2a, is recorded fp32)
+    if ev.receipt is not None and not dataclasses.replace(ev.receipt, claimed=precision).ok:
+        raise ReceiptError(f"{rung.name} claims {precision} but its timed step computed in "
+                           f"{ev.receipt.observed}: not recording that number as {precision}",
                            gate="receipt")
     t = ev.timing
     rate = statistics.median(t.settled_windows)
     B, T = (t.batch_shape or [recipe.batch_size, lab.config.num_steps])[:2]
-    precision = lab.precision(recipe)
     fpt = lab.flops_per_token(T)
     per_device = rate / max(1, ev.devices)
     return RungResult(

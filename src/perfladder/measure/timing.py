@@ -105,8 +105,12 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
             num_tokens: Callable[[Any], int], shape_of: Callable[[Any], tuple],
             fingerprint: Callable[[Any], bytes] | None = None,
             target_spread: float = DEFAULT_TARGET_SPREAD,
-            max_windows: int | None = None) -> Throughput:
-    """Time ``step(X, Y)`` over batches drawn from ``stream``; see the module docstring."""
+            max_windows: int | None = None, budget_s: float | None = None) -> Throughput:
+    """Time ``step(X, Y)`` over batches drawn from ``stream``; see the module docstring.
+
+    ``budget_s``: wall seconds of timed windows after which no new window is opened once
+    ``windows`` have run (a measurement that has not settled by then is reported unsettled):
+    what bounds a rung's time when its windows wander."""
     _check_count("warmup", warmup, 0)
     _check_count("timed", timed, 1)
     _check_count("windows", windows, 1)
@@ -171,19 +175,23 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
         if len(rates) >= windows and spread_of(rates[-windows:]) <= target_spread:
             stable = True
             break
-        if len(rates) >= max_windows:
+        if len(rates) >= max_windows or (budget_s is not None and sum(secs) >= budget_s
+                                         and len(rates) >= windows):
             stable = False
             break
     return Throughput(tokens_per_s=statistics.median(rates[-windows:]), windows=rates,
                       seconds=secs, steps_per_window=timed, tokens_per_window=tokens,
                       warmup=warmup, batch_shape=shape or (), settled=windows, stable=stable,
-                      target_spread=float(target_spread))
+                      target_spread=float(target_spread),
+                      extra={"budget_s": budget_s} if budget_s is not None else {})
 
 
-def measure_settled(measure: Callable[[], Throughput]) -> tuple[Throughput, bool]:
-    """``measure()``; once more when its windows did not settle. ``(Throughput, remeasured)``."""
+def measure_settled(measure: Callable[[], Throughput],
+                    budget_s: float | None = None) -> tuple[Throughput, bool]:
+    """``measure()``; once more when its windows did not settle, unless the first attempt's
+    windows already took more than half of ``budget_s``. ``(Throughput, remeasured)``."""
     t = measure()
-    if t.stable:
+    if t.stable or (budget_s is not None and sum(t.seconds) > budget_s / 2):
         return t, False
     return measure(), True
 

@@ -139,12 +139,11 @@ class LadderPage:
         display_html(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
                               "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
 
-    def run(self, name: str, **code):
+    def run(self, name: str, **code) -> None:
         """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show
-        the shown ladder's result for it. Returns this build's ``RungResult``."""
+        the shown ladder's result for it (this build's own is ``page.live.rung(name)``)."""
         res = self.ladder.run(name, **code)
         self.show(name, res)
-        return res
 
     def show(self, name: str, res=None) -> None:
         """The shown ladder's result for rung ``name`` (after the smoke check of ``res``)."""

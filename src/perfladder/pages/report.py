@@ -35,8 +35,12 @@ __all__ = ["banner", "banner_html", "banner_text", "config_of", "tflops_text", "
            "run_label", "box_html", "paragraphs_html", "bullets_html"]
 
 MUTED = "#666"
-TABLE_STYLE = ("border-collapse: collapse; width: 100%; font-size: 0.85em; margin: 0.4em 0 0.8em 0;")
-CELL_STYLE = "padding: 0.25em 0.45em; vertical-align: top; border-bottom: 1px solid #e4e4e4;"
+# a table never grows past the text column: fixed to its width, long words (kernel names,
+# recipes) wrap inside their cells instead of pushing the column out
+TABLE_STYLE = ("border-collapse: collapse; width: 100%; max-width: 100%; font-size: 0.85em; "
+               "margin: 0.4em 0 0.8em 0;")
+CELL_STYLE = ("padding: 0.25em 0.45em; vertical-align: top; border-bottom: 1px solid #e4e4e4; "
+              "overflow-wrap: anywhere;")
 HEAD_STYLE = "padding: 0.25em 0.45em; text-align: left; border-bottom: 1px solid #999;"
 BOXES = {"note": ("#1f77b4", "#eef5fb"), "warning": ("#e67e22", "#fff6e5"),
          "smoke": ("#7f7f7f", "#f4f4f4")}
@@ -67,7 +71,7 @@ def box_html(title: str, body_html: str, kind: str = "note", cls: str = "") -> s
     color, bg = BOXES[kind]
     klass = " ".join(["admonition", "warning" if kind == "warning" else "note"] + ([cls] if cls else []))
     return (f'<div class="{klass}" style="border-left: 0.3em solid {color}; '
-            f'background: {bg}; padding: 0.5em 0.9em; margin: 0.5em 0;">'
+            f'background: {bg}; padding: 0.5em 0.9em; margin: 0.5em 0; overflow-wrap: anywhere;">'
             f'<p class="admonition-title" style="font-weight: bold; margin: 0 0 0.3em 0;">'
             f'{html.escape(title)}</p>{body_html}</div>')
 

@@ -163,9 +163,10 @@ class TorchLab:
             self.reset_memory()
             return throughput(step, self.stream(batch_size), warmup=c.warmup if warmup is None else warmup,
                               timed=timed, windows=c.windows if windows is None else windows,
-                              target_spread=c.target_spread, max_windows=c.max_windows)
+                              target_spread=c.target_spread, max_windows=c.max_windows,
+                              budget_s=c.timing_budget_s)
 
-        t, again = measure_settled(once)
+        t, again = measure_settled(once, c.timing_budget_s)
         mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak") if self.on_gpu
                else Memory(None, "n/a", "no device memory on CPU"))
         return t, again, mem

@@ -25,50 +25,44 @@ from perfladder.jax.diagnosis import host_overhead, per_step_times, step_stats
 from perfladder.jax.gates import PARITY_TOL, _compare, _two_forwards_jit
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.program import embedding_scatters
-from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import scatter_add_dtypes
 from perfladder.jax.trial import trial
 from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
 
 LOOKUP_TOL = 1e-6          # one-hot rows vs gathered rows: exact up to the matmul's rounding
-SPLIT_LOSS_TOL = 5e-3      # nnx.jit vs split step: the same program, called two ways
 
 
-def _base_scatter(given: Given, ref_step, X, Y) -> dict:
+def _base_scatter(given: Given, base_step, X, Y) -> dict:
     """The embedding-gradient scatters of the base's compiled step (its record, else compiled)."""
     found = given.base.details.get("hlo_embedding_scatter") if given.base is not None else None
     if found is not None:
         return found
-    text = ref_step.lower(X, Y).compile().as_text()
-    return embedding_scatters(text, tuple(ref_step.model.token_emb.embedding.shape))
+    text = base_step.lower(X, Y).compile().as_text()
+    return embedding_scatters(text, tuple(base_step.model.token_emb.embedding.shape))
 
 
 def _per_step(lab: JaxLab, given: Given | None = None):
     """``after`` hook: step-by-step stats of the candidate (and of its base, with ``given``)."""
-    def after(step, stream, ref_step):
+    def after(step, stream, base):
         n = lab.config.timed
         out = {"per_step": step_stats(per_step_times(step, stream, n))}
         if given is not None:
             X, Y = next(stream)
-            stats = step_stats(per_step_times(ref_step, stream, n))
-            ref_step.commit()
+            base_step = base()
+            stats = step_stats(per_step_times(base_step, stream, n))
+            base_step.commit()
             out["before"] = {"per_step": stats,
-                             "jaxpr_embedding_scatter_add": scatter_add_dtypes(ref_step.model, X, Y),
-                             "hlo_embedding_scatter": _base_scatter(given, ref_step, X, Y)}
+                             "jaxpr_embedding_scatter_add": scatter_add_dtypes(base_step.model, X, Y),
+                             "hlo_embedding_scatter": _base_scatter(given, base_step, X, Y)}
         return out
     return after
-
-
-def against_base(given: Given) -> tuple[str, Recipe]:
-    """The loss gate's reference: the configuration this rung builds on."""
-    return given.base_name, given.base_recipe
 
 
 def b1_embed_fp32_lookup(lab: JaxLab, given: Given) -> Evidence:
     """Look up in the fp32 table, so the gradient's scatter-add is f32."""
     recipe = given.recipe
-    tr = trial(lab, given, reference=against_base(given), evidence=True, after=_per_step(lab, given))
+    tr = trial(lab, given, loss_gate_=True, evidence=True, after=_per_step(lab, given))
     d, T, V = tr.details, lab.config.num_steps, lab.gpt_config.vocab_size
     notes = [f"embedding gradient: scatter-add of {recipe.batch_size * T:,} rows into {V} table "
              f"rows; jaxpr {d['before']['jaxpr_embedding_scatter_add']} -> "
@@ -98,7 +92,7 @@ def b2_onehot_embedding(lab: JaxLab, given: Given) -> Evidence:
                                  f"{details['hlo_embedding_scatter']}")
         return {}
 
-    tr = trial(lab, given, check=lookup, reference=against_base(given), evidence=True,
+    tr = trial(lab, given, check=lookup, loss_gate_=True, evidence=True,
                inspect=no_scatter, after=_per_step(lab))
     V, D = lab.gpt_config.vocab_size, lab.gpt_config.num_hiddens
     notes = [f"embedding scatters in the compiled step: 0; extra lookup FLOPs per token "
@@ -112,16 +106,16 @@ def b3_split_jit(lab: JaxLab, given: Given) -> Evidence:
     """``nnx.split`` once, ``jax.jit`` a pure step with the state donated, ``nnx.merge`` inside."""
     n = max(3, lab.config.timed // 4)
 
-    def after(step, stream, ref_step):
-        return {"host_overhead": {"base": host_overhead(ref_step, stream, n),
+    def after(step, stream, base):
+        return {"host_overhead": {"base": host_overhead(base(), stream, n),
                                   "split": host_overhead(step, stream, n)}}
 
-    return trial(lab, given, reference=against_base(given), loss_tol=SPLIT_LOSS_TOL, after=after)
+    return trial(lab, given, loss_gate_=True, after=after)
 
 
 def b4_attention_kernel(lab: JaxLab, given: Given) -> Evidence:
     """cuDNN's fused attention kernel in place of XLA's."""
-    base, ref = against_base(given)
+    base, ref = given.base_name, given.base_recipe
 
     def parity(step, X, Y):
         tol = PARITY_TOL["bfloat16"]
@@ -136,17 +130,17 @@ def b4_attention_kernel(lab: JaxLab, given: Given) -> Evidence:
             raise AssertionError("no cuDNN attention call (__cudnn$fmha...) in the compiled step")
         return {"cudnn_attention_calls": n}
 
-    return trial(lab, given, check=parity, reference=(base, ref), inspect=calls)
+    return trial(lab, given, check=parity, loss_gate_=True, inspect=calls)
 
 
 def b7_fused_addnorm(lab: JaxLab, given: Given) -> Evidence:
     """Each residual add fused into the LayerNorm after it: a Pallas kernel under custom_vjp."""
-    return trial(lab, given, reference=against_base(given))
+    return trial(lab, given, loss_gate_=True)
 
 
 def batch_rung(lab: JaxLab, given: Given) -> Evidence:
     """A bigger batch, and nothing else: checked against the recipe it builds on."""
-    recipe, (base, ref) = given.recipe, against_base(given)
+    recipe, base, ref = given.recipe, given.base_name, given.base_recipe
     changed = sorted(k for k, v in recipe.to_dict().items() if ref.to_dict()[k] != v)
     if changed != ["batch_size"]:
         raise AssertionError(f"{given.rung.name} must change the batch alone; changed {changed}")
@@ -159,7 +153,7 @@ def batch_rung(lab: JaxLab, given: Given) -> Evidence:
     return trial(lab, given, check=only_batch)
 
 
-LOSS_GATE = "loss over the first steps == its base's (same init, same batches)"
+LOSS_GATE = "loss over the first steps == the plain bf16 recipe's (same init, same batches)"
 STAGE = dict(stage="beyond")
 B1 = Rung("B1", "embed_fp32_lookup", "+fp32 embedding grad", b1_embed_fp32_lookup, **STAGE,
           change=lambda r, c: r.replace(embed_fp32=True),

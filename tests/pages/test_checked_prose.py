@@ -1,0 +1,75 @@
+"""The ladder pages' prose against the runs they show: every number in it is a glue key the page
+computes, every qualitative claim is a check that holds on the committed reference run, and a
+run that contradicts a claim gets it marked in place, with the evidence, not printed as fact."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from perfladder.book.paths import reference_run
+from perfladder.pages.chapter import checks_for, numbers_for
+from perfladder.pages.ladder import read_run
+from perfladder.pages.story import NOT_SUPPORTED, Check, glue_values, verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = {"torch": "01_pytorch_ladder.ipynb", "jax": "02_jax_ladder.ipynb"}
+GLUE = re.compile(r"\{glue:md\}`([^`]+)`")
+
+
+def used_keys(framework: str) -> set[str]:
+    nb = json.loads((ROOT / "notebooks" / PAGES[framework]).read_text())
+    return {k for c in nb["cells"] if c["cell_type"] == "markdown" for k in GLUE.findall("".join(c["source"]))}
+
+
+def reference(framework: str):
+    return read_run(reference_run(ROOT, framework=framework) / f"{framework}.json")
+
+
+@pytest.mark.parametrize("framework", PAGES)
+def test_every_inserted_number_and_claim_exists(framework):
+    values = glue_values(reference(framework), checks_for(framework), numbers_for(framework))
+    missing = used_keys(framework) - set(values)
+    assert not missing, f"{PAGES[framework]} uses glue keys the page never computes: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("framework", PAGES)
+def test_every_check_is_placed_in_the_prose(framework):
+    orphans = {c.key for c in checks_for(framework)} - used_keys(framework)
+    assert not orphans, f"checks that no sentence of {PAGES[framework]} carries: {sorted(orphans)}"
+
+
+@pytest.mark.parametrize("framework", PAGES)
+def test_the_reference_run_supports_every_claim(framework):
+    ref = reference(framework)
+    wrong = {c.key: c.judge(ref)[1] for c in checks_for(framework) if not c.judge(ref)[0]}
+    assert not wrong, f"the reference run contradicts these claims of {PAGES[framework]}: {wrong}"
+
+
+def test_a_contradicted_claim_is_marked_with_its_evidence():
+    ref = reference("torch")
+    r2 = ref.rung("R2")
+    planted = copy.deepcopy(ref)
+    faster = planted.rung("R2")
+    faster.timing.windows = [w * 1.5 for w in r2.timing.windows]     # bf16 suddenly pays
+    faster.tokens_per_s = r2.tokens_per_s * 1.5
+    planted.finalize()
+    check = next(c for c in checks_for("torch") if c.key == "c_R2_slower")
+    assert check.marker(ref) == ""
+    mark = check.marker(planted)
+    assert NOT_SUPPORTED in mark and "R2" in mark and "faster" in mark
+
+
+def test_a_claim_about_a_rung_the_run_lacks_is_marked_not_raised():
+    ref = reference("jax")
+    c = Check("c_x", "B99 pays", verdict("B99", "faster"))
+    holds, why = c.judge(ref)
+    assert not holds and "cannot be judged" in why and "B99" in why
+
+
+def test_glue_values_refuse_a_check_named_like_a_number():
+    with pytest.raises(ValueError, match="R2_rate"):
+        glue_values(reference("torch"), [Check("R2_rate", "x", verdict("R2", "slower"))])
