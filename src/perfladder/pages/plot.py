@@ -146,7 +146,7 @@ def _legend_handles(colors: list[str], hatched: bool, ceilings: list[dict]) -> l
     return handles
 
 
-def _tokens_formatter(v, _pos=None) -> str:
+def tokens_tick(v, _pos=None) -> str:
     """A decade as a short number: 1k, 10k, 100k, 1M, 10M."""
     for unit, div in (("M", 1e6), ("k", 1e3)):
         if v >= div:
@@ -159,7 +159,7 @@ def _set_scale(axis_setter, axis, which: str, unit: str, what: str) -> str:
     if which == "log":
         axis_setter("log")
         axis.set_major_locator(LogLocator(base=10))
-        axis.set_major_formatter(FuncFormatter(_tokens_formatter))
+        axis.set_major_formatter(FuncFormatter(tokens_tick))
         axis.set_minor_formatter(NullFormatter())
         return f"{what} (tokens/s, log scale)"
     return f"{what} ({unit} tokens/s)"

@@ -1,0 +1,326 @@
+"""The H200 story told against the chapter's RTX 4090 story, one checked claim at a time
+(framework-free).
+
+Each ``Claim`` is a fixed qualitative statement (what the H200 runs show and the 4090's did
+not), the numbers it stands on, read from the run it is evaluated against, and ``holds``: did
+that run's evidence support the statement? The pages print every claim with its numbers and,
+where a run does not support it, say so beside the claim instead of asserting it. The
+chapter's own numbers (``CHAPTER``) are its printed outputs, recorded once here.
+"""
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from perfladder.multigpu import costmodel
+from perfladder.pages.claims import against, call, config_of, rate, settled
+from perfladder.results.record import LadderResult, RungResult
+
+# The chapter's RTX 4090 results (section 13.7's printed outputs: tokens/s, ms, efficiencies).
+CHAPTER = {
+    "device": "the chapter's RTX 4090 box (PCIe, no peer-to-peer)",
+    "torch": {"R0": 262957, "R1": 345595, "R2": 468280, "R3": 622604, "R4": 545503},
+    "jax": {"R0": 13287, "R1": 253478, "R2a": 249436, "R2": 242897, "R3c": 216489,
+            "R3": 434987, "R4": 377077},
+    "r5": {"torch": {"t_comm_ms": 34, "t_compute_ms": 31, "k2": 297e3, "k4": 455e3},
+           "jax": {"t_comm_ms": 34, "t_compute_ms": 32, "k2": 199e3, "k4": 297e3,
+                   "fast_k2_efficiency": 0.59, "fast_k4_efficiency": 0.57}},
+}
+FRAMEWORK_NAMES = {"torch": "PyTorch", "jax": "JAX"}
+FORM_NAMES = {"seed": "the chapter's form", "chapter": "the chapter's form", "fast": "fastest recipe"}
+NEARLY_FREE_EFFICIENCY = 0.9      # data parallelism "nearly free": at least this of linear
+WIRE_SHARE = 0.01                 # ... with the priced all-reduce under this share of a step
+ABOUT_HALF = 0.6                  # kernel time "about halved": at most this ratio
+FEW_PERCENT = 0.05                # two fastest configurations "within a few percent"
+CLIFF = 10                        # jit "a cliff": every jitted window this many times the floor's
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A statement, the numbers it stands on, and whether the run read supports it."""
+    key: str
+    statement: str
+    evidence: str
+    holds: bool | None             # None: the run lacks a rung the claim reads
+    chapter: str = ""              # the chapter's RTX 4090 counterpart
+
+    @property
+    def verdict(self) -> str:
+        return {True: "supported", False: "NOT supported", None: "cannot be checked"}[self.holds]
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def _rung(res: LadderResult | None, name: str) -> RungResult | None:
+    try:
+        r = res.rung(name) if res is not None else None
+    except KeyError:
+        return None
+    return r if r is not None and r.measured else None
+
+
+def _missing(key: str, statement: str, res: LadderResult | None, names: str, chapter: str = "") -> Claim:
+    where = "no such ladder" if res is None else f"{res.framework} on {res.device}"
+    return Claim(key, statement, f"{where}: {names} not measured in this run", None, chapter)
+
+
+def _step_ms(r: RungResult) -> float | None:
+    return (r.regime or {}).get("step_ms")
+
+
+def _kernel_ms(r: RungResult) -> float | None:
+    return r.profile.device_ms if r.profile is not None else None
+
+
+def torch_bf16_small_batch(t: LadderResult | None) -> Claim:
+    """PyTorch R2 (bf16, batch 64) against R1: slower, kernels about halved, the step longer."""
+    statement = ("At batch 64, bf16 made PyTorch's compiled step slower, not faster: its kernels "
+                 "finished in about half the time, but the step as a whole grew, because the GPU "
+                 "was already waiting on the host.")
+    ch = CHAPTER["torch"]
+    chapter = (f"On {CHAPTER['device']} the same rung paid {_x(ch['R2'] / ch['R1'])} "
+               f"({rate(ch['R2'])} against {rate(ch['R1'])} tokens/s).")
+    r1, r2 = _rung(t, "R1"), _rung(t, "R2")
+    if r1 is None or r2 is None:
+        return _missing("torch_bf16_small_batch", statement, t, "R1 and R2", chapter)
+    c = call(t, r2)
+    k1, k2, s1, s2 = _kernel_ms(r1), _kernel_ms(r2), _step_ms(r1), _step_ms(r2)
+    if None in (k1, k2, s1, s2):
+        return Claim("torch_bf16_small_batch", statement, f"R2 {rate(r2.tokens_per_s)} against R1 "
+                     f"{rate(r1.tokens_per_s)} ({c.word}); R1 or R2 has no profile to read", None, chapter)
+    evidence = (f"R2 ran at {rate(r2.tokens_per_s)} tokens/s against R1's {rate(r1.tokens_per_s)} "
+                f"({c.label or c.word}, {c.word}); kernel time per step {k1:.2f} -> {k2:.2f} ms "
+                f"({_x(k2 / k1)}), the step {s1:.1f} -> {s2:.1f} ms; kernels busy "
+                f"{k1 / s1:.0%} -> {k2 / s2:.0%} of it.")
+    holds = c.word == "slower" and k2 / k1 <= ABOUT_HALF and s2 > s1
+    return Claim("torch_bf16_small_batch", statement, evidence, holds, chapter)
+
+
+def _scatter(r: RungResult) -> tuple[list[str], float, str]:
+    """(HLO element types of the embedding scatter, the largest scatter kernel's share of the
+    profiled kernel time, its name)."""
+    types = list(((r.details or {}).get("hlo_embedding_scatter") or {}).get("types") or [])
+    rows = [row for row in (r.profile.rows if r.profile else []) if "scatter" in row.get("name", "")]
+    top = max(rows, key=lambda row: row.get("device_ms", 0), default=None)
+    dev = _kernel_ms(r) or 0
+    share = top["device_ms"] / dev if top and dev else 0.0
+    return types, share, top["name"] if top else ""
+
+
+def jax_bf16_scatter(j: LadderResult | None) -> Claim:
+    """JAX R3 (bf16, batch 512) against its fp32 control R3c, the scatter, and B1's fix."""
+    vocab = config_of(j).gpt().vocab_size if j is not None else None
+    statement = ("At batch 512, bf16 made JAX's step slower than fp32 at the same batch. The "
+                 f"culprit is one kernel: the embedding gradient, a scatter-add of every token's "
+                 f"row into the {vocab}-row table, which XLA runs in bf16 and which then takes "
+                 "most of the step; computing that gradient in fp32 recovers the loss and more.")
+    ch = CHAPTER["jax"]
+    chapter = (f"On {CHAPTER['device']} bf16 at batch 512 beat the fp32 control "
+               f"{_x(ch['R3'] / ch['R3c'])} ({rate(ch['R3'])} against {rate(ch['R3c'])} tokens/s).")
+    r3, r3c, b1 = _rung(j, "R3"), _rung(j, "R3c"), _rung(j, "B1")
+    if r3 is None or r3c is None or b1 is None:
+        return _missing("jax_bf16_scatter", statement, j, "R3, R3c and B1", chapter)
+    c, fix = against(r3, r3c), call(j, b1)
+    t3, share, name = _scatter(r3)
+    tc, _, _ = _scatter(r3c)
+    t1, share1, _ = _scatter(b1)
+    tokens = r3.batch_size * r3.seq_len if r3.batch_size and r3.seq_len else None
+    evidence = (f"R3 (bf16) ran at {rate(r3.tokens_per_s)} tokens/s against R3c (fp32) "
+                f"{rate(r3c.tokens_per_s)} ({c.label or c.word}, {c.word}); the scatter of "
+                f"{tokens:,} token rows is {'/'.join(t3) or 'unrecorded'} in R3's program and "
+                f"{'/'.join(tc) or 'unrecorded'} in R3c's; in R3's profile one kernel ({name or 'none'}) "
+                f"takes {share:.0%} of the kernel time. B1 (fp32 embedding gradient: "
+                f"{'/'.join(t1) or 'unrecorded'}) ran at {rate(b1.tokens_per_s)} "
+                f"({fix.label or fix.word} R3, {fix.word}).")
+    holds = (c.word == "slower" and "bf16" in t3 and tc and "bf16" not in tc and share >= 0.5
+             and fix.word == "faster" and b1.tokens_per_s > r3c.tokens_per_s)
+    return Claim("jax_bf16_scatter", statement, evidence, bool(holds), chapter)
+
+
+def jax_jit_cliff(j: LadderResult | None) -> Claim:
+    """JAX R1 against the un-jitted R0: every jitted window far above every un-jitted one."""
+    statement = ("jit is JAX's cliff: the un-jitted step is a floor to read the rest against, not "
+                 "a baseline, which is why the JAX ladder's ratios start at R1.")
+    ch = CHAPTER["jax"]
+    chapter = f"On {CHAPTER['device']} jit paid {ch['R1'] / ch['R0']:.0f}x over the un-jitted step."
+    r0, r1 = _rung(j, "R0"), _rung(j, "R1")
+    if r0 is None or r1 is None:
+        return _missing("jax_jit_cliff", statement, j, "R0 and R1", chapter)
+    bound = min(r1.windows or [r1.tokens_per_s]) / max(r0.windows or [r0.tokens_per_s])
+    note = "" if settled(r1) is not False else " (R1's windows did not settle, so no ratio is credited)"
+    evidence = (f"R0 (un-jitted) ran at {rate(r0.tokens_per_s)} tokens/s, R1 (jit) at "
+                f"{rate(r1.tokens_per_s)}: R1's slowest window is {bound:.0f}x R0's fastest{note}.")
+    return Claim("jax_jit_cliff", statement, evidence, bound >= CLIFF, chapter)
+
+
+def torch_batch_biggest(t: LadderResult | None) -> Claim:
+    """Of PyTorch's credited chapter rungs, the batch rung is the biggest step."""
+    statement = ("On the H200 PyTorch's ladder is not three modest steps multiplying: the batch "
+                 "rung is its biggest single step by far, because at batch 64 the step is "
+                 "host-bound and only more work per step moves it.")
+    ch = CHAPTER["torch"]
+    chapter = (f"On {CHAPTER['device']} compile, bf16 and the batch paid "
+               f"{_x(ch['R1'] / ch['R0'])}, {_x(ch['R2'] / ch['R1'])} and {_x(ch['R3'] / ch['R2'])}.")
+    rungs = [r for r in (_rung(t, n) for n in ("R1", "R2", "R3")) if r is not None]
+    if len(rungs) < 3:
+        return _missing("torch_batch_biggest", statement, t, "R1, R2 and R3", chapter)
+    calls = {r.name: call(t, r) for r in rungs}
+    evidence = "; ".join(f"{r.name} {r.label}: {calls[r.name].label or '-'} {calls[r.name].against} "
+                         f"({calls[r.name].word})" for r in rungs) + "."
+    credited = {n: c.ratio for n, c in calls.items() if c.credited}
+    holds = "R3" in credited and credited["R3"] == max(credited.values()) and (
+        len(credited) == 1 or credited["R3"] >= 2 * max(v for n, v in credited.items() if n != "R3"))
+    return Claim("torch_batch_biggest", statement, evidence, holds, chapter)
+
+
+def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
+    """The two frameworks' fastest settled configurations, within a few percent."""
+    statement = ("The two frameworks end in the same place: their fastest configurations are "
+                 "within a few percent of each other, each reached by a different path.")
+    if t is None or j is None or not t.waterfall() or not j.waterfall():
+        return _missing("fastest_pair", statement, t if j is not None else j, "both ladders")
+    bt, bj = t.best(), j.best()
+    c = against(bj, bt)
+    evidence = (f"PyTorch's fastest settled rung is {bt.name} {bt.label}, {rate(bt.tokens_per_s)} "
+                f"tokens/s; JAX's is {bj.name} {bj.label}, {rate(bj.tokens_per_s)} "
+                f"({_x(bj.tokens_per_s / bt.tokens_per_s)} PyTorch's, {c.word}).")
+    holds = abs(bj.tokens_per_s / bt.tokens_per_s - 1) <= FEW_PERCENT
+    return Claim("fastest_pair", statement, evidence, holds)
+
+
+# -- data parallelism ---------------------------------------------------------------------------
+def read_r5(root: Path | None) -> dict | None:
+    """``benchmarks/results/h200x2-r5/r5.json`` under the book root ``root``, or None."""
+    from perfladder.pages.multigpu import MULTI_GPU_RUN
+    path = None if root is None else Path(root) / "benchmarks" / "results" / MULTI_GPU_RUN / "r5.json"
+    if path is None or not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def _fast_rows(r5: dict) -> list[dict]:
+    return [m for m in r5.get("measurements", []) if m.get("status") == "measured"
+            and m.get("form") == "fast" and m.get("mechanism") in ("ddp", "mesh")]
+
+
+def data_parallel_nearly_free(r5: dict | None) -> Claim:
+    """NVLink data parallelism: the priced wire time a sliver of the step, >= 90% of linear."""
+    statement = ("On two H200s joined by NVLink, data parallelism is nearly free: the gradient "
+                 "all-reduce the cost model prices is a sliver of the step, and the fastest recipe "
+                 "scaled close to linearly in both frameworks. What it does lose is not wire time: "
+                 "every measurement lands below the no-overlap prediction.")
+    ch = CHAPTER["r5"]
+    chapter = (f"On {CHAPTER['device']} the all-reduce took about {ch['torch']['t_comm_ms']} ms "
+               f"against a {ch['torch']['t_compute_ms']} ms step; two GPUs gave "
+               f"{_x(ch['torch']['k2'] / CHAPTER['torch']['R0'])} one GPU's throughput in PyTorch "
+               f"and {_x(ch['jax']['k2'] / CHAPTER['jax']['R1'])} in JAX.")
+    rows = _fast_rows(r5 or {})
+    if not rows:
+        return Claim("data_parallel", statement, "no committed two-GPU measurement of the fastest "
+                     "recipe to read", None, chapter)
+    parts, holds = [], True
+    for m in rows:
+        p = m["prediction"]
+        share = p["t_comm_s"] / p["t_compute_s"]
+        eff = m.get("efficiency_vs_linear")
+        below = m["measured_tokens_per_s"] / m["predicted_tokens_per_s"]
+        parts.append(f"{FRAMEWORK_NAMES[m['framework']]} {m['mechanism']} at k = {m['k']}: all-reduce "
+                     f"priced at {1e3 * p['t_comm_s']:.2f} ms against a {1e3 * p['t_compute_s']:.1f} ms "
+                     f"step ({_pct(share)}), measured {rate(m['measured_tokens_per_s'])} tokens/s, "
+                     f"{'no efficiency (baseline unsettled)' if eff is None else _pct(eff) + ' of linear'}, "
+                     f"{_pct(below)} of the prediction")
+        holds = holds and share < WIRE_SHARE and eff is not None and eff >= NEARLY_FREE_EFFICIENCY \
+            and below < 1
+    return Claim("data_parallel", statement, "; ".join(parts) + ".", holds, chapter)
+
+
+def r5_bases(r5: dict | None) -> list[dict]:
+    """The single-GPU baselines of a committed multi-GPU run, each with the per-GPU batch,
+    context and parameter count its measurements used: ``{framework, form, batch, seq_len,
+    num_params, single, settled}``."""
+    out = []
+    for key, base in (r5 or {}).get("baselines", {}).items():
+        fw, form = key.split(":")
+        first = next((m for m in r5.get("measurements", []) if m.get("status") == "measured"
+                      and m["framework"] == fw and m["form"] == form), None)
+        if first is not None:
+            out.append({"framework": fw, "form": form, "batch": first["per_rank_batch"],
+                        "seq_len": first["seq_len"], "num_params": first["prediction"]["num_params"],
+                        "single": base["tokens_per_s"], "settled": bool(base.get("settled"))})
+    return out
+
+
+def prediction_rows(bases: list[dict], measurements: list[dict] = (), ks=costmodel.PREDICT_KS,
+                    link: str = "nvlink4-h200") -> list[dict]:
+    """Per baseline: the cost model at every k in ``ks`` (k = 4 and 8 whatever was measured),
+    and the measurements of the same framework and form at each k."""
+    out = []
+    for b in bases:
+        preds = costmodel.predictions(b["batch"], b["seq_len"], b["single"], b["num_params"], link, ks)
+        same = [m for m in measurements if m.get("status") == "measured"
+                and m["framework"] == b["framework"] and m["form"] == b["form"]]
+        out.append({**b, "predictions": preds,
+                    "measured": {p.k: [m for m in same if m["k"] == p.k] for p in preds}})
+    return out
+
+
+def r5_predictions(r5: dict | None, ks=costmodel.PREDICT_KS, link: str = "nvlink4-h200") -> list[dict]:
+    """``prediction_rows`` of a committed multi-GPU run's baselines and measurements."""
+    return prediction_rows(r5_bases(r5), (r5 or {}).get("measurements", []), ks, link)
+
+
+def r5_predictions_html(rows: list[dict]) -> str:
+    """One row per framework and form: the prediction at each k, and what was measured there."""
+    if not rows:
+        return "<p>No committed multi-GPU baselines to predict from.</p>"
+    ks = [p.k for p in rows[0]["predictions"]]
+    head = ["framework, form", "batch/GPU", "one GPU"] + [f"k = {k}" for k in ks]
+    body = []
+    for row in rows:
+        cells = [f"{FRAMEWORK_NAMES[row['framework']]}, {FORM_NAMES.get(row['form'], row['form'])}",
+                 str(row["batch"]), rate(row["single"]) + ("" if row["settled"] else " (did not settle)")]
+        for p in row["predictions"]:
+            got = row["measured"][p.k]
+            meas = "; ".join(f"{m['mechanism']} {rate(m['measured_tokens_per_s'])}" for m in got)
+            cells.append(f"predicted {rate(p.predicted_tokens_per_s)} ({_pct(p.efficiency)})<br>"
+                         + (f"measured: {html.escape(meas)}" if got else "<em>not measured</em>"))
+        body.append(cells)
+    return _table(head, body)
+
+
+# -- rendering ----------------------------------------------------------------------------------
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    tr = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="perfladder-table"><thead><tr>{th}</tr></thead><tbody>{tr}</tbody></table>'
+
+
+def claim_html(c: Claim, where: str = "") -> str:
+    """The statement, its numbers, the chapter's counterpart; a warning box when the run read
+    does not support it (or lacks what it needs)."""
+    out = (f'<div class="perfladder-claim" data-claim="{c.key}" data-holds="{c.holds}">'
+           f"<p><strong>{html.escape(c.statement)}</strong></p>"
+           f'<p class="perfladder-evidence">{html.escape((where + ": ") if where else "")}'
+           f"{html.escape(c.evidence)}</p>")
+    if c.chapter:
+        out += f'<p class="perfladder-chapter">{html.escape(c.chapter)}</p>'
+    if c.holds is not True:
+        title = "Not so in this run" if c.holds is False else "Not checked in this run"
+        out += (f'<div class="admonition warning"><p class="admonition-title">{title}</p>'
+                f"<p>{html.escape(where or 'the run shown')} does not support the statement above "
+                f"as measured: {html.escape(c.evidence)}</p></div>")
+    return out + "</div>"
+
+
+def story(t: LadderResult | None, j: LadderResult | None, r5: dict | None) -> list[Claim]:
+    """The H200 story, in the order the comparison page tells it."""
+    return [torch_batch_biggest(t), torch_bf16_small_batch(t), jax_jit_cliff(j),
+            jax_bf16_scatter(j), fastest_pair(t, j), data_parallel_nearly_free(r5)]
