@@ -324,3 +324,36 @@ def story(t: LadderResult | None, j: LadderResult | None, r5: dict | None) -> li
     """The H200 story, in the order the comparison page tells it."""
     return [torch_batch_biggest(t), torch_bf16_small_batch(t), jax_jit_cliff(j),
             jax_bf16_scatter(j), fastest_pair(t, j), data_parallel_nearly_free(r5)]
+
+
+def chapter_table_html(t: LadderResult | None, j: LadderResult | None) -> str:
+    """The chapter's rungs on its RTX 4090 beside the same rungs of the H200 runs: tokens/s,
+    and each rung's ratio to the rung it builds on (the H200's only where its verdict allows)."""
+    def ours(res, name):
+        r = _rung(res, name)
+        if r is None:
+            return "-", None
+        c = call(res, r)
+        ratio = f" · {c.label} {c.against}" if c.ratio is not None and r.kind != "control" else ""
+        word = "control" if r.kind == "control" else c.word
+        if word == "start":
+            word = "baseline" if r.name == res.baseline else "floor"
+        return f"{rate(r.tokens_per_s)}{ratio} · {word}", r
+
+    def theirs(fw, name, r):
+        got = CHAPTER[fw].get(name)
+        if got is None:
+            return "-"
+        base = r.builds_on if r is not None else None
+        ratio = (f" · {_x(got / CHAPTER[fw][base])} {base}"
+                 if base in CHAPTER[fw] and (r is None or r.kind != "control") else "")
+        return rate(got) + ratio
+    rows = []
+    for name in ("R0", "R1", "R2a", "R2", "R3c", "R3", "R4"):
+        (tc, tr), (jc, jr) = ours(t, name), ours(j, name)
+        if tr is None and jr is None:
+            continue
+        label = (jr or tr).label if name in ("R2a", "R3c") else (tr or jr).label
+        rows.append([html.escape(f"{name} {label}"), html.escape(theirs("torch", name, tr)), html.escape(tc),
+                     html.escape(theirs("jax", name, jr)), html.escape(jc)])
+    return _table(["rung", "PyTorch, RTX 4090", "PyTorch, H200", "JAX, RTX 4090", "JAX, H200"], rows)
