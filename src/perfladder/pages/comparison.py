@@ -10,12 +10,10 @@ chapter's own numbers (``CHAPTER``) are its printed outputs, recorded once here.
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from perfladder.multigpu import costmodel
 from perfladder.pages.claims import against, call, config_of, rate, settled
+from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
 from perfladder.results.record import LadderResult, RungResult
 
 # The chapter's RTX 4090 results (section 13.7's printed outputs: tokens/s, ms, efficiencies).
@@ -28,8 +26,6 @@ CHAPTER = {
            "jax": {"t_comm_ms": 34, "t_compute_ms": 32, "k2": 199e3, "k4": 297e3,
                    "fast_k2_efficiency": 0.59, "fast_k4_efficiency": 0.57}},
 }
-FRAMEWORK_NAMES = {"torch": "PyTorch", "jax": "JAX"}
-FORM_NAMES = {"seed": "the chapter's form", "chapter": "the chapter's form", "fast": "fastest recipe"}
 NEARLY_FREE_EFFICIENCY = 0.9      # data parallelism "nearly free": at least this of linear
 WIRE_SHARE = 0.01                 # ... with the priced all-reduce under this share of a step
 ABOUT_HALF = 0.6                  # kernel time "about halved": at most this ratio
@@ -197,20 +193,6 @@ def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
 
 
 # -- data parallelism ---------------------------------------------------------------------------
-def read_r5(root: Path | None) -> dict | None:
-    """``benchmarks/results/h200x2-r5/r5.json`` under the book root ``root``, or None."""
-    from perfladder.pages.multigpu import MULTI_GPU_RUN
-    path = None if root is None else Path(root) / "benchmarks" / "results" / MULTI_GPU_RUN / "r5.json"
-    if path is None or not path.is_file():
-        return None
-    return json.loads(path.read_text())
-
-
-def _fast_rows(r5: dict) -> list[dict]:
-    return [m for m in r5.get("measurements", []) if m.get("status") == "measured"
-            and m.get("form") == "fast" and m.get("mechanism") in ("ddp", "mesh")]
-
-
 def data_parallel_nearly_free(r5: dict | None) -> Claim:
     """NVLink data parallelism: the priced wire time a sliver of the step, >= 90% of linear."""
     statement = ("On two H200s joined by NVLink, data parallelism is nearly free: the gradient "
@@ -222,7 +204,7 @@ def data_parallel_nearly_free(r5: dict | None) -> Claim:
                f"against a {ch['torch']['t_compute_ms']} ms step; two GPUs gave "
                f"{_x(ch['torch']['k2'] / CHAPTER['torch']['R0'])} one GPU's throughput in PyTorch "
                f"and {_x(ch['jax']['k2'] / CHAPTER['jax']['R1'])} in JAX.")
-    rows = _fast_rows(r5 or {})
+    rows = fast_rows(r5 or {})
     if not rows:
         return Claim("data_parallel", statement, "no committed two-GPU measurement of the fastest "
                      "recipe to read", None, chapter)
@@ -242,67 +224,7 @@ def data_parallel_nearly_free(r5: dict | None) -> Claim:
     return Claim("data_parallel", statement, "; ".join(parts) + ".", holds, chapter)
 
 
-def r5_bases(r5: dict | None) -> list[dict]:
-    """The single-GPU baselines of a committed multi-GPU run, each with the per-GPU batch,
-    context and parameter count its measurements used: ``{framework, form, batch, seq_len,
-    num_params, single, settled}``."""
-    out = []
-    for key, base in (r5 or {}).get("baselines", {}).items():
-        fw, form = key.split(":")
-        first = next((m for m in r5.get("measurements", []) if m.get("status") == "measured"
-                      and m["framework"] == fw and m["form"] == form), None)
-        if first is not None:
-            out.append({"framework": fw, "form": form, "batch": first["per_rank_batch"],
-                        "seq_len": first["seq_len"], "num_params": first["prediction"]["num_params"],
-                        "single": base["tokens_per_s"], "settled": bool(base.get("settled"))})
-    return out
-
-
-def prediction_rows(bases: list[dict], measurements: list[dict] = (), ks=costmodel.PREDICT_KS,
-                    link: str = "nvlink4-h200") -> list[dict]:
-    """Per baseline: the cost model at every k in ``ks`` (k = 4 and 8 whatever was measured),
-    and the measurements of the same framework and form at each k."""
-    out = []
-    for b in bases:
-        preds = costmodel.predictions(b["batch"], b["seq_len"], b["single"], b["num_params"], link, ks)
-        same = [m for m in measurements if m.get("status") == "measured"
-                and m["framework"] == b["framework"] and m["form"] == b["form"]]
-        out.append({**b, "predictions": preds,
-                    "measured": {p.k: [m for m in same if m["k"] == p.k] for p in preds}})
-    return out
-
-
-def r5_predictions(r5: dict | None, ks=costmodel.PREDICT_KS, link: str = "nvlink4-h200") -> list[dict]:
-    """``prediction_rows`` of a committed multi-GPU run's baselines and measurements."""
-    return prediction_rows(r5_bases(r5), (r5 or {}).get("measurements", []), ks, link)
-
-
-def r5_predictions_html(rows: list[dict]) -> str:
-    """One row per framework and form: the prediction at each k, and what was measured there."""
-    if not rows:
-        return "<p>No committed multi-GPU baselines to predict from.</p>"
-    ks = [p.k for p in rows[0]["predictions"]]
-    head = ["framework, form", "batch/GPU", "one GPU"] + [f"k = {k}" for k in ks]
-    body = []
-    for row in rows:
-        cells = [f"{FRAMEWORK_NAMES[row['framework']]}, {FORM_NAMES.get(row['form'], row['form'])}",
-                 str(row["batch"]), rate(row["single"]) + ("" if row["settled"] else " (did not settle)")]
-        for p in row["predictions"]:
-            got = row["measured"][p.k]
-            meas = "; ".join(f"{m['mechanism']} {rate(m['measured_tokens_per_s'])}" for m in got)
-            cells.append(f"predicted {rate(p.predicted_tokens_per_s)} ({_pct(p.efficiency)})<br>"
-                         + (f"measured: {html.escape(meas)}" if got else "<em>not measured</em>"))
-        body.append(cells)
-    return _table(head, body)
-
-
 # -- rendering ----------------------------------------------------------------------------------
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    tr = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="perfladder-table"><thead><tr>{th}</tr></thead><tbody>{tr}</tbody></table>'
-
-
 def claim_html(c: Claim, where: str = "") -> str:
     """The statement, its numbers, the chapter's counterpart; a warning box when the run read
     does not support it (or lacks what it needs)."""
@@ -356,4 +278,50 @@ def chapter_table_html(t: LadderResult | None, j: LadderResult | None) -> str:
         label = (jr or tr).label if name in ("R2a", "R3c") else (tr or jr).label
         rows.append([html.escape(f"{name} {label}"), html.escape(theirs("torch", name, tr)), html.escape(tc),
                      html.escape(theirs("jax", name, jr)), html.escape(jc)])
-    return _table(["rung", "PyTorch, RTX 4090", "PyTorch, H200", "JAX, RTX 4090", "JAX, H200"], rows)
+    return table(["rung", "PyTorch, RTX 4090", "PyTorch, H200", "JAX, RTX 4090", "JAX, H200"], rows)
+
+
+def _credited(res: LadderResult) -> list[tuple[RungResult, float]]:
+    return [(r, c.ratio) for r in res.waterfall() for c in [call(res, r)] if c.credited]
+
+
+def span(top: RungResult, base: RungResult) -> str:
+    """``top`` against ``base`` as may be said: the ratio when both settled, else the bound
+    every window allows ("at least 2.61x"), else that no ratio is credited."""
+    if settled(top) is not False and settled(base) is not False:
+        return _x(top.tokens_per_s / base.tokens_per_s)
+    bound = min(top.windows or [top.tokens_per_s]) / max(base.windows or [base.tokens_per_s])
+    unsettled = " and ".join(r.name for r in (base, top) if settled(r) is False)
+    return (f"at least {_x(bound)}" if bound > 1 else "no ratio credited") + \
+        f", {unsettled}'s windows did not settle"
+
+
+def waterfall_reading(t: LadderResult | None, j: LadderResult | None) -> list[str]:
+    """The two waterfalls read side by side, and against the chapter's: computed sentences."""
+    out = []
+    for res, start in ((t, "R0"), (j, "R1")):
+        if res is None or not res.waterfall():
+            continue
+        name = FRAMEWORK_NAMES[res.framework]
+        base, best = _rung(res, start) or res.waterfall()[0], res.best()
+        steps = _credited(res)
+        top = max(steps, key=lambda rc: rc[1], default=None)
+        beyond = [(r, x) for r, x in steps if r.stage == "beyond"]
+        gain = 1.0
+        for _, x in beyond:
+            gain *= x
+        text = (f"{name} climbs from {base.name} {base.label} at {rate(base.tokens_per_s)} tokens/s to "
+                f"{best.name} {best.label} at {rate(best.tokens_per_s)} ({span(best, base)}), through "
+                f"{len(steps)} credited step{'s' if len(steps) != 1 else ''}")
+        if top is not None:
+            text += f"; the largest is {top[0].name} {top[0].label}, {_x(top[1])} {call(res, top[0]).against}"
+        if beyond:
+            text += (f"; the {len(beyond)} credited rung{'s' if len(beyond) != 1 else ''} beyond the "
+                     f"chapter ({', '.join(r.name for r, _ in beyond)}) multiply to {_x(gain)}")
+        out.append(text + ".")
+        ch, r3 = CHAPTER[res.framework], _rung(res, "R3")
+        if start in ch and "R3" in ch:
+            out.append(f"The chapter's {name} ladder on its RTX 4090 went from {start} at "
+                       f"{rate(ch[start])} to R3 at {rate(ch['R3'])} ({_x(ch['R3'] / ch[start])}); on the "
+                       f"{res.device}, {start} to R3 is " + (f"{span(r3, base)}." if r3 else "not measured."))
+    return out
