@@ -94,3 +94,27 @@ def r5_predictions_html(rows: list[dict]) -> str:
                          + (f"measured: {html.escape(meas)}" if got else "<em>not measured</em>"))
         body.append(cells)
     return table(head, body)
+
+
+# The lab notes were written when the book called the chapter "the seed"; read to a reader,
+# they say "the chapter". Code spans and blocks are left as written (commands, form names).
+_CHAPTER_WORDS = [
+    (r"\b([Tt])he seed chapter\b", r"\1he chapter"), (r"\b([Tt])he seed's\b", r"\1he chapter's"),
+    (r"\bSeed forms\b", "The chapter's forms"), (r"\b([Tt])he seed(?=\s+predicted)", r"\1he chapter"),
+    (r"\bseed \+ beyond\b", "chapter + beyond"), (r"\((torch|JAX) seed\)", r"(\1, the chapter's form)"),
+    (r"\b(torch|JAX) seed row\b", r"\1 row of the chapter's form"),
+    (r"\b(JAX's|torch's) seed step\b", r"\1 step in the chapter's form"),
+    (r"\bseed(?=:)", "chapter's form"), (r"(?<=\| )seed(?= \|)", "chapter's form"),
+    (r"\b([Tt])he seed (form|rungs|ladders|box|row|step)\b", r"\1he chapter's \2"),
+    (r"\bseed (form|forms|rungs|ladders|box|row|step)\b", r"chapter's \1"), (r"\bseed\b", "chapter"),
+]
+
+
+def chapter_words(text: str) -> str:
+    """``text`` (markdown) with the old name of the chapter replaced outside code."""
+    import re
+    parts = re.split(r"(```.*?```|`[^`\n]*`)", text, flags=re.S)
+    for i in range(0, len(parts), 2):
+        for pattern, repl in _CHAPTER_WORDS:
+            parts[i] = re.sub(pattern, repl, parts[i])
+    return "".join(parts)
