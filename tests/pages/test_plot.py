@@ -153,6 +153,9 @@ def test_smoke_results_are_labelled_and_read_nothing():
     assert "SMOKE" in ax.get_title()
     assert texts(ax, "verdict") == ["base", "", "", "", "", "did not\nsettle"]   # no ratio, no verdict
     assert set(bar_colors(r)[1:]) == {NOISE_COLOR}
+    skip = result([rung("R0", "eager", [1e3, 1e3, 1e3]), rung("B1", "cuda_graphs", [2e3, 2e3, 2e3], "R0"),
+                   rung("B2", "batch_x2", [3e3, 3e3, 3e3], "R0")], config="smoke")
+    assert texts(waterfall(skip).axes[0], "verdict") == ["base", "", ""]      # no base named either
 
 
 def test_nothing_to_plot():
