@@ -125,3 +125,21 @@ def test_no_committed_run_means_no_predictions(tmp_path):
     (tmp_path / "benchmarks/results/h200x2-r5").mkdir(parents=True)
     (tmp_path / "benchmarks/results/h200x2-r5/r5.json").write_text(json.dumps({"measurements": []}))
     assert scaling.r5_predictions(scaling.read_r5(tmp_path)) == []
+
+
+def test_each_clause_of_a_statement_can_fail_it(reference):
+    t, j, r5 = reference
+    over = json.loads(json.dumps(r5))
+    m = next(m for m in over["measurements"] if m["form"] == "seed" and m["status"] == "measured")
+    m["measured_tokens_per_s"] = 1.01 * m["predicted_tokens_per_s"]      # one beats its prediction
+    assert comparison.data_parallel_nearly_free(over).holds is False
+    one = json.loads(json.dumps(r5))
+    one["measurements"] = [m for m in one["measurements"] if m["framework"] == "torch"]
+    assert comparison.data_parallel_nearly_free(one).holds is False      # "in both frameworks"
+    slow = result([rung("R0", "eager", [1e5, 1e5, 1e5]), rung("R1", "compile", [2e5, 2e5, 2e5], "R0")],
+                  framework="jax", baseline="R1")
+    assert comparison.fastest_pair(t, slow).holds is False               # 2M apart, not a few percent
+    from _ladders import seed_ladder
+    plain = seed_ladder()                                                # R2 carries no profile
+    c = comparison.torch_batch_biggest(plain)
+    assert c.holds is False and "R2 is not profiled" in c.evidence

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from perfladder.pages.claims import against, call, config_of, rate, settled
+from perfladder.pages.claims import against, call, config_of, rate, regime_of, settled
 from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
 from perfladder.results.record import LadderResult, RungResult
 
@@ -95,8 +95,8 @@ def torch_bf16_small_batch(t: LadderResult | None) -> Claim:
     evidence = (f"R2 ran at {rate(r2.tokens_per_s)} tokens/s against R1's {rate(r1.tokens_per_s)} "
                 f"({c.label or c.word}, {c.word}); kernel time per step {k1:.2f} -> {k2:.2f} ms "
                 f"({_x(k2 / k1)}), the step {s1:.1f} -> {s2:.1f} ms; kernels busy "
-                f"{k1 / s1:.0%} -> {k2 / s2:.0%} of it.")
-    holds = c.word == "slower" and k2 / k1 <= ABOUT_HALF and s2 > s1
+                f"{k1 / s1:.0%} -> {k2 / s2:.0%} of it (R1 {regime_of(r1)}).")
+    holds = c.word == "slower" and k2 / k1 <= ABOUT_HALF and s2 > s1 and regime_of(r1) == "host-bound"
     return Claim("torch_bf16_small_batch", statement, evidence, holds, chapter)
 
 
@@ -117,7 +117,7 @@ def jax_bf16_scatter(j: LadderResult | None) -> Claim:
     statement = ("At batch 512, bf16 made JAX's step slower than fp32 at the same batch. The "
                  f"culprit is one kernel: the embedding gradient, a scatter-add of every token's "
                  f"row into the {vocab}-row table, which XLA runs in bf16 and which then takes "
-                 "most of the step; computing that gradient in fp32 recovers the loss and more.")
+                 "most of the step's kernel time; computing that gradient in fp32 recovers the loss and more.")
     ch = CHAPTER["jax"]
     chapter = (f"On {CHAPTER['device']} bf16 at batch 512 beat the fp32 control "
                f"{_x(ch['R3'] / ch['R3c'])} ({rate(ch['R3'])} against {rate(ch['R3c'])} tokens/s).")
@@ -127,7 +127,7 @@ def jax_bf16_scatter(j: LadderResult | None) -> Claim:
     c, fix = against(r3, r3c), call(j, b1)
     t3, share, name = _scatter(r3)
     tc, _, _ = _scatter(r3c)
-    t1, share1, _ = _scatter(b1)
+    t1, _, _ = _scatter(b1)
     tokens = r3.batch_size * r3.seq_len if r3.batch_size and r3.seq_len else None
     evidence = (f"R3 (bf16) ran at {rate(r3.tokens_per_s)} tokens/s against R3c (fp32) "
                 f"{rate(r3c.tokens_per_s)} ({c.label or c.word}, {c.word}); the scatter of "
@@ -137,7 +137,7 @@ def jax_bf16_scatter(j: LadderResult | None) -> Claim:
                 f"{'/'.join(t1) or 'unrecorded'}) ran at {rate(b1.tokens_per_s)} "
                 f"({fix.label or fix.word} R3, {fix.word}).")
     holds = (c.word == "slower" and "bf16" in t3 and tc and "bf16" not in tc and share >= 0.5
-             and fix.word == "faster" and b1.tokens_per_s > r3c.tokens_per_s)
+             and t1 and "bf16" not in t1 and fix.word == "faster" and b1.tokens_per_s > r3c.tokens_per_s)
     return Claim("jax_bf16_scatter", statement, evidence, bool(holds), chapter)
 
 
@@ -153,8 +153,9 @@ def jax_jit_cliff(j: LadderResult | None) -> Claim:
     bound = min(r1.windows or [r1.tokens_per_s]) / max(r0.windows or [r0.tokens_per_s])
     note = "" if settled(r1) is not False else " (R1's windows did not settle, so no ratio is credited)"
     evidence = (f"R0 (un-jitted) ran at {rate(r0.tokens_per_s)} tokens/s, R1 (jit) at "
-                f"{rate(r1.tokens_per_s)}: R1's slowest window is {bound:.0f}x R0's fastest{note}.")
-    return Claim("jax_jit_cliff", statement, evidence, bound >= CLIFF, chapter)
+                f"{rate(r1.tokens_per_s)}: R1's slowest window is {bound:.0f}x R0's fastest{note}; "
+                f"the ladder's baseline is {j.baseline}.")
+    return Claim("jax_jit_cliff", statement, evidence, bound >= CLIFF and j.baseline == "R1", chapter)
 
 
 def torch_batch_biggest(t: LadderResult | None) -> Claim:
@@ -169,11 +170,14 @@ def torch_batch_biggest(t: LadderResult | None) -> Claim:
     if len(rungs) < 3:
         return _missing("torch_batch_biggest", statement, t, "R1, R2 and R3", chapter)
     calls = {r.name: call(t, r) for r in rungs}
-    evidence = "; ".join(f"{r.name} {r.label}: {calls[r.name].label or '-'} {calls[r.name].against} "
-                         f"({calls[r.name].word})" for r in rungs) + "."
+    small = [r for r in rungs if r.name in ("R1", "R2")]
+    evidence = ("; ".join(f"{r.name} {r.label}: {calls[r.name].label or '-'} {calls[r.name].against} "
+                          f"({calls[r.name].word})" for r in rungs)
+                + "; at batch 64 " + " and ".join(f"{r.name} is {regime_of(r)}" for r in small) + ".")
     credited = {n: c.ratio for n, c in calls.items() if c.credited}
     holds = "R3" in credited and credited["R3"] == max(credited.values()) and (
-        len(credited) == 1 or credited["R3"] >= 2 * max(v for n, v in credited.items() if n != "R3"))
+        len(credited) == 1 or credited["R3"] >= 2 * max(v for n, v in credited.items() if n != "R3")) \
+        and all(regime_of(r) == "host-bound" for r in small)
     return Claim("torch_batch_biggest", statement, evidence, holds, chapter)
 
 
@@ -188,7 +192,10 @@ def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
     evidence = (f"PyTorch's fastest settled rung is {bt.name} {bt.label}, {rate(bt.tokens_per_s)} "
                 f"tokens/s; JAX's is {bj.name} {bj.label}, {rate(bj.tokens_per_s)} "
                 f"({_x(bj.tokens_per_s / bt.tokens_per_s)} PyTorch's, {c.word}).")
-    holds = abs(bj.tokens_per_s / bt.tokens_per_s - 1) <= FEW_PERCENT
+    paths = [[r.key for r in res.waterfall() if call(res, r).credited] for res in (t, j)]
+    evidence += (f" Credited on the way: PyTorch {', '.join(paths[0]) or 'nothing'}; "
+                 f"JAX {', '.join(paths[1]) or 'nothing'}.")
+    holds = abs(bj.tokens_per_s / bt.tokens_per_s - 1) <= FEW_PERCENT and paths[0] != paths[1]
     return Claim("fastest_pair", statement, evidence, holds)
 
 
@@ -219,9 +226,14 @@ def data_parallel_nearly_free(r5: dict | None) -> Claim:
                      f"step ({_pct(share)}), measured {rate(m['measured_tokens_per_s'])} tokens/s, "
                      f"{'no efficiency (baseline unsettled)' if eff is None else _pct(eff) + ' of linear'}, "
                      f"{_pct(below)} of the prediction")
-        holds = holds and share < WIRE_SHARE and eff is not None and eff >= NEARLY_FREE_EFFICIENCY \
-            and below < 1
-    return Claim("data_parallel", statement, "; ".join(parts) + ".", holds, chapter)
+        holds = holds and share < WIRE_SHARE and eff is not None and eff >= NEARLY_FREE_EFFICIENCY
+    every = [m for m in (r5 or {}).get("measurements", []) if m.get("status") == "measured"
+             and m.get("predicted_tokens_per_s")]
+    under = [m for m in every if m["measured_tokens_per_s"] < m["predicted_tokens_per_s"]]
+    evidence = (f"{'; '.join(parts)}. Of all {len(every)} measurements with a prediction (both forms, "
+                f"every mechanism), {len(under)} land below it.")
+    holds = holds and {m["framework"] for m in rows} == set(FRAMEWORK_NAMES) and len(under) == len(every)
+    return Claim("data_parallel", statement, evidence, holds, chapter)
 
 
 # -- rendering ----------------------------------------------------------------------------------

@@ -310,18 +310,18 @@ def compare(results: list[LadderResult], path: str | Path | None = None, title: 
                           xerr=[[(r.tokens_per_s - lo) / s], [(hi - r.tokens_per_s) / s]],
                           error_kw={"elinewidth": 0.8, "capsize": 1.5})[0]
             hatched = _shade(bar, r) or hatched
-            ax.text(hi / s, y, f" {r.name} {rate(r.tokens_per_s)}", va="center", fontsize=6.5)
+            ax.text(hi / s, y, f" {r.name} {rate(r.tokens_per_s)}", va="center", fontsize=7.5)
     for c in ceilings:
         ax.axvline(c["tokens_per_s"] / s, color=CEILING_COLOR, linestyle="--", linewidth=1)
         ax.text(c["tokens_per_s"] / s, -0.7, f"{c['device']} ceiling {rate(c['tokens_per_s'])} ",
                 ha="right", va="center", fontsize=6.5, color=CEILING_COLOR, gid="ceiling")
     xlabel = _set_scale(ax.set_xscale, ax.xaxis, which, unit, "throughput")
     ax.set_yticks(range(len(keys)))
-    ax.set_yticklabels([k.replace("_", " ") for k in keys], fontsize=7)
+    ax.set_yticklabels([k.replace("_", " ") for k in keys], fontsize=8)
     ax.set_ylim(len(keys) - 0.5, -1.1)
     ax.set_xlim(floor, top / s * (2.2 if which == "log" else 1.18))
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel(xlabel, fontsize=8.5)
+    ax.tick_params(axis="x", labelsize=7.5)
     smoke = " [SMOKE: not performance numbers]" if any(is_smoke(res) for res in results) else ""
     where = "; ".join(f"{res.framework} on {res.device}" for res in results)
     ax.set_title(title or f"by technique: {where}{smoke}", fontsize=9)
@@ -330,7 +330,7 @@ def compare(results: list[LadderResult], path: str | Path | None = None, title: 
                      label=res.framework + (f" ({res.device})" if len(devices) > 1 else ""))
                for res in results]
     handles += _legend_handles([], hatched, ceilings)
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7.5, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     return _save(fig, path)
 
