@@ -122,7 +122,7 @@ def bar_label(result: LadderResult, r: RungResult, left: RungResult | None = Non
         return "no\ncredit"
     text = "≈" if c.word == "within noise" else c.label
     if not text:              # nothing may be read (a smoke run): no base to name either
-        return ""
+        return "base" if r.name == result.baseline else ""
     if left is None or c.against != left.name:
         text += f"\nvs {c.against}"
     return text
