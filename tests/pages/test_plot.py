@@ -1,4 +1,5 @@
-"""perfladder.pages.plot: window whiskers, unsettled bars, verdict labels, the ceiling, the comparison by key."""
+"""perfladder.pages.plot: window whiskers, unsettled bars, verdict labels, values, the colour
+legend, the axis scale, one ceiling per device, the comparison by key, and figures that fit."""
 from __future__ import annotations
 
 import matplotlib
@@ -10,19 +11,24 @@ from _ladders import H200, result, rung, seed_ladder  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.container import BarContainer  # noqa: E402
 
-from perfladder.pages.claims import ceiling  # noqa: E402
+from perfladder.pages.claims import ceiling, rate  # noqa: E402
 from perfladder.pages.ladder import read_run  # noqa: E402
 from perfladder.pages.plot import (
     BASE_COLOR,
     BEYOND_COLOR,
     CEILING_COLOR,
     GAIN_COLOR,
+    LEGEND_TEXT,
+    LOG_SPAN,
     LOSS_COLOR,
     NOISE_COLOR,
+    PAGE_WIDTH_IN,
     UNSETTLED_HATCH,
+    axis_scale,
     bar_colors,
     compare,
     comparison_table,
+    device_ceilings,
     waterfall,
 )
 from perfladder.results.record import LadderResult  # noqa: E402
@@ -45,6 +51,23 @@ def ceiling_lines(ax):
     return [ln for ln in ax.get_lines() if ln.get_linestyle() == "--" and to_hex(ln.get_color()) == CEILING_COLOR]
 
 
+def texts(ax, gid):
+    return [t.get_text() for t in ax.texts if t.get_gid() == gid]
+
+
+def legend_texts(fig):
+    legends = [*fig.legends, *(a.get_legend() for a in fig.axes if a.get_legend())]
+    return [t.get_text() for lg in legends for t in lg.get_texts()]
+
+
+def jax_like(roofs=None):
+    """A ladder whose un-jitted floor is 7k tokens/s under a 3M top (JAX's shape)."""
+    return result([rung("R0", "eager", [6.9e3, 7.0e3, 7.1e3]),
+                   rung("R1", "compile", [340e3, 345e3, 350e3], "R0"),
+                   rung("B1", "embed_fp32_lookup", [2.9e6, 2.95e6, 3.0e6], "R1", stage="beyond")],
+                  framework="jax", baseline="R1", roofs=roofs)
+
+
 def test_waterfall_png_bars_and_window_whiskers(tmp_path):
     r = seed_ladder()
     path = tmp_path / "out" / "torch.png"
@@ -64,12 +87,12 @@ def test_waterfall_png_bars_and_window_whiskers(tmp_path):
 def test_labels_follow_the_verdicts():
     r = seed_ladder()
     ax = waterfall(r).axes[0]
-    labels = [t.get_text() for t in ax.texts]
+    labels = texts(ax, "verdict")
     assert labels == ["base", "2.00x", "0.75x", "4.01x", "0.83x", "did not\nsettle"]
     # a rung that builds on a bar other than its left neighbour names it
     skip = result([rung("R0", "eager", [1e5, 1e5, 1e5]), rung("B1", "cuda_graphs", [5e4, 5e4, 5e4], "R0"),
                    rung("B2", "batch_x2", [2e5, 2e5, 2e5], "R0"), rung("B3", "batch_x4", [2e5, 2.01e5, 2.02e5], "B2")])
-    assert [t.get_text() for t in waterfall(skip).axes[0].texts] == ["base", "0.50x", "2.00x\nvs R0", "≈"]
+    assert texts(waterfall(skip).axes[0], "verdict") == ["base", "0.50x", "2.00x\nvs R0", "≈"]
 
 
 def test_unsettled_bar_is_hatched_and_credited_with_nothing():
@@ -79,10 +102,9 @@ def test_unsettled_bar_is_hatched_and_credited_with_nothing():
     b1 = bars[[x.name for x in r.waterfall()].index("B1")]
     assert b1.get_hatch() == UNSETTLED_HATCH
     assert all(b.get_hatch() in (None, "") for b in bars if b is not b1)
-    b1_label = [t.get_text() for t in ax.texts][5]
+    b1_label = texts(ax, "verdict")[5]
     assert "x" not in b1_label.replace("did not\nsettle", "")
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert any("did not settle" in t for t in legend)
+    assert any("did not settle" in t for t in legend_texts(ax.figure))
 
 
 def test_colours():
@@ -100,16 +122,18 @@ def test_ceiling_line_exactly_when_the_run_has_roofs():
     plain = seed_ladder()
     ax = waterfall(plain).axes[0]
     assert ceiling_lines(ax) == []
-    assert any("no measured roofs" in t.get_text() for t in ax.get_legend().get_texts())
+    assert any("no measured roofs" in t for t in legend_texts(ax.figure))
     roofed = seed_ladder(roofs=ROOFS)
-    ax = waterfall(roofed).axes[0]
+    assert waterfall(roofed).axes[0].get_yscale() == "log"      # 100k under a 6.8M ceiling
+    ax = waterfall(roofed, scale="linear").axes[0]
     lines = ceiling_lines(ax)
     expected = ceiling(roofed)["tokens_per_s"]
     assert expected == pytest.approx(800e12 / 118_296_576)
     assert len(lines) == 1 and lines[0].get_ydata()[0] == pytest.approx(expected / 1e6)   # M: the ceiling sets the unit
     assert "M tokens/s" in ax.get_ylabel()
-    assert any("ceiling at the measured bf16 matmul rate (800 TFLOP/s)" in t.get_text()
-               for t in ax.get_legend().get_texts())
+    assert any("ceiling on NVIDIA H200: 6.76M tokens/s (measured bf16 matmul 800 TFLOP/s)" in t
+               for t in legend_texts(ax.figure))
+    assert texts(ax, "ceiling") == ["ceiling 6.76M tokens/s"]
 
 
 def test_committed_h200_waterfalls_render(tmp_path):
@@ -127,8 +151,11 @@ def test_smoke_results_are_labelled_and_read_nothing():
     r = seed_ladder("smoke")
     ax = waterfall(r).axes[0]
     assert "SMOKE" in ax.get_title()
-    assert [t.get_text() for t in ax.texts] == ["base", "", "", "", "", "did not\nsettle"]   # no ratio, no verdict
+    assert texts(ax, "verdict") == ["base", "", "", "", "", "did not\nsettle"]   # no ratio, no verdict
     assert set(bar_colors(r)[1:]) == {NOISE_COLOR}
+    skip = result([rung("R0", "eager", [1e3, 1e3, 1e3]), rung("B1", "cuda_graphs", [2e3, 2e3, 2e3], "R0"),
+                   rung("B2", "batch_x2", [3e3, 3e3, 3e3], "R0")], config="smoke")
+    assert texts(waterfall(skip).axes[0], "verdict") == ["base", "", ""]      # no base named either
 
 
 def test_nothing_to_plot():
@@ -169,3 +196,97 @@ def test_comparison_table_for_the_cli():
     t = comparison_table([seed_ladder(), seed_ladder(framework="jax")])
     assert t.splitlines()[0] == "| technique | torch tokens/s | jax tokens/s |"
     assert any(line.startswith("| bf16 | R2 +bf16: 151k · 0.75x R1 · slower |") for line in t.splitlines())
+
+
+# -- values, legend, scale, ceilings, fit -------------------------------------------------------
+def test_every_bar_shows_its_throughput():
+    r = seed_ladder()
+    ax = waterfall(r).axes[0]
+    inside, over = texts(ax, "value"), texts(ax, "verdict")
+    for x in r.waterfall():                     # inside the bar, or over it when it is too short
+        assert any(t == rate(x.tokens_per_s) for t in inside) or any(
+            t.startswith(rate(x.tokens_per_s)) for t in over), x.name
+
+
+def test_legend_names_each_colour_drawn_and_only_those():
+    r = seed_ladder()                           # base, gain, loss, noise; nothing beyond
+    legend = legend_texts(waterfall(r))
+    for color in set(bar_colors(r)):
+        assert LEGEND_TEXT[color] in legend
+    assert LEGEND_TEXT[BEYOND_COLOR] not in legend
+    assert "range of the settled windows" in legend
+
+
+def test_a_floor_far_below_the_top_gets_a_log_axis():
+    r = jax_like()
+    ax = waterfall(r).axes[0]
+    assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel()
+    bars = list(bar_container(ax))
+    floor = bars[0].get_y()
+    assert 0 < floor < 6.9e3                                    # R0 stands above the axis floor
+    assert [b.get_y() + b.get_height() for b in bars] == pytest.approx([x.tokens_per_s for x in r.waterfall()])
+    assert "7.00k" in texts(ax, "value") + texts(ax, "verdict")
+    assert waterfall(seed_ladder()).axes[0].get_yscale() == "linear"   # 9x: linear stays
+    assert waterfall(r, scale="linear").axes[0].get_yscale() == "linear"
+    assert compare([r]).axes[0].get_xscale() == "linear"        # the comparison: linear unless asked
+    assert compare([r], scale="log").axes[0].get_xscale() == "log"
+
+
+def test_axis_scale_rule():
+    assert axis_scale(1.0, LOG_SPAN * 1.01) == "log"
+    assert axis_scale(1.0, LOG_SPAN * 0.99) == "linear"
+    assert axis_scale(1.0, 1e9, "linear") == "linear"
+    with pytest.raises(ValueError, match="scale='wide'.*valid choices"):
+        axis_scale(1.0, 2.0, "wide")
+
+
+def test_one_labelled_ceiling_per_device():
+    fast = {"matmul_bf16_tflops": 800.0}
+    slow = {"matmul_bf16_tflops": 700.0}
+    same = [seed_ladder(roofs=slow), seed_ladder(roofs=fast, framework="jax")]
+    [c] = device_ceilings(same)                                 # the higher rate measured on it
+    assert c["tflops"] == 800.0 and c["device"] == "NVIDIA H200" and c["framework"] == "jax"
+    ax = compare(same).axes[0]
+    assert len(ceiling_lines(ax)) == 1 and texts(ax, "ceiling") == ["NVIDIA H200 ceiling 6.76M "]
+    other = result([rung("R0", "eager", [1e5, 1e5, 1e5])], device="RTX 4090", roofs=slow)
+    two = compare([seed_ladder(roofs=fast), other])
+    assert len(ceiling_lines(two.axes[0])) == 2
+    legend = legend_texts(two)
+    assert sum("model ceiling on" in t for t in legend) == 2 and any("RTX 4090" in t for t in legend)
+
+
+def test_the_chapter_and_beyond_are_divided_where_the_stages_change():
+    ax = waterfall(seed_ladder()).axes[0]
+    assert "the chapter's rungs" in [t.get_text() for t in ax.texts]
+    plain = result([rung("R0", "eager", [1e5, 1e5, 1e5]), rung("R1", "compile", [2e5, 2e5, 2e5], "R0")])
+    assert "the chapter's rungs" not in [t.get_text() for t in waterfall(plain).axes[0].texts]
+
+
+def _fits(fig):
+    fig.canvas.draw()
+    box = fig.get_tightbbox(fig.canvas.get_renderer())          # inches, everything drawn
+    return fig.get_figwidth() <= PAGE_WIDTH_IN and box.x0 >= -0.01 and box.x1 <= fig.get_figwidth() + 0.01
+
+
+def _ticks_apart(ax):
+    """Adjacent rotated tick labels: their parallel baselines are at least a line apart."""
+    import math
+    ax.figure.canvas.draw()
+    labels = ax.get_xticklabels()
+    xs = [ax.transData.transform((t, 0))[0] for t in ax.get_xticks()]
+    gap = min(b - a for a, b in zip(xs, xs[1:]))
+    rot = math.radians(labels[0].get_rotation())
+    height = max(lb.get_fontsize() for lb in labels) * ax.figure.dpi / 72
+    return gap * math.sin(rot) >= 1.2 * height if rot else gap >= max(
+        lb.get_window_extent().width for lb in labels)
+
+
+def test_committed_figures_fit_the_column_and_their_labels_do_not_collide():
+    ladders = [read_run(H200 / f"{fw}.json") for fw in ("torch", "jax")]
+    for r in ladders:
+        fig = waterfall(r)
+        assert _fits(fig) and _ticks_apart(fig.axes[0])
+        assert all(f"{x.name} {x.label}" in [t.get_text() for t in fig.axes[0].get_xticklabels()]
+                   for x in r.waterfall())
+    assert _fits(compare(ladders))
+    assert _fits(waterfall(seed_ladder("smoke")))

@@ -1,5 +1,10 @@
-"""R5 in PyTorch with 2 OS processes on CPU (gloo): both forms under DDP, FSDP2, and two
-"nodes" joined by torchrun's static rendezvous, each run predicted before it is launched."""
+"""R5 in PyTorch with OS processes on CPU (gloo): the chapter's form under DDP with 4 ranks (the
+chapter's four-GPU point), the fast form under DDP and FSDP2 with 2, and two "nodes" joined by
+torchrun's rendezvous, each run predicted before it is launched.
+
+Four processes only where they are cheap: the chapter's form runs eager (no compile), so a
+fourth rank costs a few seconds; the compiled and the JAX runs stay at two, where each extra
+process would pay its own compilation on the suite's two cores."""
 import json
 import socket
 import subprocess
@@ -17,7 +22,7 @@ CFG = get_config("smoke")
 TIMING = dict(warmup=1, timed=2, windows=2)
 
 
-def test_seed_form_ddp_predicts_after_its_baseline_and_before_its_launch(monkeypatch, capsys):
+def test_seed_form_ddp_on_four_ranks_predicts_after_its_baseline_and_before_its_launch(monkeypatch, capsys):
     launched = []
     real = dataparallel.data_parallel_tokens
 
@@ -26,15 +31,17 @@ def test_seed_form_ddp_predicts_after_its_baseline_and_before_its_launch(monkeyp
         launched.append(k)
         return real(k, *a, **kw)
     monkeypatch.setattr(dataparallel, "data_parallel_tokens", spy)
-    m = dataparallel.measure(2, CFG, "seed", backend="gloo", timeout=300, **TIMING)
+    m = dataparallel.measure(4, CFG, "seed", backend="gloo", timeout=300, **TIMING)
     out = capsys.readouterr().out
-    assert launched == [1, 2]                                         # baseline, then DDP
-    assert out.index("LAUNCH k=1 none") < out.index("predict k=2") < out.index("LAUNCH k=2 ddp")
+    assert launched == [1, 4]                                         # baseline, then DDP
+    assert out.index("LAUNCH k=1 none") < out.index("predict k=4") < out.index("LAUNCH k=4 ddp")
     assert m.status == "measured" and m.mechanism == "ddp" and m.form == "seed"
-    assert (m.k, m.processes, m.per_rank_batch, m.global_batch) == (2, 2, CFG.batch_size, 16)
+    assert (m.k, m.processes, m.per_rank_batch, m.global_batch) == (4, 4, CFG.batch_size, 4 * CFG.batch_size)
     assert m.recipe == seed_recipe(CFG) and not m.recipe["compiled"] and not m.recipe["bf16"]
-    assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and len(m.ranks) == 2
-    assert m.bus_bw_measured > 0 and m.peak_mem_bytes_per_gpu == [None, None]   # CPU: no GPU memory
+    assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and len(m.ranks) == 4
+    assert sorted(r["rank"] for r in m.ranks) == [0, 1, 2, 3] and {r["world_size"] for r in m.ranks} == {4}
+    assert len({r["init_digest"] for r in m.ranks}) == 1              # one initialisation, four replicas
+    assert m.bus_bw_measured > 0 and m.peak_mem_bytes_per_gpu == [None] * 4   # CPU: no GPU memory
     assert m.prediction["link"] == "gloo-loopback"
     assert m.prediction["single_tokens_per_s"] == m.baseline["tokens_per_s"]
     assert m.baseline["attempts"] and (m.efficiency_vs_linear is None) == (not m.baseline["settled"])

@@ -1,0 +1,125 @@
+"""The comparison and reference pages on their own (seconds, no ladder runs): the H200 reference
+comes first and this build's run after it, labelled; every statement of the H200 story shown
+beside the committed runs holds; every number the text pages paste from the reference page is
+glued there; no reader-facing output says "seed"."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from _ladders import seed_ladder
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+GLUE_REF = re.compile(r"\{glue:text\}`\.\./notebooks/04_h200_reference\.ipynb::([a-z0-9_]+):s`")
+
+
+def execute(notebook: str, env: dict):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+    nb = nbformat.read(str(NOTEBOOKS / notebook), as_version=4)
+    env = {"MPLBACKEND": "Agg", "PERFLADDER_CONFIG": "smoke", **env}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    return nb
+
+
+def shown(nb) -> str:
+    """What a reader sees: markdown cells and every text output, in page order."""
+    parts = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            parts.append(cell.source)
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            parts += [str(v) for k, v in out.get("data", {}).items() if k in ("text/markdown", "text/html")]
+    return "\n".join(parts)
+
+
+def prose(text: str) -> str:
+    """``text`` without code: fenced blocks, inline code, <code> elements, run labels' commands."""
+    text = re.sub(r"```.*?```|`[^`\n]*`|<code>.*?</code>", "", text, flags=re.S)
+    return re.sub(r"command: [^;<\n]*", "", text)
+
+
+def glued(nb) -> dict[str, str]:
+    out = {}
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name:
+                out[name] = next(iter(o["data"].values()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return execute("04_h200_reference.ipynb", {})
+
+
+def test_reference_page_starts_with_the_runs_reference_txt_names(reference):
+    text = shown(reference)
+    body = text[text.index("## The reference runs"):]
+    order = [body.index(s) for s in ("file: benchmarks/results/h200x2-book/torch.json",
+                                     "file: benchmarks/results/h200x2-run3/jax.json", "### Data parallelism",
+                                     "## Lab notes", "## Earlier runs")]
+    assert order == sorted(order)
+    assert "This build ran the `smoke` configuration" in text
+    for folder in ("h200-book", "h200-run1", "h200-run2", "h200-dispatch"):   # summarised, then detailed
+        assert f"benchmarks/results/{folder}/" in text[text.index("## Earlier runs"):]
+
+
+def test_every_claim_beside_the_committed_runs_holds(reference):
+    text = shown(reference)
+    holds = re.findall(r'data-claim="([a-z0-9_]+)" data-holds="(\w+)"', text)
+    assert {k for k, _ in holds} == {"torch_batch_biggest", "torch_bf16_small_batch", "jax_jit_cliff",
+                                     "jax_bf16_scatter", "fastest_pair", "data_parallel"}
+    assert all(h == "True" for _, h in holds) and "Not so in this run" not in text
+    table = text[text.index("<th>k = 2</th>"):]
+    assert table[:table.index("</table>")].count("not measured") >= 8          # k = 4 and 8, every row
+
+
+def test_every_number_the_text_pages_paste_is_glued(reference):
+    pages = [md.read_text() for md in (ROOT / "chapter13").glob("*.md")]
+    # myst-nb reads "doc::key" only with a format after it: a bare "doc::key" is a missing key
+    assert sum(p.count("{glue:text}") for p in pages) == sum(len(GLUE_REF.findall(p)) for p in pages)
+    keys = {k for p in pages for k in GLUE_REF.findall(p)}
+    values = glued(reference)
+    assert keys and keys <= set(values), sorted(keys - set(values))
+    probe = json.loads((ROOT / "benchmarks/results/h200x2-book/device.json").read_text())
+    assert values["h200_bf16_tflops"].strip("'") == f"{probe['bf16_matmul_tflops']:.0f}"
+    assert "not available" not in " ".join(values[k] for k in keys)
+
+
+def test_no_reader_facing_seed(reference):
+    assert "seed" not in prose(shown(reference)).lower()
+
+
+@pytest.mark.parametrize("config", ["smoke", "full"])
+def test_comparison_page_shows_the_reference_first_then_this_build(tmp_path, config):
+    for fw in ("torch", "jax"):
+        seed_ladder(config, framework=fw).write(tmp_path / f"{fw}.json")
+    nb = execute("03_comparison.ipynb", {"PERFLADDER_RESULTS_DIR": str(tmp_path)})
+    text = shown(nb)
+    order = [text.index(s) for s in ("## The H200 reference, technique", "## What the H200 shows",
+                                     "## Reading the two waterfalls", "## This build's own run",
+                                     "This build, torch")]
+    assert order == sorted(order)
+    assert (tmp_path / "comparison.png").is_file()
+    story = text[text.index("## What the H200 shows"):text.index("## Reading the two waterfalls")]
+    assert story.count('data-holds="True"') >= 6                  # the reference's six statements
+    if config == "smoke":
+        assert "Smoke run" in text and "tiny **smoke** configuration" in text
+        assert "this build on" not in text                       # a smoke run is read for nothing
+    else:                                                          # a full build is read as well
+        assert "this build on NVIDIA H200" in story
+    assert "seed" not in prose(text).lower()

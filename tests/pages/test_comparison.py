@@ -1,0 +1,145 @@
+"""perfladder.pages.comparison and .scaling: the H200 story as checked claims, the chapter's
+RTX 4090 numbers beside ours, the reading of the two waterfalls, and R5's predictions for
+k = 2, 4 and 8 beside what was measured."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+from _ladders import ROOT, result, rung
+
+from perfladder.measure.evidence import ProfileSummary
+from perfladder.multigpu import costmodel
+from perfladder.pages import comparison, scaling
+from perfladder.pages.claims import rate
+from perfladder.pages.ladder import read_run
+
+RESULTS = ROOT / "benchmarks" / "results"
+REF = {"torch": RESULTS / "h200x2-book" / "torch.json", "jax": RESULTS / "h200x2-run3" / "jax.json"}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return read_run(REF["torch"]), read_run(REF["jax"]), scaling.read_r5(ROOT)
+
+
+def test_every_statement_of_the_h200_story_holds_on_the_committed_runs(reference):
+    t, j, r5 = reference
+    claims = comparison.story(t, j, r5)
+    assert [c.key for c in claims] == ["torch_batch_biggest", "torch_bf16_small_batch", "jax_jit_cliff",
+                                       "jax_bf16_scatter", "fastest_pair", "data_parallel"]
+    assert {c.key: c.holds for c in claims} == {c.key: True for c in claims}
+    for c in claims:
+        assert "Not so" not in comparison.claim_html(c, "the reference")
+
+
+def test_the_numbers_beside_each_statement_are_the_files(reference):
+    t, j, r5 = reference
+    bf16 = comparison.torch_bf16_small_batch(t)
+    r1, r2 = t.rung("R1"), t.rung("R2")
+    assert rate(r2.tokens_per_s) in bf16.evidence and rate(r1.tokens_per_s) in bf16.evidence
+    assert f"{r1.profile.device_ms:.2f} -> {r2.profile.device_ms:.2f} ms" in bf16.evidence
+    scatter = comparison.jax_bf16_scatter(j)
+    assert f"{j.rung('R3').batch_size * 128:,} token rows" in scatter.evidence and "28-row" in scatter.statement
+    assert "input_scatter_fusion" in scatter.evidence
+    dp = comparison.data_parallel_nearly_free(r5)
+    for m in scaling.fast_rows(r5):
+        assert rate(m["measured_tokens_per_s"]) in dp.evidence
+    ch = comparison.CHAPTER["torch"]
+    assert f"{ch['R2'] / ch['R1']:.2f}x" in bf16.chapter          # the 4090's bf16 rung paid
+
+
+def test_a_run_that_tells_another_story_is_said_so_beside_the_claim():
+    prof = lambda dev, step: ProfileSummary(tool="t", steps=1, device_ms=dev, shares={"matmul": 1.0})  # noqa: E731
+    other = result([rung("R0", "eager", [1e5, 1e5, 1e5]),
+                    rung("R1", "compile", [2e5, 2e5, 2e5], "R0", profile=prof(30.0, 41.0)),
+                    rung("R2", "bf16", [3e5, 3e5, 3e5], "R1", profile=prof(18.0, 27.0))], device="RTX 4090")
+    c = comparison.torch_bf16_small_batch(other)
+    assert c.holds is False
+    page = comparison.claim_html(c, "this build on RTX 4090")
+    assert "Not so in this run" in page and 'data-holds="False"' in page and "1.50x" in page
+    missing = comparison.jax_bf16_scatter(result([rung("R0", "eager", [1e3, 1e3, 1e3])], framework="jax"))
+    assert missing.holds is None and "Not checked in this run" in comparison.claim_html(missing)
+
+
+def test_the_scatter_claim_needs_the_bf16_scatter(reference):
+    _, j, _ = reference
+    fp32 = dataclasses.replace(j.rung("R3"), details={**j.rung("R3").details,
+                                                      "hlo_embedding_scatter": {"types": ["f32"]}})
+    swapped = result([fp32 if r.name == "R3" else r for r in j.rungs], framework="jax", baseline="R1")
+    assert comparison.jax_bf16_scatter(swapped).holds is False
+
+
+def test_a_bound_where_a_base_did_not_settle(reference):
+    t, j, _ = reference
+    r1, best = j.rung("R1"), j.best()
+    assert comparison.span(best, r1) == (f"at least {min(best.windows) / max(r1.windows):.2f}x, "
+                                         "R1's windows did not settle")
+    assert comparison.span(t.best(), t.rung("R0")) == f"{t.best().tokens_per_s / t.rung('R0').tokens_per_s:.2f}x"
+    reading = comparison.waterfall_reading(t, j)
+    assert any(line.startswith("PyTorch climbs from R0 eager") for line in reading)
+    assert any("at least" in line for line in reading if line.startswith("JAX climbs"))
+
+
+def test_the_chapter_table_puts_the_4090_beside_the_h200(reference):
+    t, j, _ = reference
+    html = comparison.chapter_table_html(t, j)
+    ch = comparison.CHAPTER
+    assert rate(ch["torch"]["R3"]) in html and rate(t.rung("R3").tokens_per_s) in html
+    assert f"{ch['jax']['R1'] / ch['jax']['R0']:.2f}x R0" in html
+    assert "345k · unsettled" in html                                # no ratio for an unsettled rung
+
+
+def test_k4_and_k8_are_predicted_from_the_committed_baselines(reference):
+    _, _, r5 = reference
+    rows = scaling.r5_predictions(r5)
+    assert {(r["framework"], r["form"]) for r in rows} == {(fw, f) for fw in ("torch", "jax")
+                                                           for f in ("seed", "fast")}
+    for row in rows:
+        base = r5["baselines"][f"{row['framework']}:{row['form']}"]
+        assert [p.k for p in row["predictions"]] == list(costmodel.PREDICT_KS) == [2, 4, 8]
+        for p in row["predictions"]:
+            want = costmodel.predict(p.k, row["batch"], 128, base["tokens_per_s"], 18_929_664)
+            assert p.predicted_tokens_per_s == pytest.approx(want.predicted_tokens_per_s)
+    measured_ks = {m["k"] for m in r5["measurements"] if m["status"] == "measured"}
+    html = scaling.r5_predictions_html(rows)
+    assert html.count("not measured") == sum(1 for r in rows for k in (2, 4, 8) if k not in measured_ks)
+
+
+def test_lab_notes_say_the_chapter_outside_code():
+    text = "The seed chapter's box; `--form seed` stays; the seed's link, so the seed predicted."
+    assert scaling.chapter_words(text) == ("The chapter's box; `--form seed` stays; the chapter's link, "
+                                           "so the chapter predicted.")
+    for readme in RESULTS.glob("*/README.md"):
+        prose = scaling.chapter_words(readme.read_text())
+        outside = re.split(r"(```.*?```|`[^`\n]*`)", prose, flags=re.S)[::2]
+        assert not any("seed" in part.lower() for part in outside), readme
+
+
+def test_no_committed_run_means_no_predictions(tmp_path):
+    assert scaling.read_r5(tmp_path) is None and scaling.r5_predictions(None) == []
+    assert "No committed" in scaling.r5_predictions_html([])
+    assert comparison.data_parallel_nearly_free(None).holds is None
+    (tmp_path / "benchmarks/results/h200x2-r5").mkdir(parents=True)
+    (tmp_path / "benchmarks/results/h200x2-r5/r5.json").write_text(json.dumps({"measurements": []}))
+    assert scaling.r5_predictions(scaling.read_r5(tmp_path)) == []
+
+
+def test_each_clause_of_a_statement_can_fail_it(reference):
+    t, j, r5 = reference
+    over = json.loads(json.dumps(r5))
+    m = next(m for m in over["measurements"] if m["form"] == "seed" and m["status"] == "measured")
+    m["measured_tokens_per_s"] = 1.01 * m["predicted_tokens_per_s"]      # one beats its prediction
+    assert comparison.data_parallel_nearly_free(over).holds is False
+    one = json.loads(json.dumps(r5))
+    one["measurements"] = [m for m in one["measurements"] if m["framework"] == "torch"]
+    assert comparison.data_parallel_nearly_free(one).holds is False      # "in both frameworks"
+    slow = result([rung("R0", "eager", [1e5, 1e5, 1e5]), rung("R1", "compile", [2e5, 2e5, 2e5], "R0")],
+                  framework="jax", baseline="R1")
+    assert comparison.fastest_pair(t, slow).holds is False               # 2M apart, not a few percent
+    from _ladders import seed_ladder
+    plain = seed_ladder()                                                # R2 carries no profile
+    c = comparison.torch_batch_biggest(plain)
+    assert c.holds is False and "R2 is not profiled" in c.evidence
