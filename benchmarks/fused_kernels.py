@@ -113,10 +113,11 @@ def run_torch(args, res: Results) -> None:
     import torch.nn.functional as F
 
     from perfladder.torch import GPT
+    from perfladder.torch.device import versions
     from perfladder.torch.lab import TorchLab
     from perfladder.torch.model import rope_angles, rotate
     from perfladder.torch.step import make_optimizer, make_step
-    from perfladder.torch.timer import sync, throughput, versions
+    from perfladder.torch.timer import sync, throughput
 
     ladder = TorchLab(args.config)
     cuda = ladder.on_gpu
@@ -220,11 +221,12 @@ def run_jax(args, res: Results) -> None:
     import jax
     import jax.numpy as jnp
 
+    from perfladder.jax.device import versions
     from perfladder.jax.fused.add_layer_norm import add_layer_norm
     from perfladder.jax.lab import JaxLab
     from perfladder.jax.recipe import Recipe
     from perfladder.jax.step import make_optimizer, make_split_step
-    from perfladder.jax.timer import throughput, versions
+    from perfladder.jax.timer import throughput
 
     ladder = JaxLab(args.config, probe=False)
     on_gpu = ladder.on_gpu

@@ -123,7 +123,7 @@ def summarize_ptx(files: list[Path]) -> dict:
 # -- one variant ------------------------------------------------------------------------------
 def run_variant(name, spec, lab, args, hlo_dir: Path, dump_dir: Path | None, jax, jnp):
     from perfladder.jax import Recipe
-    from perfladder.jax.diagnosis import per_step_times, step_stats
+    from perfladder.jax.profile import per_step_times, step_stats
     from perfladder.jax.program import embedding_scatters, planned_temp_bytes, scatters_in_hlo
     from perfladder.jax.step import scatter_add_dtypes, traced_flops
     from perfladder.jax.timer import compile_count, throughput

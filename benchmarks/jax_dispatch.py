@@ -38,7 +38,7 @@ def parse_cases(text: str) -> list[tuple[str, int]]:
 
 def run_case(lab, dtype: str, batch: int, n: int) -> dict:
     from perfladder.jax import Recipe
-    from perfladder.jax.diagnosis import host_overhead
+    from perfladder.jax.profile import host_overhead
 
     recipe = Recipe(batch_size=batch, dtype=CASES[dtype])
     ways = {"nnx.jit": lab.build_step(recipe), "split": lab.build_step(recipe.replace(jit="split"))}

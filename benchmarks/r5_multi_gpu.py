@@ -140,9 +140,9 @@ def earlier_baseline(args, stage: str, key: str):
 def stage_torch(args, s: Stage, only: str | None = None) -> None:
     from perfladder.config import get_config
     from perfladder.multigpu.measurement import not_measured
+    from perfladder.torch.device import versions
     from perfladder.torch.parallel import measure as dp
     from perfladder.torch.parallel.launch import fast_recipe, recipe_for
-    from perfladder.torch.timer import versions
     cfg = get_config(args.config)
     s.doc["versions"] = versions()
     forms = ["fast"] if only else args.forms
@@ -168,8 +168,8 @@ def stage_torch(args, s: Stage, only: str | None = None) -> None:
 
 def stage_jax(args, s: Stage) -> None:
     from perfladder.config import get_config
+    from perfladder.jax.device import versions
     from perfladder.jax.parallel import measure as dp
-    from perfladder.jax.timer import versions
     cfg = get_config(args.config)
     s.doc["versions"] = versions()
     for form in args.forms:

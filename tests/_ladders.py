@@ -13,6 +13,7 @@ from pathlib import Path
 
 from perfladder.config import get_config
 from perfladder.ladder.engine import LadderRun, Rung, registry
+from perfladder.ladder.rung import Evidence
 from perfladder.measure.evidence import (
     Compile,
     Gate,
@@ -96,9 +97,10 @@ class FakeRecipe:
 
 def _declare(name, key, label, windows, rung_kw=None, **slots) -> Rung:
     """A declaration whose rung "measures" ``windows`` and records ``slots``."""
-    def fn(lab, recipe, base):
+    slots.pop("kind", None)                     # the declaration says what a measurement is
+    def fn(lab, given):
         lab.calls.append(name)
-        return rung(name, key, windows, base, label=label, recipe=recipe.to_dict(), **slots)
+        return Evidence(timing=timing(windows, True), recipe=given.recipe, **slots)
     return Rung(name, key, label, fn, **(rung_kw or {}))
 
 
@@ -106,21 +108,20 @@ def fake_rungs() -> dict[str, Rung]:
     """A small torch-like registry: seed rungs, a control, a beyond rung, a GPU-only rung."""
     big = lambda r, c: r.replace(batch_size=32)  # noqa: E731
     return registry([
-        _declare("R0", "eager", "eager", [10e3, 10.1e3, 10.2e3], dict(section="13.1"),
+        _declare("R0", "eager", "eager", [10e3, 10.1e3, 10.2e3], dict(),
                  profile=host_bound(0.5, 80.0)),
-        _declare("R1", "compile", "compile", [20e3, 20.2e3, 20.4e3], dict(builds_on="R0", section="13.3"),
+        _declare("R1", "compile", "compile", [20e3, 20.2e3, 20.4e3], dict(builds_on="R0"),
                  gates=[Gate("compiled vs eager logits", True, {"max_abs_diff": 1e-5}, {"atol": 1e-2})]),
         _declare("R2", "bf16", "+bf16", [21e3, 21.1e3, 21.2e3],
-                 dict(builds_on="R1", change=lambda r, c: r.replace(bf16=True), section="13.4"),
+                 dict(builds_on="R1", change=lambda r, c: r.replace(bf16=True)),
                  receipt=Receipt("bf16", {"logits": "bfloat16"}, "the timed step")),
         _declare("R3c", "fp32_control", "fp32 @ big batch", [30e3, 30.3e3, 30.6e3],
-                 dict(builds_on="R1", kind="control", change=big, section="13.4"), kind="control"),
+                 dict(builds_on="R1", kind="control", change=big), kind="control"),
         _declare("R3", "batch_up", "+batch", [40e3, 40.4e3, 40.8e3],
-                 dict(builds_on="R2", change=big, section="13.1")),
-        _declare("B1", "fused_adamw", "+fused AdamW", [41e3, 41.4e3, 41.8e3], dict(stage="beyond", section="13.3")),
+                 dict(builds_on="R2", change=big)),
+        _declare("B1", "fused_adamw", "+fused AdamW", [41e3, 41.4e3, 41.8e3], dict(stage="beyond")),
         _declare("R5", "data_parallel", "data parallel", [1.0, 1.0, 1.0],
-                 dict(stage="multi-gpu", kind="multi-gpu", builds_on="R3", needs_gpu="needs at least 2 GPUs",
-                      section="13.6")),
+                 dict(stage="multi-gpu", kind="multi-gpu", builds_on="R3", needs_gpu="needs at least 2 GPUs")),
     ])
 
 
@@ -143,6 +144,15 @@ class FakeLab:
 
     def free(self) -> None:
         pass
+
+    def use(self, **code) -> None:
+        self.code = code
+
+    def precision(self, recipe) -> str:
+        return "bf16" if recipe.bf16 else "fp32"
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return 118_000_000
 
     def kernel_report(self, name, recipe) -> dict:
         self.calls.append(f"kernels:{name}")

@@ -19,8 +19,8 @@ from flax import nnx  # noqa: E402
 
 from perfladder.config import get_config  # noqa: E402
 from perfladder.jax import GPT, RUNGS, JaxLab, Ladder, Recipe, has_gpu, run_ladder  # noqa: E402
-from perfladder.jax.diagnosis import step_stats  # noqa: E402
 from perfladder.jax.model import EMBEDS  # noqa: E402
+from perfladder.jax.profile import step_stats  # noqa: E402
 from perfladder.jax.step import loss_fn  # noqa: E402
 from perfladder.jax.trial import LOSS_TOL  # noqa: E402
 from perfladder.kernels import KernelBreakdown  # noqa: E402

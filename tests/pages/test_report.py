@@ -1,4 +1,4 @@
-"""perfladder.pages.report / cards / narrative / reading: the tables and the computed sentences.
+"""perfladder.pages.report / cards: the tables, the rung views, and the crediting rules they read.
 
 Read against the committed H200 runs (version-1 files, read as version 2) and synthetic
 version-2 ladders (tests/_ladders.py), so each sentence is checked against the numbers it
@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from _ladders import H200, ROOT, host_bound, result, rung, seed_ladder
+from _ladders import H200, ROOT, result, rung, seed_ladder
 
 from perfladder.config import get_config
 from perfladder.measure.evidence import Prediction
-from perfladder.pages import cards, narrative, reading, report
-from perfladder.pages.claims import call, ceiling, rate, short_reason
+from perfladder.pages import cards, report
+from perfladder.pages.claims import call, short_reason
 from perfladder.pages.ladder import read_run
 from perfladder.results.record import LadderResult
 
@@ -29,95 +29,14 @@ def h200():
     return {fw: read_run(H200 / f"{fw}.json") for fw in ("torch", "jax")}
 
 
-# -- the committed H200 numbers ------------------------------------------------------------------
-def test_torch_h200_bf16_is_slower_because_compile_was_host_bound(h200):
-    t = h200["torch"]
-    r1, r2 = t.rung("R1"), t.rung("R2")
-    assert r1.regime["regime"] == "host-bound"
-    did = narrative.did(t, r2)
-    assert did.startswith(f"R2 ran at {rate(r2.tokens_per_s)} tokens/s, {r2.tokens_per_s / r1.tokens_per_s:.2f}x R1")
-    assert "slower" in did and "faster" not in did
-    why = narrative.why(t, r2)
-    assert "R1" in why and "host-bound" in why and f"busy {r1.regime['busy']:.0%}" in why
-    assert "cannot pay" in why and "agrees: it is slower" in why
-    assert "host-bound" in narrative.next_move(t, r1)
-
-
-def test_jax_h200_bf16_lost_to_its_fp32_control_and_points_to_b1(h200):
-    j = h200["jax"]
-    r3, r3c = j.rung("R3"), j.rung("R3c")
-    assert r3.tokens_per_s < r3c.tokens_per_s
-    why = narrative.why(j, r3)
-    assert "R3 lost to its fp32 control R3c" in why
-    assert f"{r3.tokens_per_s / r3c.tokens_per_s:.2f}x" in why
-    assert "B1" in why and "embedding gradient" in why
-    assert any("lost to its fp32 control R3c" in s for s in reading.summary(j))
-    # the control's own sentence reads the same comparison from its side
-    assert "lost to its fp32 control R3c" in narrative.why(j, r3c)
-
-
-def test_jax_h200_naive_cast_receipt_says_fp32(h200):
-    why = narrative.why(h200["jax"], h200["jax"].rung("R2a"))
-    assert "float32" in why and "did not compute in bf16" in why
-
-
-def test_h200_unsettled_rungs_get_no_speedup_credit(h200):
-    t = h200["torch"]
-    r1 = t.rung("R1")
-    assert r1.verdict["verdict"] == "unsettled"
-    did = narrative.did(t, r1)
-    assert "no speedup is credited" in did and re.search(r"\d\.\d\dx", did) is None
-    assert call(t, r1).ratio is None and not call(t, r1).credited
-    unsettled_line = next(s for s in reading.reading(t) if s.startswith("Unsettled"))
-    assert "R1" in unsettled_line
-    assert all("R1 " not in s for s in reading.reading(t) if s.startswith("Credited"))
-
-
-def test_h200_reading_and_summary_are_computed_from_the_numbers(h200):
-    t = h200["torch"]
-    best, base = t.best(), t.rung("R0")
-    lines = reading.reading(t)
-    assert any(f"{best.tokens_per_s / base.tokens_per_s:.2f}x" in s for s in lines)
-    ceil = ceiling(t)
-    assert ceil is not None and ceil["flops_per_token"] == 118_296_576   # 6N + 12LTD of the full model
-    assert any(f"{best.tokens_per_s / ceil['tokens_per_s']:.0%} of it" in s for s in lines)
-    credited = next(s for s in lines if s.startswith("Credited"))
-    assert "R3 +batch" in credited and "R2 +bf16" not in credited       # R2 lost, R3 paid
-    summary = reading.summary(t)
-    assert summary[0].startswith(f"torch on NVIDIA H200 (2026-11-29): the fastest settled configuration, {best.name}")
-    assert any("R5 DDP (data parallelism needs at least 2 GPUs)" in s for s in summary)
-    assert "passed" in summary[-1].lower()
-
-
-def test_regime_phrases_keep_their_numbers(h200):
-    j = h200["jax"]
-    b3 = j.rung("B3")          # a dispatch-timing profile: device time, no kernel categories
-    assert "no kernel breakdown" in narrative.regime_phrase(b3.regime)
-    assert "profile them" in narrative.next_move(j, b3)
-
-
-# -- synthetic ladders: each case once -------------------------------------------------------------
-def test_synthetic_full_ladder_sentences():
-    r = seed_ladder()
-    assert "2.00x R0: faster, beyond the noise of both" in narrative.did(r, r.rung("R1"))
-    assert "goes after what binds a host-bound step. It did." in narrative.why(r, r.rung("R1"))
-    assert "0.75x R1: slower, beyond the noise of both" in narrative.did(r, r.rung("R2"))
-    why_r4 = narrative.why(r, r.rung("R4"))
-    assert "3.00 GiB -> 1.00 GiB" in why_r4 and "cost of 17%" in why_r4
-    assert "was not measured: needs at least 2 GPUs" in narrative.did(r, r.rung("R5"))
-    assert "prediction written down for it: 1.10M tokens/s" in narrative.did(r, r.rung("R5"))
-    nxt = narrative.next_move(r, r.rung("R0"))
-    assert "host-bound" in nxt and "amortise" in nxt and "R1 (+compile)" in nxt
-
-
+# -- what may be said: the crediting rules (claims.call) the cards, tables and checks all read --------
 def test_unsettled_rung_is_never_credited():
     r = seed_ladder()
     b1 = r.rung("B1")
     c = call(r, b1)
     assert c.word == "unsettled" and c.ratio is None and c.label == "" and not c.credited
-    did = narrative.did(r, b1)
-    assert "no speedup is credited" in did and f"{b1.tokens_per_s / r.rung('R3').tokens_per_s:.2f}" not in did
-    assert "B1" not in next(s for s in reading.reading(r) if s.startswith("Credited"))
+    line = cards.result_line(r, b1)
+    assert "unsettled" in line and f"{b1.tokens_per_s / r.rung('R3').tokens_per_s:.2f}" not in line
     row = next(x for x in report.ladder_rows(r) if ">B1<" in x[0])
     assert row[2].startswith("–") and "unsettled" in row[2] and "did not settle" in row[1]
 
@@ -129,51 +48,31 @@ def test_loss_against_an_unsettled_base_is_still_a_loss():
     c = call(r, r.rung("R2"))
     assert r.rung("R2").verdict["verdict"] == "unsettled"
     assert c.word == "slower" and c.ratio == pytest.approx(61e3 / 150e3) and c.shaky
-    did = narrative.did(r, r.rung("R2"))
-    assert "slower" in did and "R1's windows did not settle" in did and "uncertain" in did
+    assert "R1's windows did not settle" in c.shaky
+    assert "slower" in cards.result_line(r, r.rung("R2"))
 
 
-def test_a_rung_kept_above_an_unsettled_base_says_why_without_credit():
+def test_a_rung_above_every_window_of_an_unsettled_base_is_credited_a_bound():
     r = result([rung("R0", "eager", [50e3, 51e3, 52e3]),
                 rung("R1", "compile", [100e3, 150e3, 200e3], "R0", stable=False),
                 rung("R2", "bf16", [300e3, 301e3, 302e3], "R1")])
-    r2 = r.rung("R2")
-    r2.kept = True
-    did = narrative.did(r, r2)
-    assert "no speedup is credited" in did and "every window lies above R1's fastest" in did
-    assert "build on it all the same" in did and rate(200e3) in did
-    assert not call(r, r2).credited
-    r2.kept = False                                   # a rung not kept says nothing of the kind
-    assert "all the same" not in narrative.did(r, r2)
+    c = call(r, r.rung("R2"))
+    assert c.credited and c.ratio is None and c.bound == pytest.approx(300e3 / 200e3)
+    assert "at least 1.50×" in cards.result_line(r, r.rung("R2"))
 
 
 def test_prediction_beside_measurement():
     r = result([rung("R0", "eager", [1e5, 1e5, 1e5]),
                 rung("R5", "data_parallel", [1.6e5, 1.6e5, 1.6e5], "R0", kind="multi-gpu", stage="multi-gpu",
                      prediction=Prediction("two-term cost model", 2e5, {"k": 2}, measured_tokens_per_s=1.6e5))])
-    did = narrative.did(r, r.rung("R5"))
-    assert "Predicted before the launch: 200k tokens/s (two-term cost model); measured 160k, 0.80x" in did
-    assert "k 2" in narrative.why(r, r.rung("R5"))
-
-
-def test_next_move_reads_the_plan_of_a_running_ladder():
-    r = result([rung("R0", "eager", [1e5, 1e5, 1e5], profile=host_bound(0.4, 80.0))])
-    plan = [type("D", (), dict(name=n, key=k, label=lab, kind="rung"))
-            for n, k, lab in (("R0", "eager", "eager"), ("R1", "compile", "compile"))]
-    assert "No later rung" in narrative.next_move(r, r.rung("R0"))
-    assert "In this ladder that is R1 (compile)." in narrative.next_move(r, r.rung("R0"), plan)
+    rows = dict(cards.card_rows(r, r.rung("R5")))
+    assert "predicted 200k tokens/s, measured 160k" in rows["prediction"] and "k 2" in rows["prediction"]
+    assert sum(k == "prediction" for k, _ in cards.card_rows(r, r.rung("R5"))) == 1   # one prediction
 
 
 def test_smoke_ladder_is_a_code_check():
     r = seed_ladder("smoke")
-    did = narrative.did(r, r.rung("R2"))
-    assert "a check that the code runs" in did and "not a performance number" in did
-    assert "x R1" not in did
-    assert "reads no regime and credits no speedup" in narrative.why(r, r.rung("R2"))
-    assert narrative.next_move(r, r.rung("R2")) == ""
-    assert "not performance" in reading.reading(r)[0]
-    summary = " ".join(reading.summary(r))
-    assert "check of the code" in summary and "No number of this run is a performance result" in summary
+    assert "a smoke check, not a performance number" in cards.result_line(r, r.rung("R2"))
     assert "Smoke run" in report.ladder_table_html(r)
     assert call(r, r.rung("R1")).word == "smoke" and call(r, r.rung("R1")).ratio is None
     assert "2.00x" not in report.ladder_table_html(r) and "faster" not in report.text_table(r)
@@ -196,26 +95,29 @@ def test_ladder_table_is_html_with_few_columns(h200):
     assert "0.79x R1" in html and "slower" in html and "skipped" in html
 
 
-def test_evidence_card_profile_is_device_time_first(h200):
-    card = cards.evidence_card_html(h200["torch"], "R1")
-    tables = re.findall(r"<table.*?</table>", card)
-    profile = tables[-1]
-    assert heads(profile)[0] == "device ms"
+def test_rung_view_is_a_line_a_compact_table_and_the_record_behind_a_toggle(h200):
+    view = cards.rung_html(h200["torch"], "R1")
+    assert view.index("perfladder-result") < view.index("perfladder-compact") < view.index("<details>")
+    compact = dict(cards.compact_rows(h200["torch"], h200["torch"].rung("R1")))
+    for slot in ("windows", "gates", "first call", "memory", "profile", "rate"):
+        assert slot in compact, slot
+    toggle = view[view.index("<details>"):]
+    profile = re.findall(r"<table.*?</table>", toggle)[-1]
+    assert heads(profile)[0] == "ms/step"
     rows = cards.profile_rows(h200["torch"].rung("R1"))
     assert rows and rows[0]["name"] == "aten::mm"           # the largest self-device time of the table
     assert [x["device_ms"] for x in rows] == sorted((x["device_ms"] for x in rows), reverse=True)
     for slot in ("timing", "verdict", "regime", "gate", "memory", "compile", "rate", "profile"):
-        assert f">{slot}<" in card, slot
-    assert "What it did." in card and "What comes next." in card
+        assert f">{slot}<" in toggle, slot                  # the full record, slot by slot
 
 
-def test_evidence_card_of_a_skipped_rung_and_receipt(h200):
-    card = cards.evidence_card_text(h200["torch"], "R5")
-    assert "R5 DDP: not measured" in card and "was not measured: data parallelism needs at least 2 GPUs" in card
-    bare = cards.evidence_card_text(h200["torch"], "R5", sentences=False)   # the error, said once either way
-    assert "error" in bare and "2 GPUs" in bare and "What it did" not in bare
-    receipt = dict(cards.card_rows(h200["torch"], h200["torch"].rung("R2")))["receipt"]
-    assert "claimed bf16" in receipt and "(matches)" in receipt     # torch.bfloat16 is bf16
+def test_rung_view_of_a_skipped_rung_and_receipt(h200):
+    text = cards.rung_text(h200["torch"], "R5")
+    assert text.startswith("R5 DDP: not measured (") and "2 GPUs" in text
+    receipt = dict(cards.compact_rows(h200["torch"], h200["torch"].rung("R2")))["receipt"]
+    assert "logits" in receipt and "as claimed (bf16)" in receipt     # torch.bfloat16 is bf16
+    full = dict(cards.card_rows(h200["torch"], h200["torch"].rung("R2")))["receipt"]
+    assert "claimed bf16" in full and "(matches)" in full
 
 
 def test_kernel_breakdown_table(h200):
@@ -249,7 +151,7 @@ def test_text_table_keeps_its_columns(h200):
     r2 = next(line for line in lines if line.startswith("R2 "))
     assert "0.79" in r2 and "slower" in r2
     r1 = next(line for line in lines if line.startswith("R1 "))
-    assert "unsettled" in r1 and "1.28" not in r1
+    assert "faster" in r1 and "≥" in r1 and "1.28" not in r1      # its base's range: a bound only
 
 
 def test_sections_table_from_declarations():
@@ -328,11 +230,10 @@ def test_a_model_gate_card_summarises_its_gradients():
 def test_the_roofline_table_says_what_was_tried_against_each_group():
     """Each roofline row lists the rungs whose declaration targets its group, read from their
     own verdicts: a credited ratio, a loss, a skip with its reason."""
-    from perfladder.ladder.engine import Rung
-    decls = {"B8": Rung("B8", "fused_rope", "+fused RoPE", None, stage="beyond", targets=("elementwise: RoPE",)),
-             "B9": Rung("B9", "fused_gelu", "+fused GELU", None, stage="beyond", targets=("elementwise: GELU",)),
-             "B10": Rung("B10", "fused_addnorm", "+addnorm", None, stage="beyond",
-                         targets=("layernorm/reductions",)),
+    from perfladder.ladder.rung import Rung
+    decls = {"B8": Rung("B8", "fused_rope", "+fused RoPE", None, stage="beyond"),   # targets: by key
+             "B9": Rung("B9", "fused_gelu", "+fused GELU", None, stage="beyond"),
+             "B10": Rung("B10", "fused_addnorm", "+addnorm", None, stage="beyond"),
              "B5": Rung("B5", "batch_x2", "batch x2", None, stage="beyond")}
     r = result([rung("R0", "eager", [100e3, 101e3, 102e3]),
                 rung("B5", "batch_x2", [200e3, 201e3, 202e3], "R0", stage="beyond"),
@@ -355,10 +256,15 @@ def test_the_roofline_table_says_what_was_tried_against_each_group():
     assert "matmul  tried: -" in text and "elementwise: RoPE  tried: B8 +fused RoPE" in text
 
 
-def test_a_rung_targets_only_roofline_groups():
-    from perfladder.ladder.engine import Rung
-    with pytest.raises(ValueError, match=r"targets=\('rope',\) must be a tuple of roofline groups; "
+def test_a_technique_targets_only_roofline_groups(monkeypatch):
+    import dataclasses
+
+    from perfladder.ladder import techniques
+    from perfladder.ladder.rung import Rung
+    bad = dataclasses.replace(techniques.TECHNIQUES["fused_rope"], targets=("rope",))
+    monkeypatch.setitem(techniques.TECHNIQUES, "fused_rope", bad)
+    with pytest.raises(ValueError, match=r"targets \['rope'\] are not roofline groups; "
                                          r"valid choices: matmul, attention"):
-        Rung("B8", "fused_rope", "x", None, targets=("rope",))
-    with pytest.raises(ValueError, match="must be a tuple"):
-        Rung("B8", "fused_rope", "x", None, targets="matmul")
+        Rung("B8", "fused_rope", "x", None)
+    with pytest.raises(ValueError, match="is not described in perfladder.ladder.techniques"):
+        Rung("B8", "my_trick", "x", None)

@@ -16,7 +16,7 @@ from perfladder.kernels import KernelBreakdown
 from perfladder.measure.evidence import ProfileSummary
 from perfladder.torch import TorchLab, kernel_breakdown, throughput
 from perfladder.torch.kernels import quiet_kineto
-from perfladder.torch.lab import summary_of
+from perfladder.torch.profile import summary_of
 
 
 def test_import_sets_teardown_before_any_profiler_and_no_jax():

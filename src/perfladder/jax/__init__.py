@@ -6,6 +6,7 @@
 The chapter's idiom works too: ``from perfladder import jax as d2l`` gives ``d2l.TimeMachine``,
 ``d2l.GPT``, ``d2l.try_gpu``, ``d2l.num_gpus`` and ``d2l.plt`` (see ``perfladder.jax.idiom``).
 """
+from perfladder.jax.device import device_name, has_gpu, versions
 from perfladder.jax.idiom import TimeMachine, num_gpus, try_gpu
 from perfladder.jax.kernels import compiled_hlo_text, kernel_breakdown
 from perfladder.jax.lab import JaxLab
@@ -14,13 +15,7 @@ from perfladder.jax.recipe import Recipe
 from perfladder.jax.rungs import RUNGS, Ladder, run_ladder
 from perfladder.jax.step import TrainStep
 from perfladder.jax.stream import batches
-from perfladder.jax.timer import (
-    device_name,
-    fast_cpu_compiles,
-    has_gpu,
-    throughput,
-    versions,
-)
+from perfladder.jax.timer import fast_cpu_compiles, throughput
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
            "RUNGS", "Ladder", "run_ladder", "JaxLab", "TrainStep", "kernel_breakdown",

@@ -1,4 +1,7 @@
-"""This run's own ceilings, measured on its device in a few seconds: ``probe_roofs()``.
+"""What a run runs on: the device's name, the versions, and this run's own ceilings.
+
+``device_name()``, ``has_gpu()``, ``versions()``; ``probe_roofs()``: the ceilings, measured on
+the device in a few seconds.
 
 A large bf16 matmul gives the compute roof (TFLOP/s), the same in fp32 at JAX's default
 precision (TF32 on a GPU that has it), and an elementwise pass over a large fp32 array the
@@ -15,6 +18,8 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+
+from perfladder.results.record import python_versions
 
 MATMUL_N = 8192
 COPY_MIB = 1024
@@ -71,3 +76,27 @@ def probe_roofs(n: int = MATMUL_N, copy_mib: int = COPY_MIB, inner: int = INNER,
                       f"{inner}: {n}x{n} matmuls (2n^3 FLOPs, random data; fp32 at JAX's default "
                       f"precision) and elementwise passes over {copy_mib} MiB fp32 "
                       "(bytes read + written)"}
+
+
+def has_gpu() -> bool:
+    try:
+        return any(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        return False
+
+
+def device_name() -> str:
+    """``jax.devices()[0].device_kind`` on a GPU (e.g. 'NVIDIA H200'), ``'cpu'`` otherwise."""
+    d = jax.devices()[0]
+    return d.device_kind if d.platform == "gpu" else "cpu"
+
+
+def versions() -> dict[str, str]:
+    import flax
+    import jaxlib
+    import numpy
+    import optax
+    out = python_versions(jax=jax, jaxlib=jaxlib, flax=flax, optax=optax, numpy=numpy)
+    out["backend"] = jax.default_backend()
+    out["device_count"] = str(jax.device_count())
+    return out

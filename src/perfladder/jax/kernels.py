@@ -22,8 +22,9 @@ import time
 
 import jax
 
+from perfladder.jax.device import has_gpu
 from perfladder.jax.program import hlo_module_name, hlo_op_categories, refine
-from perfladder.jax.timer import compile_count, has_gpu
+from perfladder.jax.timer import compile_count
 from perfladder.kernels import (
     KernelBreakdown,
     KernelEvents,

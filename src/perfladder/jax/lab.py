@@ -21,18 +21,13 @@ import jax.numpy as jnp
 from perfladder.config import LadderConfig
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for
+from perfladder.jax.device import device_name, has_gpu, versions
 from perfladder.jax.model import GPT
 from perfladder.jax.program import planned_temp_bytes
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
-from perfladder.jax.timer import (
-    compile_count,
-    device_name,
-    has_gpu,
-    throughput,
-    versions,
-)
+from perfladder.jax.timer import compile_count, throughput
 from perfladder.kernels.roofline import of_run
 from perfladder.ladder.engine import measure_settled
 from perfladder.measure.evidence import (

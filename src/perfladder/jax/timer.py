@@ -1,4 +1,4 @@
-"""JAX's side of the measurement: the sync, the compile counter, and what we run on.
+"""JAX's side of the measurement: the sync and the compile counter (what we run on: ``device``).
 
 ``throughput`` is ``perfladder.measure.timing.measure`` with
 
@@ -20,7 +20,6 @@ import numpy as np
 
 from perfladder.checks import check_int
 from perfladder.measure.timing import DEFAULT_TARGET_SPREAD, Throughput, measure
-from perfladder.results.record import python_versions
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -126,25 +125,3 @@ def fast_cpu_compiles(cache_dir=SMOKE_CACHE_DIR) -> bool:
     return took
 
 
-def has_gpu() -> bool:
-    try:
-        return any(d.platform == "gpu" for d in jax.devices())
-    except RuntimeError:
-        return False
-
-
-def device_name() -> str:
-    """``jax.devices()[0].device_kind`` on a GPU (e.g. 'NVIDIA H200'), ``'cpu'`` otherwise."""
-    d = jax.devices()[0]
-    return d.device_kind if d.platform == "gpu" else "cpu"
-
-
-def versions() -> dict[str, str]:
-    import flax
-    import jaxlib
-    import numpy
-    import optax
-    out = python_versions(jax=jax, jaxlib=jaxlib, flax=flax, optax=optax, numpy=numpy)
-    out["backend"] = jax.default_backend()
-    out["device_count"] = str(jax.device_count())
-    return out

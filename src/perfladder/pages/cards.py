@@ -15,6 +15,7 @@ import re
 from perfladder.pages.claims import (
     call,
     gib,
+    is_smoke,
     rate,
     receipt_ok,
     regime_of,
@@ -185,6 +186,8 @@ def result_line(result: LadderResult, r: RungResult) -> str:
                     f"of {c.against} ({c.shaky})")
     if r.kind == "control":
         what = "a control, not a step of the waterfall"
+    if is_smoke(result):
+        what = "a smoke check, not a performance number"
     return head + f"{rate(r.tokens_per_s)} tokens/s, {what}"
 
 

@@ -187,7 +187,7 @@ def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
                  "within a few percent of each other, each reached by a different path.")
     if t is None or j is None or not t.waterfall() or not j.waterfall():
         return _missing("fastest_pair", statement, t if j is not None else j, "both ladders")
-    bt, bj = t.best(), j.best()
+    bt, bj = t.fastest_rung(), j.fastest_rung()
     c = against(bj, bt)
     evidence = (f"PyTorch's fastest settled rung is {bt.name} {bt.label}, {rate(bt.tokens_per_s)} "
                 f"tokens/s; JAX's is {bj.name} {bj.label}, {rate(bj.tokens_per_s)} "
@@ -268,7 +268,7 @@ def chapter_table_html(t: LadderResult | None, j: LadderResult | None) -> str:
         if r is None:
             return "-", None
         c = call(res, r)
-        ratio = f" · {c.label} {c.against}" if c.ratio is not None and r.kind != "control" else ""
+        ratio = f" · {c.label} {c.against}" if c.label and r.kind != "control" else ""
         word = "control" if r.kind == "control" else c.word
         if word == "start":
             word = "baseline" if r.name == res.baseline else "floor"
@@ -294,7 +294,8 @@ def chapter_table_html(t: LadderResult | None, j: LadderResult | None) -> str:
 
 
 def _credited(res: LadderResult) -> list[tuple[RungResult, float]]:
-    return [(r, c.ratio) for r in res.waterfall() for c in [call(res, r)] if c.credited]
+    return [(r, c.ratio if c.ratio is not None else c.bound)
+            for r in res.waterfall() for c in [call(res, r)] if c.credited]
 
 
 def span(top: RungResult, base: RungResult) -> str:
@@ -315,7 +316,7 @@ def waterfall_reading(t: LadderResult | None, j: LadderResult | None) -> list[st
         if res is None or not res.waterfall():
             continue
         name = FRAMEWORK_NAMES[res.framework]
-        base, best = _rung(res, start) or res.waterfall()[0], res.best()
+        base, best = _rung(res, start) or res.waterfall()[0], res.fastest_rung()
         steps = _credited(res)
         top = max(steps, key=lambda rc: rc[1], default=None)
         beyond = [(r, x) for r, x in steps if r.stage == "beyond"]

@@ -166,7 +166,7 @@ def _vs_cell(result: LadderResult, r: RungResult) -> tuple[str, str]:
         return "", "control"
     if c.word == "start":
         return "", "baseline" if r.name == result.baseline else "floor"
-    ratio = f"{c.label} {c.against}" if c.ratio is not None else ""
+    ratio = f"{c.label} {c.against}" if c.label else ""
     word = c.word + (" (base unsettled)" if c.shaky else "")
     return ratio, word
 
@@ -228,7 +228,7 @@ def text_table(result: LadderResult) -> str:
         spread = None if r.spread is None else 100 * r.spread
         c = call(result, r)
         lines.append(f"{r.name:<5} {r.key[:18]:<18} {r.label[:22]:<22} {f(r.tokens_per_s, ',.0f'):>12} "
-                     f"{f(spread, '.1f'):>6}% {f(c.ratio, '.2f'):>7} "
+                     f"{f(spread, '.1f'):>6}% {(c.label.replace('x', '') if c.label else '-'):>7} "
                      f"{c.word if c.word not in ('start', 'skipped') else '-':<13} {f(r.tflops, '.3g'):>8} "
                      f"{f(None if r.mfu is None else 100 * r.mfu, '.1f'):>6}")
     if result.learning is not None:

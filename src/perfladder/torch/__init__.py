@@ -13,6 +13,7 @@ import os
 
 os.environ["TEARDOWN_CUPTI"] = "1"
 
+from perfladder.torch.device import device_name, has_gpu, versions  # noqa: E402
 from perfladder.torch.gates import (  # noqa: E402
     CorrectnessError,
     GateError,
@@ -27,7 +28,7 @@ from perfladder.torch.recipe import Recipe  # noqa: E402
 from perfladder.torch.rungs import RUNGS, Ladder, run_ladder  # noqa: E402
 from perfladder.torch.step import TrainStep, make_step  # noqa: E402
 from perfladder.torch.stream import batches  # noqa: E402
-from perfladder.torch.timer import device_name, has_gpu, throughput, versions  # noqa: E402
+from perfladder.torch.timer import throughput  # noqa: E402
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
            "RUNGS", "Ladder", "run_ladder", "TorchLab", "kernel_breakdown", "make_step",

@@ -1,13 +1,20 @@
-"""This run's own device ceilings: a large matmul and a device-to-device copy (CUDA only).
+"""What a run runs on: the device's name, the versions, and this run's own ceilings.
+
+``device_name()``, ``has_gpu()``, ``versions()``; ``probe_roofs()``: the device ceilings, a large
+matmul and a device-to-device copy (CUDA only).
 
 The measured roofs a page reads rates against come from the same run, not from a table:
 they differ by a few percent from day to day and machine to machine.
 """
 from __future__ import annotations
 
+import platform
 import statistics
 
+import numpy as np
 import torch
+
+from perfladder.results.record import python_versions
 
 METHOD = ("median of {reps} CUDA-event-timed repeats after 3 warm-ups; random data; "
           "matmul {n}^3; copy counts bytes read + written of a {gib} GiB fp32 tensor")
@@ -47,3 +54,24 @@ def probe_roofs(n: int = 8192, gib: int = 1, reps: int = 10) -> dict | None:
     return {"matmul_bf16_tflops": bf16, "matmul_tf32_tflops": tf32, "copy_gbps": copy,
             "source": "perfladder.torch.device at the start of this run",
             "method": METHOD.format(reps=reps, n=n, gib=gib)}
+
+
+def has_gpu() -> bool:
+    """Is a CUDA device usable from this process?"""
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    """The GPU's name (e.g. 'NVIDIA H200'), or 'cpu'."""
+    return torch.cuda.get_device_name(0) if has_gpu() else "cpu"
+
+
+def versions() -> dict[str, str]:
+    """Python, platform, torch, CUDA/cuDNN (when present) and numpy versions."""
+    out = python_versions(torch=torch, numpy=np)
+    out["cuda"] = torch.version.cuda or "none"
+    if has_gpu():
+        out["cudnn"] = str(torch.backends.cudnn.version())
+        out["gpu"] = device_name()
+    out["machine"] = platform.machine()
+    return out

@@ -27,12 +27,12 @@ from perfladder.measure.evidence import (
     Receipt,
 )
 from perfladder.results.record import LadderResult
-from perfladder.torch.device import probe_roofs
+from perfladder.torch.device import device_name, probe_roofs, versions
 from perfladder.torch.model import GPT, checkpoint_block
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.step import CODE, TrainStep, make_step
 from perfladder.torch.stream import batches
-from perfladder.torch.timer import device_name, throughput, versions
+from perfladder.torch.timer import throughput
 
 LIBRARY_CODE = {**CODE, "checkpoint_block": checkpoint_block}
 
@@ -172,12 +172,9 @@ class TorchLab:
         return t, again, mem
 
     def profile(self, step, batch_size: int) -> ProfileSummary:
-        """Where one step's time goes (``kernel_breakdown``, outside any timed window)."""
-        from perfladder.torch.kernels import kernel_breakdown, quiet_kineto
-        steps = 2 if self.config.is_smoke else 5
-        with quiet_kineto():
-            kb = kernel_breakdown(step, self.stream(batch_size), steps=steps, warmup=1, top=10)
-        return summary_of(kb)
+        """Where one step's time goes (``perfladder.torch.profile``, outside any timed window)."""
+        from perfladder.torch.profile import profile_step
+        return profile_step(step, self.stream(batch_size), steps=2 if self.config.is_smoke else 5)
 
     def precision(self, recipe: Recipe) -> str:
         """What the matmuls run in: 'bf16', or 'tf32' (fp32 on a GPU), or 'fp32' (CPU)."""
@@ -247,13 +244,3 @@ class TorchLab:
 
     def __repr__(self) -> str:
         return f"TorchLab(config={self.config.name!r}, device={self.device_name!r})"
-
-
-def summary_of(kb) -> ProfileSummary:
-    """A ``KernelBreakdown`` as the rung's ``ProfileSummary`` (per step; device time first)."""
-    per = kb.steps * 1000.0
-    rows = [{"name": k.name, "category": k.category, "device_ms": k.total_us / per,
-             "calls": k.calls / kb.steps} for k in kb.top]
-    return ProfileSummary(tool=f"torch.profiler ({'CUDA kernels' if kb.device == 'gpu' else 'CPU operators'})",
-                          steps=kb.steps, host_ms=None, device_ms=kb.total_us / per,
-                          shares=dict(kb.category_share), rows=rows)

@@ -1,38 +1,13 @@
-"""PyTorch's side of the timer: the sync, the compile counter, and what we run on."""
+"""PyTorch's side of the timer: the sync and the compile counter (what we run on: ``device``)."""
 from __future__ import annotations
 
-import platform
-
-import numpy as np
 import torch
 
 from perfladder.checks import check_int
 from perfladder.measure.timing import Throughput, measure
-from perfladder.results.record import python_versions
 
 # Full-config defaults; the rungs pass their LadderConfig's numbers explicitly.
 WARMUP, TIMED, WINDOWS = 30, 40, 3
-
-
-def has_gpu() -> bool:
-    """Is a CUDA device usable from this process?"""
-    return torch.cuda.is_available()
-
-
-def device_name() -> str:
-    """The GPU's name (e.g. 'NVIDIA H200'), or 'cpu'."""
-    return torch.cuda.get_device_name(0) if has_gpu() else "cpu"
-
-
-def versions() -> dict[str, str]:
-    """Python, platform, torch, CUDA/cuDNN (when present) and numpy versions."""
-    out = python_versions(torch=torch, numpy=np)
-    out["cuda"] = torch.version.cuda or "none"
-    if has_gpu():
-        out["cudnn"] = str(torch.backends.cudnn.version())
-        out["gpu"] = device_name()
-    out["machine"] = platform.machine()
-    return out
 
 
 def sync(_out=None) -> None:

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from perfladder.config import LadderConfig, expected_num_params
 from perfladder.data import TimeMachine
+from perfladder.jax.device import device_name, has_gpu
 from perfladder.jax.model import GPT
 from perfladder.jax.parallel.layout import (
     AXIS,
@@ -31,7 +32,7 @@ from perfladder.jax.parallel.layout import (
 )
 from perfladder.jax.step import make_optimizer, make_split_step, make_train_step
 from perfladder.jax.stream import batches
-from perfladder.jax.timer import device_name, has_gpu, throughput
+from perfladder.jax.timer import throughput
 from perfladder.multigpu import costmodel
 from perfladder.multigpu.measurement import (
     Baseline,

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from perfladder.jax.diagnosis import host_overhead, per_step_times, step_stats
 from perfladder.jax.gates import PARITY_TOL, _compare, _two_forwards_jit
 from perfladder.jax.lab import JaxLab
+from perfladder.jax.profile import host_overhead, per_step_times, step_stats
 from perfladder.jax.program import embedding_scatters
 from perfladder.jax.step import scatter_add_dtypes
 from perfladder.jax.trial import trial
