@@ -42,13 +42,14 @@ def Ladder(config, command: str = "", device=None) -> LadderRun:
 
 
 def run_ladder(config, rungs=None, learn: bool = True, progress=None, command: str = "",
-               optional: bool = False, kernels: bool = True, device=None, resume=None):
+               optional: bool = False, kernels: bool = True, device=None, resume=None,
+               checkpoint=None):
     """Every default rung (or ``rungs``), the kernel report of the fastest configuration and
     its learning check; returns the ``LadderResult``."""
     check_rungs(RUNGS, rungs)               # a typo is refused before the lab loads and probes
     lab = TorchLab(config, device=device, command=command)
     return _run_ladder(lab, RUNGS, rungs, learn=learn, progress=progress, optional=optional,
-                       kernels=kernels, resume=resume)
+                       kernels=kernels, resume=resume, checkpoint=checkpoint)
 
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
