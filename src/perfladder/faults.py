@@ -3,7 +3,7 @@
 * ``signals()``: inside it SIGINT, SIGTERM and SIGHUP all raise ``Interrupted`` (a
   ``KeyboardInterrupt``) in the main thread, so every ``finally`` and cleanup runs for all
   three alike. Python's own default for SIGTERM is to die on the spot, leaving temporary
-  files behind.
+  files behind. A signal the parent process ignores stays ignored.
 * ``interrupted()``: the signal received inside ``signals()``, if any. Code that catches
   ``Exception`` to carry on (the ladder engine turns a failing rung into a skipped one)
   asks it, and ``caused_by_interrupt(e)``: a compile worker killed by the same Ctrl-C
@@ -71,7 +71,8 @@ def signals():
     saved = {}
     for name in SIGNALS:
         sig = getattr(signal, name, None)
-        if sig is not None:
+        # a signal the parent ignores stays ignored (nohup, a build script's quick helpers)
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
             saved[sig] = signal.signal(sig, _raise)
     _received.clear()
     try:
@@ -187,7 +188,7 @@ def guarded(prog: str, fn: Callable[[], int], *, debug: bool = False,
         name = e.signame if isinstance(e, Interrupted) else "SIGINT"
         _line(prog, f"interrupted ({name}){_state(e, ' ') or '; nothing written'}")
         return EXIT_SIGNAL_BASE + int(getattr(signal, name))
-    except OutputClosed as e:
+    except (OutputClosed, BrokenPipeError) as e:     # a print() outside say() meets it raw
         _silence_stdout()
         if e.errno == errno.EPIPE:     # `prog ... | head`: the reader has all it wanted
             if _state(e):
@@ -195,7 +196,7 @@ def guarded(prog: str, fn: Callable[[], int], *, debug: bool = False,
             return EXIT_SIGNAL_BASE + int(signal.SIGPIPE)
         if debug:
             raise
-        _line(prog, f"error: {e.strerror}{_state(e)}")
+        _line(prog, f"error: {e.strerror or e}{_state(e)}")
         return EXIT_INTERNAL
     except SystemExit:
         raise
