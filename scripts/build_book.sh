@@ -139,6 +139,9 @@ fi
 mkdir -p "$BUILD"
 exec 9<>"$BUILD/.build.lock"
 qpy -m perfladder.book.lock 9 "$$" --folder "$BUILD" || exit $?
+# A build that ends here, however, leaves a lock file naming nobody; only one that was
+# killed outright leaves its PID, for the next build's note.
+trap ': > "$BUILD/.build.lock"' EXIT
 
 failed_pages() {   # failed_pages WHY: label what _build/html holds; the words for the last line
   if [ -d "$BUILD/html" ]; then
