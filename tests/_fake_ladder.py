@@ -8,6 +8,7 @@ Environment (all optional):
   FAKE_READY=path    the file that says the blocking rung has started
   FAKE_SKIP=all      every rung is 'not applicable' (measures nothing)
   FAKE_CALLS=path    every rung that runs appends its name to this file
+  FAKE_BLOCK_FIGURE=1  the waterfall writer starts its file, writes FAKE_READY, then sleeps
 """
 from __future__ import annotations
 
@@ -93,7 +94,17 @@ def module() -> types.ModuleType:
     return fake
 
 
+def blocking_waterfall(result, path=None, **kw):
+    Path(path).write_bytes(b"half a figure")
+    Path(os.environ["FAKE_READY"]).write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+
+
 if __name__ == "__main__":
     sys.modules["perfladder.torch"] = module()
+    if os.environ.get("FAKE_BLOCK_FIGURE"):
+        import perfladder.pages.plot
+        perfladder.pages.plot.waterfall = blocking_waterfall
     from perfladder.cli import main
     sys.exit(main(sys.argv[1:]))

@@ -83,6 +83,25 @@ def test_a_signal_during_a_rung_keeps_the_finished_rungs(tmp_path, sig, code):
     assert [r.name for r in back.rungs] == ["R0", "R1", "R2", "R3"] and back.learning.passed
 
 
+def test_sigterm_while_the_figure_is_written_leaves_no_temporary(tmp_path):
+    out, png, ready = tmp_path / "torch.json", tmp_path / "torch.png", tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, FAKE, "run", "torch", "--config", "smoke", "--quiet",
+                             "--out", str(out), "--png", str(png)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**ENV, "FAKE_BLOCK_FIGURE": "1", "FAKE_READY": str(ready)})
+    while not ready.exists() and proc.poll() is None:
+        time.sleep(0.05)
+    assert any(".tmp" in p.name for p in tmp_path.iterdir())          # the figure is half written
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert one_line(err) == ("perfladder: interrupted (SIGTERM) while writing the results; "
+                             f"R0, R1, R2, R3 saved to {out}, continue with --resume {out}")
+    ready.unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["torch.json"]   # no half figure
+    assert LadderResult.read(out).learning.passed
+
+
 def test_an_interrupt_before_anything_was_saved_says_nothing_written(tmp_path):
     ready = tmp_path / "ready"
     proc = subprocess.Popen([sys.executable, FAKE, "run", "torch", "--config", "smoke", "--quiet"],

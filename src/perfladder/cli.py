@@ -102,6 +102,9 @@ def waterfall_writer(result: LadderResult):
     return figure
 
 
+WRITING = "<writing>"       # Tracker.current once the ladder is done and its files are written
+
+
 class Tracker:
     """Which rung is in flight (for the interrupt line), forwarding to ``Progress`` unless quiet."""
 
@@ -120,6 +123,8 @@ class Tracker:
     def where(self) -> str:
         def shown(name):
             return "the learning check" if name == "learning" else name
+        if self.current == WRITING:
+            return "while writing the results"
         if self.current is not None:
             return f"during {shown(self.current)}"
         return f"after {shown(self.finished[-1])}" if self.finished else "before the first rung"
@@ -185,10 +190,14 @@ def cmd_run(args) -> int:
     try:
         result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=tracker,
                                command=command, resume=earlier, checkpoint=files.checkpoint)
-    except BaseException as e:       # the one line says where it stopped and what is saved
-        raise annotate(e, f"{tracker.where()}; {files.saved_line()}"
-                          if isinstance(e, KeyboardInterrupt) else files.saved_line())
-    return finish_run(result, files)
+        tracker.current = WRITING
+        return finish_run(result, files)
+    except KeyboardInterrupt as e:   # the one line says where it stopped and what is saved
+        raise annotate(e, f"{tracker.where()}; {files.saved_line()}")
+    except (UserError, OutputClosed):
+        raise                        # their own words say what happened to the files
+    except Exception as e:
+        raise annotate(e, files.saved_line())
 
 
 def finish_run(result: LadderResult, files: RunFiles) -> int:

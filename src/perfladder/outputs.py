@@ -7,8 +7,14 @@ the path that will actually be written: matplotlib adds ``.png`` to a figure nam
 suffix, so ``both`` comes back as ``both.png``.
 
 ``write_all([(path, writer), ...])`` has every writer write a temporary file beside its
-target and moves them into place only when all have succeeded, so a run whose figure fails
-leaves no results JSON behind (and a failed write leaves no half-written file).
+target and moves them into place only when all have succeeded, so a failed figure leaves
+the final results JSON unwritten too (and a failed write leaves no half-written file).
+
+``RunFiles`` is where ``perfladder run`` saves: each finished rung as the ladder goes (so an
+interrupt loses only the rung in flight), then the final results and figure together. An
+existing results file is replaced only by a run that measured something and whose checks
+passed, or when the user says ``--overwrite``; any other run keeps its own results in
+``NAME.partial.json`` beside it.
 
 No framework imports; matplotlib only to ask which formats it writes.
 """
