@@ -90,8 +90,8 @@ export PATH
 # long steps run in their own process group (run_tree), which the trap stops as one tree.
 qpy() { ( trap '' INT; exec "$PY" "$@" ); }
 CHILD=""
-run_tree() {
-  "$PY" -c 'import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])' "$@" &
+run_tree() {       # perfladder.book.build run: its own process group, stopped as one tree
+  "$PY" -m perfladder.book.build run -- "$@" &
   CHILD=$!
   local rc=0
   wait "$CHILD" || rc=$?
@@ -151,8 +151,8 @@ failed_pages() {   # failed_pages WHY: label what _build/html holds; the words f
 }
 on_signal() {      # on_signal NAME STATUS: stop the whole build, say so in one line
   trap '' INT TERM HUP
-  if [ -n "$CHILD" ]; then qpy -m perfladder.book.build stop "$CHILD" >/dev/null 2>&1 || true; fi
-  wait 2>/dev/null || true
+  if [ -n "$CHILD" ]; then kill -TERM "$CHILD" 2>/dev/null || true; fi
+  wait 2>/dev/null || true       # run_tree's helper stops everything below it, then exits
   echo "[book] interrupted ($1) after $((SECONDS - start))s: the build was stopped$(failed_pages "interrupted by $1")" >&2
   exit "$2"
 }

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build_book.sh"
 SRC = ROOT / "src"
 
-FAKE_MAIN = '''
+FAKE_MAIN = r'''
 import os, subprocess, sys, time
 from pathlib import Path
 
@@ -28,9 +28,16 @@ def main():
     out = Path(args[args.index("--path-output") + 1]) / "_build" if "--path-output" in args else None
     mode = os.environ["FAKE_BOOK"]
     if mode == "sleep":     # a kernel in its own session, as jupyter_client starts them
+        import signal
+        def noisy(signum, frame):   # what jupyter-book does on SIGTERM: tracebacks, then exit
+            print("Traceback (most recent call last):\n  DeadKernelError: Kernel died",
+                  file=sys.stderr, flush=True)
+            sys.exit(1)
+        signal.signal(signal.SIGTERM, noisy)
         kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                                start_new_session=True)
         Path(os.environ["FAKE_PIDS"]).write_text(f"{os.getpid()} {kid.pid}")
+        print("reading sources...", flush=True)
         time.sleep(120)
     html = out / "html"
     html.mkdir(parents=True, exist_ok=True)
@@ -70,11 +77,9 @@ def build(env, cwd=ROOT, timeout=120) -> subprocess.CompletedProcess:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Still running (a zombie that nobody has reaped yet is not)."""
+    from perfladder.book.build import running
+    return running(pid)
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -1,13 +1,17 @@
-"""What ``scripts/build_book.sh`` asks of Python when a build stops early (no framework imports).
+"""What ``scripts/build_book.sh`` asks of Python to start and stop a build (no framework imports).
 
+    python -m perfladder.book.build run -- CMD ...        # CMD as one stoppable tree
     python -m perfladder.book.build stop PID              # PID and every process below it
     python -m perfladder.book.build mark-failed HTML WHY  # label the pages of a failed build
     python -m perfladder.book.build set-aside BUILD       # before a build: html -> html.previous
 
-* ``stop``: the process tree is read first (``ps``), then every process in it gets SIGTERM,
-  and what is still alive after a grace period SIGKILL. The tree is taken before anything
-  is signalled, because a notebook kernel whose parent dies is re-parented and would drop out
-  of it; reading it once catches them all.
+* ``run``: leaves the terminal's process group (so Ctrl-C reaches the build script alone),
+  starts CMD and passes its output through. On SIGTERM or SIGHUP it stops passing output on
+  (jupyter-book answers a SIGTERM with pages of tracebacks about the kernels it loses) and
+  stops CMD's whole tree; the script then says in one line what happened.
+* ``stop``: the whole tree is frozen before anything is told to end, because a notebook
+  kernel whose parent dies is re-parented and drops out of the tree, and a jupyter-book
+  told to stop starts the next notebook's kernel (see ``stop``).
 * ``mark-failed``: every page of ``_build/html`` gets a banner saying that the build that
   wrote it failed, and why, and the folder a ``BUILD-FAILED.txt``, so nobody reads a failed
   or a half-written book as a good one.
@@ -26,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -60,34 +65,102 @@ def tree(root: int, kids: dict[int, list[int]] | None = None) -> list[int]:
     return order
 
 
-def _alive(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its parent to reap it does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):      # no /proc (macOS): the signal answered, so it exists
+        return True
+
+
+def _signal(pids, sig) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
 
 
 def stop(root: int, grace_s: float = 10.0) -> list[int]:
-    """SIGTERM ``root`` and its whole tree, SIGKILL what outlives ``grace_s``; the PIDs signalled."""
-    pids = [p for p in tree(root) if p != os.getpid()]
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    """Stop ``root`` and its whole tree; the PIDs signalled.
+
+    The tree is frozen first (SIGSTOP, again for whatever was started meanwhile, until no
+    new process appears), so nothing in it can start more work. ``root`` -- the command the
+    build started, jupyter-book say, which answers SIGTERM by going on to the next notebook
+    with a new kernel -- is then killed outright; every other process gets SIGTERM, is let
+    go (SIGCONT) to act on it, and what still lives after ``grace_s`` is killed."""
+    me = os.getpid()
+    frozen: list[int] = []
+    for _ in range(20):
+        new = [p for p in tree(root) if p != me and p not in frozen]
+        if not new:
+            break
+        _signal(new, signal.SIGSTOP)
+        frozen += new
+    rest = [p for p in frozen if p != root]
+    _signal([root], signal.SIGKILL)
+    _signal(rest, signal.SIGTERM)
+    _signal(rest, signal.SIGCONT)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(running(p) for p in rest):
         time.sleep(0.1)
-    for p in pids:
-        if _alive(p):
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return pids
+    _signal([p for p in rest if running(p)], signal.SIGKILL)
+    return frozen
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum, frame):
+    raise _Stop
+
+
+def run(cmd: list[str], grace_s: float = 10.0) -> int:
+    """Run ``cmd`` in a process group of its own, its output passed through; its exit status,
+    or 128 + SIGTERM after a SIGTERM / SIGHUP stopped it (see the module docstring)."""
+    if not cmd:
+        raise ValueError("run needs a command after --")
+    try:
+        os.setpgid(0, 0)
+    except PermissionError:           # already a group leader (a session of its own)
+        pass
+    quiet = threading.Event()
+    signal.signal(signal.SIGTERM, _raise_stop)      # before the child exists: no window
+    signal.signal(signal.SIGHUP, _raise_stop)
+    # the child gets Ctrl-C's default back (this helper ignores it: the script speaks for it)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    def pump(src, fd):
+        for chunk in iter(lambda: os.read(src.fileno(), 1 << 16), b""):
+            if not quiet.is_set():
+                try:
+                    os.write(fd, chunk)
+                except OSError:       # nobody reads us any more: keep draining, say nothing
+                    quiet.set()
+    pumps = [threading.Thread(target=pump, args=(proc.stdout, 1), daemon=True),
+             threading.Thread(target=pump, args=(proc.stderr, 2), daemon=True)]
+    try:
+        for t in pumps:
+            t.start()
+        rc = proc.wait()
+    except _Stop:
+        quiet.set()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        stop(proc.pid, grace_s)
+        proc.wait()
+        return 128 + int(signal.SIGTERM)
+    for t in pumps:
+        t.join(timeout=5)
+    return rc
 
 
 def mark_failed(html_dir: Path, why: str) -> int:
@@ -132,6 +205,9 @@ def set_aside(build: Path) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m perfladder.book.build", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a command as one stoppable tree, its output passed through")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
+    r.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
     s = sub.add_parser("stop", help="SIGTERM a process and everything below it")
     s.add_argument("pid", type=int)
     s.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
@@ -143,6 +219,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     # the build script's own trap handles an interrupt; these run to the end (they are quick)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if args.cmd == "run":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        try:
+            return run(command, args.grace)
+        except (OSError, ValueError) as e:
+            print(f"[book] cannot run {' '.join(command)!r}: {e}", file=sys.stderr)
+            return 127
     try:
         if args.cmd == "stop":
             stop(args.pid, args.grace)
