@@ -152,6 +152,26 @@ def write_all(writers: list[tuple[Path, Callable[[Path], object]]]) -> list[Path
     return [target for _, target in staged]
 
 
+def replace_atomically(path: Path, data: bytes) -> Path:
+    """Make ``data`` the content of ``path``: written to a temporary beside it, under a name of
+    this process and call (so concurrent writers of one path never share one), flushed to
+    disk, then renamed over it. The temporary is removed whatever happens, and ``path`` is
+    either the old file or the complete new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())          # on disk before the rename makes it the file
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def partial_path(target: Path) -> Path:
     """Where a run keeps its progress when ``target`` already holds results:
     ``torch.json`` -> ``torch.partial.json`` (still a results file ``--resume`` reads)."""

@@ -15,9 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 import platform
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,25 +304,13 @@ class LadderResult:
         }
 
     def write(self, path: str | Path) -> Path:
+        from perfladder.outputs import replace_atomically
         from perfladder.results.schema import validate
         path = Path(path)
         data = self.finalize().to_dict()
         validate(data, source=str(path))
-        text = (json.dumps(data, indent=1, allow_nan=False) + "\n").encode()
-        # A temporary name of this process and call (concurrent writers of one path never share
-        # one), removed whatever happens; the old file is replaced only by a complete new one.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())     # on disk before the rename makes it the results
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
+        try:           # a temporary of its own (concurrent writers never share one), always removed
+            replace_atomically(path, (json.dumps(data, indent=1, allow_nan=False) + "\n").encode())
         except OSError as e:
             raise ResultsError(f"{path}: cannot write the results file ({e.strerror or e})") from None
         return path
