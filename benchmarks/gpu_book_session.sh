@@ -12,17 +12,35 @@
 # run after it; with one GPU, one notebook after another and no GPU tests. ANOMALY=1 adds the
 # JAX bf16 anomaly diagnostics first. It runs detached (setsid), so it survives the shell or
 # ssh connection that started it; `wait` can be called again from a later one. Everything
-# lands in /tmp/perfladder-job.
+# lands in /tmp/perfladder-job. `start` refuses while a job is still running (it would wipe
+# that job's folder and tree); `wait` and `collect` name the job they report on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-JOB=/tmp/perfladder-job
+JOB=${PERFLADDER_JOB_DIR:-/tmp/perfladder-job}        # overridable for the test suite
+TREE=${PERFLADDER_JOB_TREE:-/tmp/perfladder-tree}
+running() {   # the PID of a job that is still running, or nothing
+  local pid
+  pid=$(cat "$JOB/pid" 2>/dev/null) || return 0
+  case "$pid" in ''|*[!0-9]*) return 0 ;; esac
+  [ -f "$JOB/t1" ] && return 0
+  kill -0 "$pid" 2>/dev/null && echo "$pid"
+  return 0
+}
 case "${1:-}" in
   start)
+    pid=$(running)
+    if [ -n "$pid" ]; then
+      echo "$0: job $(cat "$JOB/id" 2>/dev/null) (PID $pid) is still running in $JOB; wait for it" \
+           "($0 wait SECONDS) or stop it (kill -- -$pid) before starting another" >&2
+      exit 3
+    fi
     rm -rf "$JOB"; mkdir -p "$JOB"
+    date -u +%Y-%m-%dT%H:%M:%SZ > "$JOB/id"
     # Work on a copy: if the checkout is replaced while the build runs (a fresh copy of the
     # repository synced over it), the running notebook kernel loses its working directory.
-    rm -rf /tmp/perfladder-tree && cp -a . /tmp/perfladder-tree && cd /tmp/perfladder-tree
+    rm -rf "$TREE" && cp -a . "$TREE" && cd "$TREE"
     setsid bash -c '
+      echo $$ > '"$JOB"'/pid
       export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       date +%s > '"$JOB"'/t0
@@ -45,23 +63,31 @@ case "${1:-}" in
       fi
       date +%s > '"$JOB"'/t1
     ' > /dev/null 2>&1 < /dev/null &
-    echo "started"
+    [ -f "$JOB/pid" ] || echo $! > "$JOB/pid"   # until the job writes its own PID
+    echo "started job $(cat "$JOB/id")"
     ;;
   wait)
     limit=${2:-500}; waited=0
-    while [ ! -f "$JOB/t1" ] && [ "$waited" -lt "$limit" ]; do sleep 10; waited=$((waited + 10)); done
-    echo "== status after ${waited}s =="; cat "$JOB/status" 2>/dev/null
+    [ -f "$JOB/id" ] || { echo "$0: no job in $JOB (start one first)" >&2; exit 2; }
+    while [ ! -f "$JOB/t1" ] && [ -n "$(running)" ] && [ "$waited" -lt "$limit" ]; do
+      sleep 10; waited=$((waited + 10))
+    done
+    echo "== job $(cat "$JOB/id"): status after ${waited}s =="; cat "$JOB/status" 2>/dev/null
     tail -n 5 "$JOB/anomaly.log" 2>/dev/null; grep -v USDT "$JOB/book.log" 2>/dev/null | tail -n 25
     # the ladder notebooks' own output lands in the notebooks, not in book.log: show the GPUs
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
-    [ -f "$JOB/t1" ] && echo "DONE" || echo "RUNNING"
+    if [ -f "$JOB/t1" ]; then echo "DONE"
+    elif [ -n "$(running)" ]; then echo "RUNNING"
+    else echo "STOPPED (the job ended without finishing: see $JOB/book.log)"; fi
     ;;
   collect)
     out=${2:?collect DIR}; mkdir -p "$out"
+    [ -n "$(running)" ] && echo "$0: job $(cat "$JOB/id" 2>/dev/null) is still running: collecting what it has so far" >&2
+    cp "$JOB/id" "$out/job_id" 2>/dev/null
     cp "$JOB"/device.json "$JOB"/status "$out"/ 2>/dev/null
     tar czf "$out/evidence.tgz" -C "$JOB" . 2>/dev/null
-    [ -d /tmp/perfladder-tree/_build/html ] && tar czf "$out/html.tgz" -C /tmp/perfladder-tree/_build html
-    [ -d /tmp/perfladder-tree/_build/results ] && tar czf "$out/results.tgz" -C /tmp/perfladder-tree/_build results jupyter_execute
+    [ -d "$TREE/_build/html" ] && tar czf "$out/html.tgz" -C "$TREE/_build" html
+    [ -d "$TREE/_build/results" ] && tar czf "$out/results.tgz" -C "$TREE/_build" results jupyter_execute
     ls -la "$out"
     ;;
   *) echo "usage: $0 start | wait SECONDS | collect DIR" >&2; exit 2 ;;

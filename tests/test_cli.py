@@ -95,7 +95,8 @@ class FakeRun:
     def __init__(self, learning=None):
         self.calls, self.learning = [], learning
 
-    def __call__(self, cfg, rungs=None, learn=True, progress=None, command="", resume=None):
+    def __call__(self, cfg, rungs=None, learn=True, progress=None, command="", resume=None,
+                 checkpoint=None):
         self.calls.append(dict(config=cfg.name, rungs=rungs, learn=learn, command=command))
         if progress is not None:
             for name in rungs:
@@ -103,6 +104,8 @@ class FakeRun:
                 progress("end", name, "measured")
         res = make_result(config_name=cfg.name)
         res.learning = self.learning
+        if checkpoint is not None:
+            checkpoint(res)
         return res
 
 

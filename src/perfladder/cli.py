@@ -11,17 +11,40 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from perfladder import __version__
 from perfladder.config import CONFIG_NAMES, pick_config
-from perfladder.outputs import OutputError, check_output_path, write_all
+from perfladder.data import CorpusError
+from perfladder.faults import (
+    DEBUG_VARIABLE,
+    OutputClosed,
+    UserError,
+    annotate,
+    debug_requested,
+    guarded,
+    say,
+)
+from perfladder.outputs import (
+    OutputError,
+    RunFiles,
+    check_output_path,
+    user_path,
+    write_all,
+)
 from perfladder.results.record import FRAMEWORKS, LadderResult, ResultsError
 
+# Variables naming a compile cache folder that a framework creates at import (torch's
+# inductor does so when dynamo is first imported, with a traceback if it cannot).
+CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR")
 
-class CLIError(ValueError):
+
+class CLIError(UserError):
     pass
 
 
@@ -66,22 +89,79 @@ def run_outputs(out, png) -> tuple:
             None if png is None else check_output_path(png, "figure", "--png"))
 
 
-def write_run_outputs(result: LadderResult, json_path, figure_path) -> list:
-    """Write the results JSON and the waterfall together: both or neither."""
-    writers = []
-    if figure_path is not None:
-        def figure(tmp):
-            import matplotlib.pyplot as plt
+def waterfall_writer(result: LadderResult):
+    """The figure writer of ``result`` (None when no rung measured anything to draw)."""
+    if not result.waterfall():
+        return None
 
-            from perfladder.pages.plot import waterfall
-            plt.close(waterfall(result, tmp))
-        writers.append((figure_path, figure))
-    if json_path is not None:
-        writers.append((json_path, result.write))
+    def figure(tmp):
+        import matplotlib.pyplot as plt
+
+        from perfladder.pages.plot import waterfall
+        plt.close(waterfall(result, tmp))
+    return figure
+
+
+WRITING = "<writing>"       # Tracker.current once the ladder is done and its files are written
+
+
+class Tracker:
+    """Which rung is in flight (for the interrupt line), forwarding to ``Progress`` unless quiet."""
+
+    def __init__(self, progress: Progress | None):
+        self.progress, self.current, self.finished = progress, None, []
+
+    def __call__(self, event: str, name: str, payload=None):
+        if event == "start":
+            self.current = name
+        elif event == "end":
+            self.current = None
+            self.finished.append(name)
+        if self.progress is not None:
+            self.progress(event, name, payload)
+
+    def where(self) -> str:
+        def shown(name):
+            return "the learning check" if name == "learning" else name
+        if self.current == WRITING:
+            return "while writing the results"
+        if self.current is not None:
+            return f"during {shown(self.current)}"
+        return f"after {shown(self.finished[-1])}" if self.finished else "before the first rung"
+
+
+def check_environment() -> None:
+    """What a run needs from the machine, named before any work: the packaged corpus, and a
+    compile cache folder that a variable points at."""
+    from perfladder.data import CorpusError, read_corpus
     try:
-        return write_all(writers)
-    except (OSError, ValueError) as e:   # e.g. a disk that filled up, a ladder with no bars
-        raise CLIError(f"nothing written: {e}") from e
+        read_corpus()
+    except CorpusError as e:
+        raise CLIError(f"{e} (the perfladder installation is damaged: reinstall it)") from None
+    for var in CACHE_VARIABLES:
+        value = os.environ.get(var)
+        if not value:
+            continue
+        folder = user_path(value, f"${var}")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            raise CLIError(f"${var}={value!r} cannot be used as a cache folder ({e.strerror or e}); "
+                           "point it at a writable folder or unset it") from None
+
+
+def read_resume(value, framework: str, config_name: str) -> tuple[Path, LadderResult]:
+    """The ``--resume`` file, refused in one line unless it is a ladder of this framework and config."""
+    path = user_path(value, "--resume")
+    earlier = LadderResult.read(path)
+    there = (earlier.framework, earlier.config.get("name"))
+    if there != (framework, config_name):
+        raise CLIError(f"--resume {str(value)!r} is a {there[0]} {there[1]!r} ladder; this run is "
+                       f"{framework} {config_name!r}: give a results file of the same framework and "
+                       "config, or drop --resume")
+    return path, earlier
 
 
 def cmd_run(args) -> int:
@@ -90,6 +170,7 @@ def cmd_run(args) -> int:
         raise CLIError(f"framework {args.framework!r} is not valid; valid choices: {FRAMEWORKS}")
     if args.config is not None and args.config not in CONFIG_NAMES:
         raise CLIError(f"--config {args.config!r} is not valid; valid choices: {', '.join(CONFIG_NAMES)}")
+    check_environment()
     try:
         fw = importlib.import_module(f"perfladder.{args.framework}")
     except ImportError as e:
@@ -100,25 +181,56 @@ def cmd_run(args) -> int:
         cfg = pick_config(args.config, has_gpu=fw.has_gpu())
     except ValueError as e:          # e.g. a bad $PERFLADDER_CONFIG
         raise CLIError(str(e)) from e
+    resume, earlier = (None, None) if args.resume is None else read_resume(args.resume, args.framework, cfg.name)
+    files = RunFiles(json_path, figure_path, overwrite=args.overwrite, resume=resume)
     from perfladder.ladder.engine import check_rungs
     names = check_rungs(fw.RUNGS, rungs)              # optional rungs only when named
-    progress = None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1))
+    tracker = Tracker(None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1)))
     command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    earlier = None if args.resume is None else LadderResult.read(args.resume)
-    result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=progress,
-                           command=command, resume=earlier)
-    print(result.table())
-    failed = result.learning is not None and not result.learning.passed
-    for path in write_run_outputs(result, json_path, figure_path):
-        print(f"wrote {path}")
-    if failed:
-        print(f"perfladder: error: the learning check failed: {result.learning}", file=sys.stderr)
-        return 1
-    return 0
+    try:
+        result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=tracker,
+                               command=command, resume=earlier, checkpoint=files.checkpoint)
+        tracker.current = WRITING
+        return finish_run(result, files)
+    except KeyboardInterrupt as e:   # the one line says where it stopped and what is saved
+        raise annotate(e, f"{tracker.where()}; {files.saved_line()}")
+    except (UserError, OutputClosed):
+        raise                        # their own words say what happened to the files
+    except Exception as e:
+        raise annotate(e, files.saved_line())
 
 
-def _read_all(paths) -> list[LadderResult]:
-    return [LadderResult.read(p) for p in paths]
+def finish_run(result: LadderResult, files: RunFiles) -> int:
+    """Write, then print: a table that cannot be printed (a closed pipe) loses nothing."""
+    measured = any(r.measured for r in result.rungs)
+    learned = result.learning is None or result.learning.passed
+    ok = measured and learned
+    try:
+        written = files.finish(result, ok, waterfall_writer(result))
+    except (OSError, ValueError) as e:     # a disk that filled up, a figure that failed
+        say(result.table())                 # the ladder is on screen, whatever the disk did
+        raise CLIError(f"nothing written: {e}" if not files.saved
+                       else f"{e}; {files.saved_line()}") from e
+    try:
+        say(result.table())
+        for path in written:
+            say(f"wrote {path}")
+    except OutputClosed as e:
+        raise annotate(e, f"results written to {', '.join(map(str, written))}" if written else "")
+    if ok:
+        return 0
+    skipped = "; ".join(f"{r.name} {(r.error or 'skipped').splitlines()[0][:120]}" for r in result.rungs)
+    why = (f"the learning check failed: {result.learning}" if measured
+           else f"no rung was measured ({skipped or 'no rung ran'})")
+    if files.keep:
+        why += (f"; {files.target} kept as it was, this run is in {files.progress} "
+                "(--overwrite replaces it)")
+    print(f"perfladder: error: {why}", file=sys.stderr)
+    return 1
+
+
+def _read_all(values) -> list[LadderResult]:
+    return [LadderResult.read(user_path(v, "results file")) for v in values]
 
 
 def cmd_plot(args) -> int:
@@ -136,7 +248,7 @@ def cmd_plot(args) -> int:
         [path] = write_all([(target, figure)])
     except (OSError, ValueError) as e:          # e.g. a ladder with no measured rung
         raise CLIError(str(e)) from e
-    print(f"wrote {path}")
+    say(f"wrote {path}")
     return 0
 
 
@@ -144,9 +256,9 @@ def cmd_table(args) -> int:
     from perfladder.pages.plot import comparison_table
     results = _read_all(args.results)
     for r in results:
-        print(r.table(), end="\n\n")
+        say(r.table(), end="\n\n")
     if len(results) > 1:
-        print(comparison_table(results))
+        say(comparison_table(results))
     return 0
 
 
@@ -154,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perfladder", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"perfladder {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help=f"show the Python traceback of an error (also: {DEBUG_VARIABLE}=1)")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a ladder and write results JSON")
     r.add_argument("framework", help=f"one of {', '.join(FRAMEWORKS)}")
@@ -167,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-learn", action="store_true", help="skip the learning check")
     r.add_argument("--resume", default=None, metavar="JSON",
                    help="continue an earlier run of the same ladder (its rungs are kept, not re-run)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file even when this run measured nothing or "
+                        "its checks failed (without it, such a run leaves the file as it was and "
+                        "keeps its own results in NAME.partial.json)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plot", help="waterfall PNG from results JSON (two files: side by side)")
@@ -184,10 +302,12 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
-    except (CLIError, ResultsError, OutputError) as e:
+        debug = debug_requested(args.debug)
+    except UserError as e:
         print(f"perfladder: error: {e}", file=sys.stderr)
         return 2
+    return guarded("perfladder", lambda: args.func(args), debug=debug,
+                   user_errors=(CLIError, ResultsError, OutputError, CorpusError))
 
 
 if __name__ == "__main__":

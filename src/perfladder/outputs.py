@@ -7,8 +7,14 @@ the path that will actually be written: matplotlib adds ``.png`` to a figure nam
 suffix, so ``both`` comes back as ``both.png``.
 
 ``write_all([(path, writer), ...])`` has every writer write a temporary file beside its
-target and moves them into place only when all have succeeded, so a run whose figure fails
-leaves no results JSON behind (and a failed write leaves no half-written file).
+target and moves them into place only when all have succeeded, so a failed figure leaves
+the final results JSON unwritten too (and a failed write leaves no half-written file).
+
+``RunFiles`` is where ``perfladder run`` saves: each finished rung as the ladder goes (so an
+interrupt loses only the rung in flight), then the final results and figure together. An
+existing results file is replaced only by a run that measured something and whose checks
+passed, or when the user says ``--overwrite``; any other run keeps its own results in
+``NAME.partial.json`` beside it.
 
 No framework imports; matplotlib only to ask which formats it writes.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -49,7 +56,7 @@ def check_output_path(path, kind: str, option: str = "output") -> Path:
     if path is None or not str(path).strip():
         raise OutputError(f"{option} is empty; give the file to write")
     shown = f"{option} {str(path)!r}"
-    target = Path(path).expanduser()
+    target = user_path(path, option)
     if target.is_dir() or str(path).endswith(("/", os.sep)):
         raise OutputError(f"{shown} is a directory; give a file name inside it")
     suffix = target.suffix.lower().lstrip(".")
@@ -70,6 +77,17 @@ def check_output_path(path, kind: str, option: str = "output") -> Path:
         raise OutputError(f"{shown}: the existing file is not writable")
     _check_parent(target.parent, shown)
     return target
+
+
+def user_path(value, option: str = "path") -> Path:
+    """``value`` with a leading ``~`` or ``~user`` expanded; an ``OutputError`` naming
+    ``option`` and the user when there is no such user (or no home to expand ``~`` to)."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        user = str(value)[1:].split(os.sep, 1)[0]
+        who = f"no user {user!r} on this machine" if user else "no home folder to expand '~' to"
+        raise OutputError(f"{option} {str(value)!r}: {who}") from None
 
 
 def _check_parent(parent: Path, shown: str) -> None:
@@ -132,3 +150,108 @@ def write_all(writers: list[tuple[Path, Callable[[Path], object]]]) -> list[Path
                 pass
         raise
     return [target for _, target in staged]
+
+
+def replace_atomically(path: Path, data: bytes) -> Path:
+    """Make ``data`` the content of ``path``: written to a temporary beside it, under a name of
+    this process and call (so concurrent writers of one path never share one), flushed to
+    disk, then renamed over it. The temporary is removed whatever happens, and ``path`` is
+    either the old file or the complete new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())          # on disk before the rename makes it the file
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def partial_path(target: Path) -> Path:
+    """Where a run keeps its progress when ``target`` already holds results:
+    ``torch.json`` -> ``torch.partial.json`` (still a results file ``--resume`` reads)."""
+    return target.with_name(f"{target.stem}.partial{target.suffix}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+class RunFiles:
+    """Where ``perfladder run`` saves: every finished rung as the ladder goes (``checkpoint``,
+    the engine's hook), then the final results and figure together (``finish``).
+
+    Progress goes to the target itself when there is nothing there to lose (no file yet,
+    the very file being resumed, or ``overwrite``), else to ``partial_path(target)``: an
+    existing results file is replaced only by a run that measured something and whose
+    checks passed (``finish(ok=True)``), or when the user says ``--overwrite``. ``target``
+    None (no ``--out``): nothing is saved, and ``saved_line()`` says so.
+    """
+
+    def __init__(self, target: Path | None, figure: Path | None = None, *,
+                 overwrite: bool = False, resume: Path | None = None):
+        self.target, self.figure, self.overwrite = target, figure, bool(overwrite)
+        resuming_target = resume is not None and target is not None and _same_file(resume, target)
+        self.keep = target is not None and target.exists() and not overwrite and not resuming_target
+        self.progress = None if target is None else (partial_path(target) if self.keep else target)
+        stale = self.progress is not None and self.progress != target and self.progress.exists()
+        if stale and not (resume is not None and _same_file(resume, self.progress)):
+            raise OutputError(f"{self.progress} holds the progress of an interrupted run; continue "
+                              f"it with --resume {self.progress}, or start afresh with --overwrite")
+        self.saved: list[str] = []        # the rungs the progress file holds
+        self.save_failed: str | None = None
+        self.written: list[Path] = []
+
+    def checkpoint(self, result) -> None:
+        """Save ``result`` (a ``LadderResult``) to the progress file. A failure is said once on
+        stderr and the ladder goes on: its table still prints at the end."""
+        if self.progress is None:
+            return
+        try:
+            result.write(self.progress)
+        except (OSError, ValueError) as e:
+            if self.save_failed is None:
+                print(f"perfladder: warning: cannot save progress to {self.progress} ({e}); "
+                      "the ladder goes on", file=sys.stderr, flush=True)
+            self.save_failed = str(e)
+            return
+        self.saved = [r.name for r in result.rungs]
+
+    def saved_line(self) -> str:
+        """What an interrupted or failed run leaves: which rungs are where, and how to go on."""
+        if self.target is None:
+            return "nothing written (no --out given)"
+        if not self.saved:
+            return "nothing written"
+        where = f"{self.progress}" + (f" ({self.target} untouched)" if self.progress != self.target else "")
+        return f"{', '.join(self.saved)} saved to {where}, continue with --resume {self.progress}"
+
+    def finish(self, result, ok: bool, figure: Callable[[Path], object] | None = None) -> list[Path]:
+        """The final write. ``ok``: the run measured something and its checks passed; only then
+        (or with ``overwrite``, or when nothing was there) are the target and the figure
+        replaced, both or neither; otherwise the results stay in the progress file."""
+        if self.target is None:
+            return []
+        if not ok and self.keep:
+            result.write(self.progress)
+            self.saved = [r.name for r in result.rungs]
+            self.written = [self.progress]
+            return self.written
+        writers = []
+        if figure is not None and self.figure is not None and (
+                ok or self.overwrite or not self.figure.exists()):
+            writers.append((self.figure, figure))
+        writers.append((self.target, result.write))
+        self.written = write_all(writers)
+        if self.progress != self.target:
+            self.progress.unlink(missing_ok=True)
+        self.progress, self.saved = self.target, [r.name for r in result.rungs]
+        return self.written

@@ -87,3 +87,21 @@ def test_the_build_script_uses_the_key():
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable, "--nope"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "valid: --key" in bad.stderr
+
+
+def test_the_committed_runs_change_the_key(src, tmp_path):
+    """A ladder page built without a GPU shows the reference run that reference.txt names:
+    a cached page must not survive a change of that file or of any committed run."""
+    runs = tmp_path / "results"
+    (runs / "run-a").mkdir(parents=True)
+    (runs / "run-a" / "torch.json").write_text("{}")
+    (runs / "reference.txt").write_text("run-a\n")
+    base = bookcache.cache_key("smoke", "cpu", src=src, versions=VERSIONS, results=runs)
+    (runs / "reference.txt").write_text("run-b\n")
+    moved = bookcache.cache_key("smoke", "cpu", src=src, versions=VERSIONS, results=runs)
+    (runs / "run-a" / "torch.json").write_text('{"changed": 1}')
+    edited = bookcache.cache_key("smoke", "cpu", src=src, versions=VERSIONS, results=runs)
+    assert len({base, moved, edited}) == 3
+    assert bookcache.key_parts("smoke", "cpu", src=src, versions=VERSIONS, results=None)["results"] == "absent"
+    here = bookcache.key_parts("smoke", "cpu", src=src, versions=VERSIONS)        # the book root's
+    assert here["results"] == bookcache.results_hash(ROOT / "benchmarks" / "results")

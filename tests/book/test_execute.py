@@ -140,9 +140,23 @@ def test_build_script_refuses_a_bad_parallel_value(tmp_path):
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PERFLADDER_BOOK_PARALLEL": "yes", "PERFLADDER_BOOK_OUT": str(tmp_path)}
+    env = {**os.environ, "PERFLADDER_BOOK_PARALLEL": "maybe", "PERFLADDER_BOOK_OUT": str(tmp_path)}
     p = subprocess.run(["bash", str(root / "scripts" / "build_book.sh"), sys.executable],
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
-    assert "PERFLADDER_BOOK_PARALLEL='yes'" in p.stderr and "valid: 0, 1" in p.stderr
+    assert p.stderr == ("scripts/build_book.sh: PERFLADDER_BOOK_PARALLEL='maybe' is not valid; "
+                        "valid: 1, true, yes, 0, false, no\n")
     assert not (tmp_path / "_build").exists()
+
+
+def test_status_rows_are_this_builds_only(tmp_path, monkeypatch):
+    """A side-by-side record of an earlier build is not shown as this build's."""
+    import json
+    plan = {"01_pytorch_ladder.ipynb": {"gpu": "0", "cpus": [0, 1], "seconds": 12.0, "ran": True}}
+    (tmp_path / "side_by_side.json").write_text(json.dumps({**plan, "_build": "build-1"}))
+    assert bookexec.status_rows(tmp_path, build="build-1") == [("01_pytorch_ladder.ipynb", "0", "0-1", "12 s")]
+    assert bookexec.status_rows(tmp_path, build="build-2") is None
+    monkeypatch.setenv("PERFLADDER_BUILD_ID", "build-2")
+    assert bookexec.status_rows(tmp_path) is None
+    (tmp_path / "side_by_side.json").write_text(json.dumps(plan))       # written before build ids
+    assert bookexec.status_rows(tmp_path) is None

@@ -2,10 +2,11 @@
 
 The book executes its notebooks through jupyter-cache, which re-runs a notebook only when the
 notebook's own code changed. The numbers on a page also depend on the library the notebook
-imports, the framework versions, the ladder configuration and the machine; a cached page
-built with any of those different would show stale numbers. ``cache_key`` hashes all of them,
-and ``scripts/build_book.sh`` empties the cache whenever the key differs from the one the
-cache was built with:
+imports, the framework versions, the ladder configuration, the machine, and the committed
+runs under ``benchmarks/results/`` (``reference.txt`` names the ones a ladder page shows on a
+machine without a GPU); a cached page built with any of those different would show stale
+numbers. ``cache_key`` hashes all of them, and ``scripts/build_book.sh`` empties the cache
+whenever the key differs from the one the cache was built with:
 
     python -m perfladder.book.cache --config smoke --device cpu      # prints the key
 """
@@ -47,6 +48,28 @@ def source_hash(src: str | Path | None = None) -> str:
     return h.hexdigest()
 
 
+def results_dir() -> Path | None:
+    """``benchmarks/results`` of the book root above the working directory, else above this
+    package (None: neither is in a book tree), as ``perfladder.book.paths.reference_run`` finds it."""
+    from perfladder.book.paths import repo_root
+    root = repo_root() or repo_root(Path(__file__).parent)
+    return None if root is None else root / "benchmarks" / "results"
+
+
+def results_hash(folder: str | Path | None) -> str:
+    """sha256 over the relative path and bytes of every file under ``folder`` (the committed
+    runs and ``reference.txt``); ``'absent'`` when there is no such folder."""
+    if folder is None or not Path(folder).is_dir():
+        return "absent"
+    root = Path(folder)
+    h = hashlib.sha256()
+    for p in sorted((p for p in root.rglob("*") if p.is_file()),
+                    key=lambda p: p.relative_to(root).as_posix()):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def framework_versions(names=FRAMEWORKS) -> dict[str, str]:
     """Installed version of each distribution (``'absent'`` when not installed), read from the
     package metadata without importing the frameworks."""
@@ -59,23 +82,29 @@ def framework_versions(names=FRAMEWORKS) -> dict[str, str]:
     return out
 
 
+_DEFAULT = object()
+
+
 def key_parts(config: str, device: str, src: str | Path | None = None,
-              versions: dict[str, str] | None = None) -> dict[str, str]:
+              versions: dict[str, str] | None = None, results=_DEFAULT) -> dict[str, str]:
     """What the key is made of, by name (printed by the build script's ``--key``)."""
     if not config:
         raise ValueError("config must name the ladder configuration (e.g. 'smoke' or 'full')")
     if not device:
         raise ValueError("device must describe the machine (e.g. 'cpu' or the GPU's name)")
     vers = framework_versions() if versions is None else dict(versions)
+    folder = results_dir() if results is _DEFAULT else results
     return {"config": config, "device": device, "python": platform.python_version(),
-            "source": source_hash(src), **{f"version:{k}": v for k, v in sorted(vers.items())}}
+            "source": source_hash(src), "results": results_hash(folder),
+            **{f"version:{k}": v for k, v in sorted(vers.items())}}
 
 
 def cache_key(config: str, device: str, src: str | Path | None = None,
-              versions: dict[str, str] | None = None) -> str:
+              versions: dict[str, str] | None = None, results=_DEFAULT) -> str:
     """A short hex key that changes when the library's source (``src``: default, the imported
-    package), a framework version, the configuration or the device changes."""
-    parts = key_parts(config, device, src, versions)
+    package), a framework version, the configuration, the device or the committed runs
+    (``results``: default, ``benchmarks/results`` of the book root) change."""
+    parts = key_parts(config, device, src, versions, results)
     text = "\n".join(f"{k}={v}" for k, v in parts.items())
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -86,14 +115,18 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True, help="ladder configuration (smoke or full)")
     ap.add_argument("--device", required=True, help="the machine (e.g. 'cpu' or the GPU's name)")
     ap.add_argument("--src", default=None, help="library source folder (default: the imported package)")
+    ap.add_argument("--results", default=None,
+                    help="the committed runs (default: benchmarks/results of the book root)")
     ap.add_argument("--parts", action="store_true", help="also print what the key is made of")
     args = ap.parse_args(argv)
-    print(cache_key(args.config, args.device, args.src))
+    results = _DEFAULT if args.results is None else args.results
+    print(cache_key(args.config, args.device, args.src, results=results))
     if args.parts:
-        for k, v in key_parts(args.config, args.device, args.src).items():
+        for k, v in key_parts(args.config, args.device, args.src, results=results).items():
             print(f"  {k}: {v}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from perfladder.faults import guarded
+    raise SystemExit(guarded("perfladder.book.cache", main))

@@ -76,13 +76,22 @@ def cpu_ranges(cpus) -> str:
     return ",".join(out)
 
 
-def status_rows(work: Path) -> list[tuple[str, str, str, str]] | None:
-    """``(notebook, GPU, CPUs, seconds)`` per notebook of the last side-by-side execution in
-    ``work`` (None when the ladder notebooks ran one after the other)."""
+BUILD_ID_VARIABLE = "PERFLADDER_BUILD_ID"     # set by scripts/build_book.sh, one per build
+BUILD_KEY = "_build"                          # where side_by_side.json records it
+
+
+def status_rows(work: Path, build: str | None = None) -> list[tuple[str, str, str, str]] | None:
+    """``(notebook, GPU, CPUs, seconds)`` per notebook of the side-by-side execution in
+    ``work``: None when the ladder notebooks ran one after the other, or when ``build`` (a
+    build id, default ``$PERFLADDER_BUILD_ID``) is given and the file is another build's."""
     f = Path(work) / "side_by_side.json"
     if not f.is_file():
         return None
     plan = json.loads(f.read_text())
+    build = os.environ.get(BUILD_ID_VARIABLE) if build is None else build
+    written_by = plan.pop(BUILD_KEY, None)
+    if build and written_by != build:
+        return None
     return [(name, "-" if p["gpu"] is None else str(p["gpu"]), cpu_ranges(p["cpus"]),
              "cached earlier" if not p["ran"] else f"{p['seconds']:.0f} s") for name, p in plan.items()]
 
@@ -166,8 +175,13 @@ def side_by_side(notebooks: list[Path], cache_dir: Path, work: Path, *, timeout:
                              preexec_fn=lambda s=tuple(shares[i]): os.sched_setaffinity(0, s))
         procs.append((nb, out, logf, fh, p, time.monotonic()))
     failed = []
-    for nb, out, logf, fh, p, t0 in procs:
-        rc = p.wait()
+    try:
+        waited = [(nb, out, logf, fh, p.wait()) for nb, out, logf, fh, p, _ in procs]
+    except BaseException:           # an interrupt: the notebooks stop with it
+        for *_, p, _ in procs:
+            p.terminate()
+        raise
+    for nb, out, logf, fh, rc in waited:
         fh.close()
         if rc != 0:
             failed.append(f"{nb.name} (exit {rc}):\n{logf.read_text()[-4000:]}")
@@ -186,7 +200,8 @@ def side_by_side(notebooks: list[Path], cache_dir: Path, work: Path, *, timeout:
         cache.cache_notebook_bundle(CacheBundleIn(nbformat.read(out, as_version=4), record.uri,
                                                   data={"execution_seconds": plan[nb.name]["seconds"]}),
                                     check_validity=False, overwrite=True)
-    (work / "side_by_side.json").write_text(json.dumps(plan, indent=1))
+    (work / "side_by_side.json").write_text(json.dumps(
+        {**plan, BUILD_KEY: os.environ.get(BUILD_ID_VARIABLE)}, indent=1))
     return plan
 
 
@@ -225,4 +240,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from perfladder.faults import guarded
+    sys.exit(guarded("perfladder.book.execute", main))

@@ -22,7 +22,11 @@ def build_results_dir() -> Path:
     """
     env = os.environ.get("PERFLADDER_RESULTS_DIR")
     if env:
-        path, source = Path(env).expanduser(), f"$PERFLADDER_RESULTS_DIR={env!r}"
+        source = f"$PERFLADDER_RESULTS_DIR={env!r}"
+        try:
+            path = Path(env).expanduser()
+        except RuntimeError:      # '~user' of a user this machine does not have
+            raise ValueError(f"{source}: no user {env[1:].split(os.sep, 1)[0]!r} on this machine") from None
     else:
         root = repo_root()
         path = root / "_build" / "results" if root else Path("perfladder_results")

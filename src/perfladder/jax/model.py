@@ -44,6 +44,36 @@ def _layer_norm(d: int, eps: float, *, dtype, param_dtype, rngs: nnx.Rngs) -> nn
     return nnx.LayerNorm(d, epsilon=eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
+def check_token_ids(X, vocab_size: int, concrete_params: bool) -> None:
+    """Token ids of shape (batch, seq_len), integers, every id in [0, vocab_size): one
+    ValueError naming what is wrong and what is valid otherwise (an out-of-range id would
+    otherwise come back as NaN logits: the lookup fills what it cannot gather).
+
+    Shape and dtype are known at trace time and checked always. The range needs values, and
+    under ``jit`` (or ``grad``) there are none in Python; ``checkify`` would change every
+    jitted step's signature and a ``jax.debug.callback`` would put a host round trip in the
+    timed step. So the values are checked where they are concrete: a direct call with
+    concrete ids and concrete parameters (the user's eager call, the gates, the evaluation).
+    Inside the ladder's transformed steps the ids come from ``perfladder.jax.batches``, whose
+    tokens are indices of the corpus vocabulary the lab sizes the model with.
+    """
+    shape, dtype = getattr(X, "shape", None), getattr(X, "dtype", None)
+    if shape is None or dtype is None:
+        raise TypeError(f"token ids must be an array of shape (batch, seq_len), got {type(X).__name__}")
+    if len(shape) != 2:
+        raise ValueError(f"token ids must have shape (batch, seq_len); got shape {tuple(shape)}")
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"token ids must be integers (e.g. int32); got dtype {dtype}")
+    if 0 in tuple(shape):
+        raise ValueError(f"token ids of shape {tuple(shape)} hold no tokens; give at least one")
+    if concrete_params and not isinstance(X, jax.core.Tracer):
+        ids = np.asarray(X)
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"token id {lo if lo < 0 else hi} is out of range: valid ids are "
+                             f"0 to {vocab_size - 1} (vocab_size={vocab_size})")
+
+
 # -- 1. rotary position embedding ------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def rope_tables(T: int, Dh: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
@@ -295,6 +325,8 @@ class GPT(nnx.Module):
         written while this forward runs -- under ``jit``, once, while it is traced -- so a
         jitted step reports what it computes in from the program itself.
         """
+        check_token_ids(X, self.config.vocab_size,
+                        not isinstance(self.token_emb.embedding[...], jax.core.Tracer))
         observe = _OBSERVE.get() if observe is None else observe
         H = self.embed(X)                                                  # (B, T, D)
         if observe is not None:

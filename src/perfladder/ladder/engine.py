@@ -37,6 +37,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from perfladder.faults import reraise_if_interrupt
 from perfladder.hardware import achieved_tflops, mfu
 from perfladder.ladder.rung import (
     Evidence,
@@ -156,7 +157,8 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
     except NotMeasured as e:
         res = failed(rung, lab, base, e.recipe or recipe, e.reason, details=e.details,
                      prediction=e.prediction, loud=False)
-    except Exception as e:     # the ladder goes on; the entry says what happened
+    except Exception as e:     # the ladder goes on; the entry says what happened ...
+        reraise_if_interrupt(e)    # ... unless the user stopped it: an interrupt is never a skip
         res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc())
     finally:
         lab.free()
@@ -238,12 +240,15 @@ class LadderRun:
 
 def run_ladder(lab, rungs: dict[str, Rung], names=None, *, learn: bool = True, progress=None,
                optional: bool = False, kernels: bool = True,
-               resume: LadderResult | None = None) -> LadderResult:
+               resume: LadderResult | None = None, checkpoint=None) -> LadderResult:
     """Run ``names`` (default: every non-optional rung) of ``rungs`` on ``lab`` in ladder order,
     then the kernel report of the fastest configuration (when beyond rungs ran), then the
     learning check of that configuration. ``progress(event, name, payload)`` hears
     ``('start', name, None)`` and ``('end', name, RungResult | LearningCheck)``. ``resume``:
-    an earlier result of the same ladder to continue (its rungs are not run again)."""
+    an earlier result of the same ladder to continue (its rungs are not run again).
+    ``checkpoint(result)`` is handed the growing ``LadderResult`` after every rung, the kernel
+    report and the learning check, so a caller can save it as the ladder goes (an interrupt
+    then loses only the rung in flight); what it raises stops the ladder."""
     order = check_rungs(rungs, names, optional=optional)
     run = LadderRun(lab, rungs, resume=resume)
     done = {r.name for r in run.result.rungs}
@@ -257,12 +262,19 @@ def run_ladder(lab, rungs: dict[str, Rung], names=None, *, learn: bool = True, p
             progress("end", name, out)
         return out
 
+    def saved():
+        if checkpoint is not None:
+            checkpoint(run.result)
+
     for name in order:
         step(name, lambda name=name: run.run(name))
+        saved()
     if kernels and any(rungs[n].stage == "beyond" for n in order):
         run.kernel_report()
+        saved()
     if learn:
         step("learning", run.learning_check)
+        saved()
     return run.result.finalize()
 
 
@@ -290,6 +302,7 @@ def kernel_report(lab, chain: Chain) -> dict | None:
     try:
         report = lab.kernel_report(name, recipe)
     except Exception as e:
+        reraise_if_interrupt(e)
         msg = f"{type(e).__name__}: {e}"[:2000]
         lab.result.notes.append(f"kernel breakdown of {name} failed: {msg}")
         print(f"perfladder: {lab.result.notes[-1]}", file=sys.stderr, flush=True)

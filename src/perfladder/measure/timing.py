@@ -48,6 +48,10 @@ class BatchShapeError(RuntimeError):
     """The timed batches do not all have one shape."""
 
 
+class StreamEndedError(RuntimeError):
+    """The stream ran out of batches before the measurement was done."""
+
+
 def spread_of(rates: list[float]) -> float:
     """(max - min) / median: how far apart a set of windows is."""
     if not rates:
@@ -122,10 +126,19 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
 
     prev, prev_pos, prev_print = None, None, None
     out = None
+    drawn = 0
 
     def draw():
-        nonlocal prev, prev_pos
-        X, Y = next(stream)
+        nonlocal prev, prev_pos, drawn
+        try:
+            X, Y = next(stream)
+        except StopIteration:
+            raise StreamEndedError(
+                f"the batch stream ended after {drawn} batches; a measurement needs warmup={warmup} "
+                f"+ at least windows={windows} x timed={timed} = {warmup + windows * timed} (up to "
+                f"{warmup + max_windows * timed}): give an endless stream such as "
+                "perfladder.torch.batches / perfladder.jax.batches") from None
+        drawn += 1
         pos = getattr(stream, "position", None)
         if X is prev or (pos is not None and pos == prev_pos):
             raise StaleBatchError("the stream yielded the same batch twice in a row "
@@ -160,8 +173,12 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
             elif this_shape != shape:
                 raise BatchShapeError(f"batch shape changed from {shape} to {this_shape} inside "
                                       f"timed window {w + 1}; keep one shape (drop ragged tails)")
+            n = num_tokens(X)
+            if n <= 0:
+                raise ValueError(f"a batch of shape {this_shape} holds {n} tokens; timing needs "
+                                 "batches of at least one token")
             out = step(X, Y)
-            tokens += num_tokens(X)
+            tokens += n
         sync(out)
         dt = time.perf_counter() - t0
         compiled = compile_count() - before

@@ -138,8 +138,16 @@ def _positive_number(name: str, v) -> float:
     return float(v)
 
 
+def _size(name: str, v) -> float:
+    """A byte count: a finite number >= 0 (a bool, a negative or a NaN size is an error)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name}={v!r} must be a finite number of bytes >= 0")
+    return float(v)
+
+
 def ring_allreduce_seconds(nbytes: float, k: int, bus_bytes_per_s: float) -> float:
     """One ring all-reduce of ``nbytes`` over ``k`` ranks: ``2 (k-1)/k x nbytes / bus_bw``."""
+    nbytes = _size("nbytes", nbytes)
     _positive_int("k", k)
     return 2 * (k - 1) / k * nbytes / _positive_number("bus_bytes_per_s", bus_bytes_per_s)
 
@@ -154,6 +162,7 @@ def hierarchical_allreduce_seconds(nbytes: float, k: int, gpus_per_node: int, in
     (one port per GPU); an all-gather inside the node completes it. Seconds:
     ``2 (g-1)/g x S / bw_intra + 2 (n-1)/n x (S/g) / bw_inter``.
     """
+    nbytes = _size("nbytes", nbytes)
     g = _positive_int("gpus_per_node", gpus_per_node)
     k = _positive_int("k", k)
     intra, inter = get_link(intra), get_link(inter)

@@ -328,14 +328,15 @@ class LadderResult:
         }
 
     def write(self, path: str | Path) -> Path:
+        from perfladder.outputs import replace_atomically
         from perfladder.results.schema import validate
         path = Path(path)
         data = self.finalize().to_dict()
         validate(data, source=str(path))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
-        tmp.replace(path)
+        try:           # a temporary of its own (concurrent writers never share one), always removed
+            replace_atomically(path, (json.dumps(data, indent=1, allow_nan=False) + "\n").encode())
+        except OSError as e:
+            raise ResultsError(f"{path}: cannot write the results file ({e.strerror or e})") from None
         return path
 
     @classmethod

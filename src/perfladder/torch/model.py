@@ -50,6 +50,37 @@ def check_embed(name) -> str:
     return name
 
 
+# Token ids nn.Embedding and one_hot take.
+ID_DTYPES = (torch.int64, torch.int32)
+
+
+def check_token_ids(X, vocab_size: int) -> None:
+    """Token ids of shape (batch, seq_len), integers, every id in [0, vocab_size): one
+    ValueError naming what is wrong and what is valid otherwise.
+
+    Shape and dtype are metadata, so they are checked always (under torch.compile once, at
+    trace time). The range needs the values: it is read from a CPU tensor outside
+    compilation only. On a GPU reading it would cost a device sync in every forward, which
+    would change what the ladder times; there the embedding kernel's own device-side assert
+    stops an out-of-range id (never a silent wrong row).
+    """
+    if not isinstance(X, torch.Tensor):
+        raise TypeError(f"token ids must be a torch.Tensor of shape (batch, seq_len), "
+                        f"got {type(X).__name__}")
+    if X.dim() != 2:
+        raise ValueError(f"token ids must have shape (batch, seq_len); got shape {tuple(X.shape)}")
+    if X.dtype not in ID_DTYPES:
+        raise ValueError(f"token ids must be integers; got dtype {X.dtype}, valid: "
+                         f"{', '.join(map(str, ID_DTYPES))}")
+    if X.numel() == 0:
+        raise ValueError(f"token ids of shape {tuple(X.shape)} hold no tokens; give at least one")
+    if X.device.type == "cpu" and not torch.compiler.is_compiling():
+        lo, hi = int(X.min()), int(X.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"token id {lo if lo < 0 else hi} is out of range: valid ids are "
+                             f"0 to {vocab_size - 1} (vocab_size={vocab_size})")
+
+
 # -- 1. rotary position embedding ----------------------------------------------------------
 def rope_angles(T: int, head_dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables for positions 0..T-1, shape (T, Dh), always fp32.
@@ -292,6 +323,7 @@ class GPT(nn.Module):
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, V)."""
+        check_token_ids(X, self.config.vocab_size)
         T = X.shape[1]
         H = self.embed_tokens(X)                                  # (B, T, D)
         if self.pos == "learned":

@@ -25,9 +25,10 @@ def Ladder(config: LadderConfig, command: str = "") -> engine.LadderRun:
 
 def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=None,
                command: str = "", optional: bool = False, kernels: bool = True,
-               resume=None) -> LadderResult:
+               resume=None, checkpoint=None) -> LadderResult:
     """Run ``rungs`` (default: every non-optional rung) in ladder order, then the kernel
     report and the learning check of the fastest configuration; see ``perfladder.ladder.engine``."""
     names = engine.check_rungs(RUNGS, rungs, optional=optional)     # bad names: before any setup
     return engine.run_ladder(JaxLab(config, command), RUNGS, names, learn=learn, progress=progress,
-                             optional=optional, kernels=kernels, resume=resume)
+                             optional=optional, kernels=kernels, resume=resume,
+                             checkpoint=checkpoint)

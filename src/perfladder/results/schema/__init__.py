@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -43,6 +44,11 @@ def load_json(path: Path) -> Any:
         raise ResultsError(f"{path}: not valid JSON ({e})") from None
     except RecursionError:
         raise ResultsError(f"{path}: JSON nested too deeply to be a results file") from None
+    except ValueError as e:      # an integer of more digits than Python converts
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+        why = (f"it holds an integer longer than {limit} digits" if "integer string conversion" in str(e)
+               else str(e))
+        raise ResultsError(f"{path}: not a results file ({why})") from None
 
 
 def _walk(x, where: str, depth: int = 0):
@@ -76,8 +82,11 @@ def validate(data: Any, source: str = "<results>") -> None:
         _walk(data, "results")
     except ResultsError as e:
         bad(str(e))
-    if data.get("schema_version") != SCHEMA_VERSION:
-        bad(f"schema_version {data.get('schema_version')!r} is not supported (expected {SCHEMA_VERSION})")
+    version = data.get("schema_version")
+    if not _is_int(version):
+        bad(f"schema_version {json.dumps(version)} is not a number; expected {SCHEMA_VERSION} (or 1)")
+    if version != SCHEMA_VERSION:
+        bad(f"schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
     errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data),
                     key=lambda e: list(e.absolute_path))
     if errors:
@@ -94,9 +103,30 @@ def validate(data: Any, source: str = "<results>") -> None:
             bad(f"{where} is {r['kind']!r} but has no tokens_per_s")
         if r["tokens_per_s"] is not None and not r.get("timing"):
             bad(f"{where} has tokens_per_s but no timing windows")
+        if r["tokens_per_s"] is not None:
+            _check_rate(r, where, bad)
         names.append(r["name"])
     if len(set(names)) != len(names):
         bad(f"rung names repeat: {names}")
+
+
+def _is_int(v) -> bool:
+    """A JSON integer: ``true`` is an ``int`` to Python, but not a version number."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_rate(r: dict, where: str, bad) -> None:
+    """A measured rate is the median of its settled windows, so it lies within them (a
+    rate outside would draw a negative error bar)."""
+    t = r["timing"]
+    settled = t["windows"][-t["settled"]:] if t.get("settled") else t["windows"]
+    if not settled:
+        return
+    lo, hi, rate = min(settled), max(settled), r["tokens_per_s"]
+    slack = 1e-9 * max(abs(hi), 1.0)
+    if not lo - slack <= rate <= hi + slack:
+        bad(f"{where}: tokens_per_s {rate:,.6g} lies outside its own settled windows "
+            f"({lo:,.6g} to {hi:,.6g})")
 
 
 def _innermost(e):
@@ -121,7 +151,7 @@ def _rung_name(data, path) -> str | None:
 
 def upgrade(data: Any, source: str = "<results>") -> Any:
     """Version-1 files become version 2; anything else is returned unchanged."""
-    if isinstance(data, dict) and data.get("schema_version") == 1:
+    if isinstance(data, dict) and _is_int(data.get("schema_version")) and data["schema_version"] == 1:
         from perfladder.results.schema.v1 import to_v2
         try:
             _walk(data, "results")

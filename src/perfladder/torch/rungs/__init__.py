@@ -25,10 +25,10 @@ def Ladder(config: LadderConfig, command: str = "", device=None) -> engine.Ladde
 
 def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=None,
                command: str = "", optional: bool = False, kernels: bool = True, device=None,
-               resume=None) -> LadderResult:
+               resume=None, checkpoint=None) -> LadderResult:
     """Run ``rungs`` (default: every non-optional rung) in ladder order, then the kernel
     report and the learning check of the fastest configuration; see ``perfladder.ladder.engine``."""
     names = engine.check_rungs(RUNGS, rungs, optional=optional)     # bad names: before any setup
     return engine.run_ladder(TorchLab(config, device=device, command=command), RUNGS, names,
                              learn=learn, progress=progress, optional=optional, kernels=kernels,
-                             resume=resume)
+                             resume=resume, checkpoint=checkpoint)
