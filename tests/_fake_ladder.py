@@ -19,8 +19,9 @@ import types
 from pathlib import Path
 
 from perfladder.ladder import engine
+from perfladder.ladder.rung import Evidence
 from perfladder.measure.evidence import Timing
-from perfladder.results.record import LadderResult, LearningCheck, RungResult
+from perfladder.results.record import LadderResult, LearningCheck
 
 NAMES = ("R0", "R1", "R2", "R3")
 
@@ -57,9 +58,19 @@ class FakeLab:
     def learning_check(self, name, recipe):
         return LearningCheck(steps=40, first=3.0, last=2.0, window=20)
 
+    def use(self, **code):
+        pass
+
+    def precision(self, recipe):
+        return "fp32"
+
+    def flops_per_token(self, seq_len):
+        return 1000
+
 
 def rung_fn(name: str):
-    def fn(lab, recipe, base):
+    def fn(lab, given):
+        recipe = given.recipe
         if os.environ.get("FAKE_CALLS"):
             with open(os.environ["FAKE_CALLS"], "a") as f:
                 f.write(name + "\n")
@@ -72,13 +83,13 @@ def rung_fn(name: str):
         rate = 1000.0 * (NAMES.index(name) + 1)
         timing = Timing(windows=[rate] * 3, seconds=[1.0] * 3, settled=3, stable=True,
                         target_spread=0.03, steps_per_window=10, warmup=5, batch_shape=[8, 16])
-        return RungResult(name=name, key="", label="", tokens_per_s=rate, recipe=recipe.to_dict(),
-                          timing=timing)
+        return Evidence(timing=timing, recipe=recipe)
     return fn
 
 
+KEYS = ("eager", "compile", "bf16", "batch_up")       # described techniques (ladder/techniques.py)
 RUNGS = engine.registry([
-    engine.Rung(n, n.lower(), f"step {n}", rung_fn(n), builds_on=NAMES[i - 1] if i else None)
+    engine.Rung(n, KEYS[i], f"step {n}", rung_fn(n), builds_on=NAMES[i - 1] if i else None)
     for i, n in enumerate(NAMES)])
 
 

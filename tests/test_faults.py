@@ -124,7 +124,7 @@ def test_an_interrupt_that_a_library_wraps_is_still_an_interrupt():
 
     from perfladder.config import get_config
 
-    def wrapped(lab, recipe, base):
+    def wrapped(lab, given):
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt as e:
