@@ -19,10 +19,10 @@ MFU denominator; a rate "against the measured roof" uses the ceilings the same r
 """
 from __future__ import annotations
 
-import math
-import numbers
 import re
 from dataclasses import dataclass
+
+from perfladder.checks import check_positive
 
 PRECISIONS = ("bf16", "tf32")
 
@@ -83,18 +83,9 @@ def peak_for(device_name: str | None) -> Peak | None:
     return None
 
 
-def _positive(name: str, value) -> float:
-    """``value`` as a float if it is a finite number > 0; a ValueError naming it otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} must be a finite number > 0")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={value!r} must be a finite number > 0")
-    return float(value)
-
-
 def achieved_tflops(tokens_per_s: float, flops_per_token: float) -> float:
     """Model FLOPs actually delivered per second, in TFLOP/s."""
-    return _positive("tokens_per_s", tokens_per_s) * _positive("flops_per_token", flops_per_token) / 1e12
+    return check_positive("tokens_per_s", tokens_per_s) * check_positive("flops_per_token", flops_per_token) / 1e12
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,

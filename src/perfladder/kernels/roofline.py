@@ -55,10 +55,10 @@ names do not tell, so a JAX breakdown keeps one elementwise row.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass, field
 
+from perfladder.checks import check_int, check_positive
 from perfladder.kernels import CATEGORIES, KernelBreakdown
 
 PRECISIONS = ("bf16", "fp32")
@@ -105,9 +105,7 @@ class Workload:
 
     def __post_init__(self):
         for name in ("batch", "seq", "width", "heads", "blocks", "vocab", "ffn_mult"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive integer")
+            check_int(name, getattr(self, name))
         if self.width % self.heads:
             raise ValueError(f"width={self.width} is not divisible by heads={self.heads}")
         if self.precision not in PRECISIONS:
@@ -142,9 +140,7 @@ class Roofs:
 
     def __post_init__(self):
         for name in ("copy_bytes_per_s", "matmul_flops_per_s"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name}={v!r} must be a positive number")
+            check_positive(name, getattr(self, name))
 
     @classmethod
     def from_probe(cls, probe: dict, precision: str = "bf16", source: str = "") -> "Roofs":

@@ -7,7 +7,6 @@ them in named slots (``timing``, ``profile``, ``receipt``, ``gates``, ``memory``
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,9 +163,3 @@ class Prediction(Record):
     measured_tokens_per_s: float | None = None
     points: list[dict] = field(default_factory=list)   # per k, when several were predicted
 
-
-def finite_positive(name: str, v) -> float:
-    """``v`` as a float, or a ValueError naming ``name`` when it is not a finite positive number."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}={v!r} must be a finite positive number")
-    return float(v)

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from perfladder.checks import check_int
+
 DEFAULT_TARGET_SPREAD = 0.03   # windows within 3% of each other count as settled
 MIN_MAX_WINDOWS = 10           # never give up before this many windows
 
@@ -93,12 +95,6 @@ class Throughput:
                 f"{len(self.windows)} windows, spread {100 * self.spread:.1f}%, {state})")
 
 
-def _check_count(name: str, v, lo: int) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
-    return v
-
-
 def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, windows: int,
             sync: Callable[[Any], None], compile_count: Callable[[], int],
             num_tokens: Callable[[Any], int], shape_of: Callable[[Any], tuple],
@@ -106,12 +102,12 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
             target_spread: float = DEFAULT_TARGET_SPREAD,
             max_windows: int | None = None) -> Throughput:
     """Time ``step(X, Y)`` over batches drawn from ``stream``; see the module docstring."""
-    _check_count("warmup", warmup, 0)
-    _check_count("timed", timed, 1)
-    _check_count("windows", windows, 1)
+    check_int("warmup", warmup, 0)
+    check_int("timed", timed, 1)
+    check_int("windows", windows, 1)
     if max_windows is None:
         max_windows = max(MIN_MAX_WINDOWS, 3 * windows)
-    _check_count("max_windows", max_windows, windows)
+    check_int("max_windows", max_windows, windows)
     if isinstance(target_spread, bool) or not 0 < float(target_spread) < 1:
         raise ValueError(f"target_spread={target_spread!r} must be a fraction in (0, 1)")
 

@@ -24,9 +24,9 @@ long rings) is left out: a 76 MB gradient is deep in the bandwidth-bound regime.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass, field
+
+from perfladder.checks import check_int, check_positive
 
 GRAD_BYTES_PER_PARAM = 4          # fp32 gradients (masters stay fp32 in both forms)
 PREDICT_KS = (2, 4, 8)            # printed before launch on every build, whatever the machine
@@ -125,23 +125,10 @@ class Prediction:
 
 
 # -- the two terms ---------------------------------------------------------------------------
-def _positive_int(name: str, v) -> int:
-    """``v`` as an int (numpy integers welcome); a bool or anything below 1 is an error."""
-    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{name}={v!r} must be a positive integer")
-    return int(v)
-
-
-def _positive_number(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}={v!r} must be a positive finite number")
-    return float(v)
-
-
 def ring_allreduce_seconds(nbytes: float, k: int, bus_bytes_per_s: float) -> float:
     """One ring all-reduce of ``nbytes`` over ``k`` ranks: ``2 (k-1)/k x nbytes / bus_bw``."""
-    _positive_int("k", k)
-    return 2 * (k - 1) / k * nbytes / _positive_number("bus_bytes_per_s", bus_bytes_per_s)
+    check_int("k", k)
+    return 2 * (k - 1) / k * nbytes / check_positive("bus_bytes_per_s", bus_bytes_per_s)
 
 
 def hierarchical_allreduce_seconds(nbytes: float, k: int, gpus_per_node: int, intra, inter) -> float:
@@ -154,8 +141,8 @@ def hierarchical_allreduce_seconds(nbytes: float, k: int, gpus_per_node: int, in
     (one port per GPU); an all-gather inside the node completes it. Seconds:
     ``2 (g-1)/g x S / bw_intra + 2 (n-1)/n x (S/g) / bw_inter``.
     """
-    g = _positive_int("gpus_per_node", gpus_per_node)
-    k = _positive_int("k", k)
+    g = check_int("gpus_per_node", gpus_per_node)
+    k = check_int("k", k)
     intra, inter = get_link(intra), get_link(inter)
     if k <= g:
         return ring_allreduce_seconds(nbytes, k, intra.bus_bytes_per_s)
@@ -169,11 +156,11 @@ def hierarchical_allreduce_seconds(nbytes: float, k: int, gpus_per_node: int, in
 
 # -- predictions ---------------------------------------------------------------------------------
 def _compute_terms(k, per_rank_batch, seq_len, single_tokens_per_s, num_params):
-    _positive_int("k", k)
-    _positive_int("per_rank_batch", per_rank_batch)
-    _positive_int("seq_len", seq_len)
-    _positive_int("num_params", num_params)
-    rate = _positive_number("single_tokens_per_s", single_tokens_per_s)
+    check_int("k", k)
+    check_int("per_rank_batch", per_rank_batch)
+    check_int("seq_len", seq_len)
+    check_int("num_params", num_params)
+    rate = check_positive("single_tokens_per_s", single_tokens_per_s)
     tokens = per_rank_batch * seq_len
     return tokens / rate, tokens, rate
 
@@ -228,7 +215,7 @@ def predict_hierarchical(k: int, per_rank_batch: int, seq_len: int, single_token
                                              num_params)
     k, per_rank_batch, seq_len, num_params = int(k), int(per_rank_batch), int(seq_len), int(num_params)
     intra_l, inter_l = get_link(intra), get_link(inter)
-    g = _positive_int("gpus_per_node", gpus_per_node)
+    g = check_int("gpus_per_node", gpus_per_node)
     t_comm = hierarchical_allreduce_seconds(GRAD_BYTES_PER_PARAM * num_params, k, g, intra_l, inter_l)
     nodes = max(1, k // g)
     return _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, tokens,

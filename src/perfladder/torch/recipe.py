@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from perfladder.checks import check_int
 from perfladder.torch.fused import check_fused
 from perfladder.torch.model import check_attn_backend, check_embed
 from perfladder.torch.step import OPTIMIZERS
@@ -27,9 +28,7 @@ class Recipe:
     fused: tuple[str, ...] = ()      # GPT(fused=...): Triton kernels (perfladder.torch.fused)
 
     def __post_init__(self):
-        b = self.batch_size
-        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-            raise ValueError(f"batch_size={b!r} must be a positive integer")
+        check_int("batch_size", self.batch_size)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r} is not valid; valid choices: {OPTIMIZERS}")
         check_embed(self.embed)
