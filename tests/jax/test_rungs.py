@@ -18,9 +18,9 @@ from perfladder.config import get_config  # noqa: E402
 from perfladder.jax import RUNGS, JaxLab, Ladder, Recipe, run_ladder  # noqa: E402
 from perfladder.jax.lab import EAGER_WINDOWS  # noqa: E402
 from perfladder.measure.evidence import ProfileSummary  # noqa: E402
-from perfladder.measure.learning import val_threshold  # noqa: E402
+from perfladder.measure.learning import LearningCheck, val_threshold  # noqa: E402
 from perfladder.multigpu.costmodel import PREDICT_KS  # noqa: E402
-from perfladder.results.record import KINDS, LadderResult, LearningCheck, RungResult  # noqa: E402
+from perfladder.results.record import KINDS, LadderResult, RungResult  # noqa: E402
 from perfladder.results.schema import validate  # noqa: E402
 
 CFG = get_config("smoke")

@@ -150,7 +150,7 @@ def test_an_honest_step_passes_the_learning_check():
                                     steps=SMOKE_LEARN_STEPS)
     assert isinstance(check, LearningCheck) and check.passed and check.steps == SMOKE_LEARN_STEPS
     assert check.val_before > 3.0 and check.val_after < check.threshold - 0.1, check
-    assert check.train_last < check.train_first and "plain eager fp32" in check.evaluated_with
+    assert check.last < check.first and "plain eager fp32" in check.evaluated_with
     assert LearningCheck.from_dict(check.to_dict()) == check
 
 

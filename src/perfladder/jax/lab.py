@@ -42,8 +42,9 @@ from perfladder.measure.evidence import (
     Receipt,
     Timing,
 )
+from perfladder.measure.learning import LearningCheck
 from perfladder.measure.timing import Throughput
-from perfladder.results.record import LadderResult, LearningCheck, RungResult
+from perfladder.results.record import LadderResult, RungResult
 
 EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
 EAGER_MAX_WINDOWS = 4    # ... and it gives up early (an un-jitted step is slow)
@@ -141,7 +142,7 @@ class JaxLab:
                                    commit=step.commit)
         except LearningError as e:
             check = e.check
-        return LearningCheck.of(check)
+        return check
 
     # -- building blocks --------------------------------------------------------------------
     @property

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from perfladder.measure.evidence import (
     Timing,
     _plain,
 )
+from perfladder.measure.learning import LearningCheck
 
 SCHEMA_VERSION = 2
 FRAMEWORKS = ("torch", "jax")
@@ -139,80 +139,6 @@ class RungResult:
         if self.mfu is not None:
             parts.append(f"MFU {100 * self.mfu:.1f}%")
         return ", ".join(parts)
-
-
-@dataclass
-class LearningCheck:
-    """A short training run of the fastest configuration (see ``perfladder.measure.learning``)."""
-    steps: int
-    first: float          # mean training loss of the first `window` steps
-    last: float           # mean training loss of the last `window` steps
-    window: int
-    losses: list[float] = field(default_factory=list)
-    val_before: float | None = None
-    val_after: float | None = None
-    threshold: float | None = None      # val_after must be below this
-    evaluated_with: str = ""
-    configuration: str = ""             # which rung's configuration was trained
-
-    @property
-    def passed(self) -> bool:
-        # a diverged run's non-finite losses are written as null: it never passes (nor does NaN)
-        falls = self.first is not None and self.last is not None and self.last < self.first
-        if self.threshold is None:
-            return falls
-        return (falls and self.val_after is not None and self.val_before is not None
-                and self.val_after < self.val_before and self.val_after <= self.threshold)
-
-    @classmethod
-    def of(cls, check) -> "LearningCheck":
-        """The stored record of a ``perfladder.measure.learning.LearningCheck`` (passed or failed)."""
-        return cls(steps=check.steps, first=check.train_first, last=check.train_last,
-                   window=check.window, losses=list(check.losses), val_before=check.val_before,
-                   val_after=check.val_after, threshold=check.threshold,
-                   evaluated_with=check.evaluated_with)
-
-    def to_dict(self) -> dict:
-        d = _plain({k: getattr(self, k) for k in self.__dataclass_fields__})
-        for k in ("first", "last", "val_before", "val_after"):
-            d[k] = _finite_or_none(d[k])
-        d["losses"] = [_finite_or_none(x) for x in d["losses"]]
-        d["passed"] = self.passed
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict | None):
-        if d is None:
-            return None
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-
-    def __str__(self) -> str:
-        f = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
-        s = (f"training loss over {self.steps} steps: first {self.window} {f(self.first)} -> "
-             f"last {self.window} {f(self.last)}")
-        if self.threshold is not None:
-            s += (f"; validation loss {f(self.val_before)} -> {f(self.val_after)} "
-                  f"(must be < {self.threshold:.3f})")
-        return s + (" -- passed" if self.passed else " -- FAILED")
-
-
-def _finite_or_none(x):
-    """JSON holds finite numbers only: a diverged loss (NaN, inf) is written as null."""
-    return None if isinstance(x, float) and not math.isfinite(x) else x
-
-
-def smoothed_check(losses, window: int = 20) -> LearningCheck:
-    """First-``window`` mean vs last-``window`` mean of a loss curve; raises if it did not fall."""
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"window={window!r} must be a positive integer")
-    losses = [float(x) for x in losses]
-    if len(losses) < 2 * window:
-        raise ValueError(f"need at least {2 * window} losses for window={window}, got {len(losses)}")
-    check = LearningCheck(steps=len(losses), first=sum(losses[:window]) / window,
-                          last=sum(losses[-window:]) / window, window=window, losses=losses)
-    if not check.passed:
-        raise AssertionError(f"speed that breaks the model is not speed: {check}")
-    return check
 
 
 @dataclass

@@ -223,7 +223,6 @@ class TorchLab:
         the reference model (``perfladder.torch.evaluate``). A failed check is returned, not
         raised: the result records it and the caller decides."""
         from perfladder.measure.learning import LearningError
-        from perfladder.results.record import LearningCheck
         from perfladder.torch.evaluate import learning_check
         c = self.config
         data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
@@ -233,7 +232,7 @@ class TorchLab:
             check = learning_check(self.build_step(recipe), stream, data, steps=c.learn_steps)
         except LearningError as e:
             check = e.check
-        return LearningCheck.of(check)
+        return check
 
     def __repr__(self) -> str:
         return f"TorchLab(config={self.config.name!r}, device={self.device_name!r})"
