@@ -5,7 +5,7 @@
 
 For each framework and form (seed: fp32 at batch 64 per device; fast: the fastest
 single-GPU recipe per device) it measures the single-device baseline (settled: re-measured
-once if its windows spread > 5%), prints the cost model's prediction, and only then
+once if its windows did not settle: the ladder's rule, the config's target_spread), prints the cost model's prediction, and only then
 launches k = all visible GPUs (and k = 2 when there are more). Stages, each its own
 process, in order of importance (a stage that would overrun ``--budget`` records skips):
 

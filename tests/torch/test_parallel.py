@@ -7,6 +7,7 @@ import torch
 
 from perfladder.config import get_config
 from perfladder.measure.evidence import Timing
+from perfladder.measure.timing import settles
 from perfladder.results.record import RungResult
 from perfladder.torch import RUNGS, TorchLab
 from perfladder.torch.parallel import launch as ddp
@@ -60,13 +61,14 @@ def test_multi_gpu_rungs_are_declared_last():
 
 
 def _planted_base(lab, rate=512.0, windows=None):
-    """R0 as if measured at ``rate`` tokens/s (t_compute = B*T/rate for the smoke sizes)."""
+    """R0 as if measured at ``rate`` tokens/s (t_compute = B*T/rate for the smoke sizes), its
+    verdict the settle rule's on its windows."""
     windows = windows or [rate] * 3
     lab.result.add(RungResult(name="R0", key="eager", label="eager", tokens_per_s=rate,
                               batch_size=CFG.batch_size, seq_len=CFG.num_steps,
                               timing=Timing(windows=windows, seconds=[1.0] * 3, settled=3,
-                                            stable=True, target_spread=0.3, steps_per_window=3,
-                                            warmup=2)))
+                                            stable=settles(windows, 0.3), target_spread=0.3,
+                                            steps_per_window=3, warmup=2)))
 
 
 def test_one_device_predicts_and_says_it_measured_nothing(capsys):
@@ -109,6 +111,10 @@ def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys,
     assert launched == [(2, "seed", "ddp", "nvlink4-h200")]
     assert r5.kind == "multi-gpu" and r5.tokens_per_s > 0 and r5.label == "DDP x2", r5.error
     assert len(r5.windows) == CFG.windows and isinstance(r5.stable, bool)
+    t = r5.timing                       # the windows the ranks timed, with their own seconds
+    assert len(t.seconds) == CFG.windows and all(s > 0 for s in t.seconds) and t.seconds != [1.0] * CFG.windows
+    assert t.steps_per_window == CFG.timed and t.batch_shape == [CFG.batch_size, CFG.num_steps]
+    assert t.stable == settles(t.windows, CFG.target_spread)         # the ladder's settle rule
     assert r5.prediction.measured_tokens_per_s == r5.tokens_per_s
     d = r5.details
     assert d["k"] == 2 and d["per_rank_batch"] == CFG.batch_size and d["bus_bw_measured"] > 0

@@ -33,7 +33,8 @@ from perfladder.jax.timer import (
 )
 from perfladder.jax.trainstep import TrainStep
 from perfladder.kernels.roofline import of_run
-from perfladder.ladder.engine import Rung, measure_settled
+from perfladder.ladder.engine import Rung
+from perfladder.measure.timing import measure_settled
 from perfladder.measure.evidence import (
     Compile,
     Memory,

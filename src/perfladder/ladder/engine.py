@@ -331,10 +331,3 @@ def learning_check(lab, chain: Chain):
     lab.result.learning = check
     return check
 
-
-def measure_settled(measure: Callable[[], Any]) -> tuple[Any, bool]:
-    """``measure()``; once more when its windows did not settle. ``(Throughput, remeasured)``."""
-    t = measure()
-    if t.stable:
-        return t, False
-    return measure(), True

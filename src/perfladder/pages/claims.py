@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.measure import verdict as _verdict
+from perfladder.measure.timing import LEGACY_TARGET_SPREAD, did_settle
 from perfladder.results.record import LadderResult, RungResult
 
 
@@ -88,17 +89,14 @@ def ceiling(result: LadderResult) -> dict | None:
 
 # -- what may be said about a comparison -------------------------------------------------------
 def settled(r: RungResult) -> bool | None:
-    """Did ``r``'s own windows settle? ``None`` when it has none (a version-1 file without a
-    stable flag is judged against the legacy 5% spread, as ``perfladder.measure.verdict`` does)."""
-    t = r.timing
-    if t is None:
-        return None
-    return bool(t.stable) if t.stable is not None else t.spread <= _verdict.LEGACY_TARGET_SPREAD
+    """Did ``r``'s own windows settle? (``perfladder.measure.timing.did_settle``; ``None`` when
+    it has none)."""
+    return did_settle(r.timing)
 
 
 def target(r: RungResult) -> float:
     t = r.timing
-    return t.target_spread if t is not None and t.target_spread else _verdict.LEGACY_TARGET_SPREAD
+    return t.target_spread if t is not None and t.target_spread else LEGACY_TARGET_SPREAD
 
 
 def unsettled_clause(*rungs: RungResult) -> str:

@@ -31,6 +31,7 @@ from perfladder.measure.evidence import (
     _plain,
 )
 from perfladder.measure.learning import LearningCheck
+from perfladder.measure.timing import did_settle
 
 SCHEMA_VERSION = 2
 FRAMEWORKS = ("torch", "jax")
@@ -181,7 +182,7 @@ class LadderResult:
         chain = self.waterfall()
         if not chain:
             raise ValueError(f"no measured waterfall rung in this {self.framework} ladder")
-        settled = [r for r in chain if r.stable is not False]
+        settled = [r for r in chain if did_settle(r.timing) is not False]
         return max(settled or chain, key=lambda r: r.tokens_per_s)
 
     def add(self, rung: RungResult) -> RungResult:

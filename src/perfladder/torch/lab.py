@@ -16,7 +16,7 @@ from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import achieved_tflops, mfu, peak_for
 from perfladder.kernels.roofline import of_run
-from perfladder.ladder.engine import measure_settled
+from perfladder.measure.timing import measure_settled
 from perfladder.measure.evidence import (
     Compile,
     Gate,

@@ -137,6 +137,7 @@ def run(spec: dict, out: Path) -> dict:
         peak_mem_bytes,
     )
     from perfladder.jax.timer import throughput
+    from perfladder.measure.evidence import Timing
 
     cfg, recipe = LadderConfig(**spec["config"]), spec["recipe"]
     mesh = global_mesh()
@@ -158,12 +159,15 @@ def run(spec: dict, out: Path) -> dict:
     mems = peak_mem_bytes(local)
     mine = {"process_id": jax.process_index(), "host": socket.gethostname(),
             "local_devices": [str(d) for d in local], "tokens_per_s": t.tokens_per_s,
-            "windows": t.windows, "bus_bw": bw, "peak_mem_bytes": mems}
+            "windows": t.windows, "seconds": t.seconds, "bus_bw": bw, "peak_mem_bytes": mems}
     # every process times the same global steps; gather their numbers for process 0
     gathered = multihost_utils.process_allgather(
-        {"windows": np.asarray(t.windows), "bw": np.asarray(bw), "mem_kib": mem_to_kib(mems)})
+        {"windows": np.asarray(t.windows), "seconds": np.asarray(t.seconds), "bw": np.asarray(bw),
+         "mem_kib": mem_to_kib(mems)})
     summary = {"k": k, "num_processes": jax.process_count(), "num_params": n, "spec": spec,
+               "timing": Timing.of(t).to_dict(),          # process 0's: the global steps it timed
                "windows_per_process": gathered["windows"].tolist(),
+               "seconds_per_process": gathered["seconds"].tolist(),
                "bus_bw_per_process": gathered["bw"].tolist(),
                "peak_mem_bytes_per_gpu": kib_to_bytes(gathered["mem_kib"]),
                "device": jax.devices()[0].device_kind,
@@ -281,6 +285,7 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
     """
     from perfladder.data import TimeMachine
     from perfladder.jax.parallel.measure import num_params
+    from perfladder.measure.evidence import Timing
     from perfladder.multigpu import costmodel
     from perfladder.multigpu.measurement import not_measured, record
     recipe = resolve_recipe(config, form, recipe, gpus)
@@ -305,12 +310,13 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
              "process times the same global steps (windows: process 0's; all in ranks)",
              f"state {'sharded (FSDP)' if fsdp else 'replicated'}; each process feeds its own "
              "devices their own batches"]
-    ranks = [{"process_id": i, "windows": w, "bus_bw": b}
-             for i, (w, b) in enumerate(zip(s["windows_per_process"], s["bus_bw_per_process"]))]
+    ranks = [{"process_id": i, "windows": w, "seconds": sec, "bus_bw": b}
+             for i, (w, sec, b) in enumerate(zip(s["windows_per_process"], s["seconds_per_process"],
+                                                 s["bus_bw_per_process"]))]
     ranks[0]["memory_stats"] = s.get("memory_stats_process0")
     bws = [b for b in s["bus_bw_per_process"] if b]
     return record(framework="jax", mechanism="jax.distributed", form=form, k=s["k"],
-                  per_rank_batch=B, seq_len=T, windows=s["windows_per_process"][0],
+                  per_rank_batch=B, seq_len=T, timing=Timing.from_dict(s["timing"]),
                   baseline=baseline, prediction=pred, bus_bw_measured=min(bws) if bws else None,
                   peak_mem_bytes_per_gpu=s["peak_mem_bytes_per_gpu"], recipe=recipe,
                   processes=s["num_processes"], device=s["device"], notes=notes, ranks=ranks)

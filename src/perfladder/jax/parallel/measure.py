@@ -32,6 +32,7 @@ from perfladder.jax.parallel.layout import (
 from perfladder.jax.step import make_optimizer, make_split_step, make_train_step
 from perfladder.jax.stream import batches
 from perfladder.jax.timer import device_name, has_gpu, throughput
+from perfladder.measure.evidence import Timing
 from perfladder.multigpu import costmodel
 from perfladder.multigpu.measurement import (
     Baseline,
@@ -176,12 +177,13 @@ def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
                      warmup: int | None = None, timed: int | None = None,
                      windows: int | None = None) -> Baseline:
     """The single-device rate of ``form`` on ``jax.devices()[0]``, settled (re-measured once if
-    its windows spread > 5%; ``settled=False`` if it spreads twice)."""
+    its windows did not settle; ``settled=False`` if they did not twice)."""
     recipe = recipe_for(config, form, recipe)
     data = corpus(config)
     rep = Replica(config, recipe, len(data.vocab))
     stream = batches(data, recipe["batch_size"], seed=config.seed + 100)
-    base = settle_baseline(lambda: throughput(rep.step, stream, **_timing(config, warmup, timed, windows)))
+    base = settle_baseline(lambda: throughput(rep.step, stream, **_timing(config, warmup, timed, windows)),
+                           config.target_spread)
     base.peak_mem_bytes = peak_mem_bytes(jax.devices()[:1])[0]
     return base
 
@@ -218,7 +220,7 @@ def measure_mesh(k: int, config: LadderConfig, form: str = "fast", recipe=None, 
     if not has_gpu():
         notes.append("CPU devices: the numbers exercise the code path, not an interconnect")
     return record(framework="jax", mechanism=mechanism, form=form, k=k, per_rank_batch=B,
-                  seq_len=T, windows=t.windows, baseline=baseline, prediction=pred,
+                  seq_len=T, timing=Timing.of(t), baseline=baseline, prediction=pred,
                   bus_bw_measured=bw, peak_mem_bytes_per_gpu=peak_mem_bytes(devices),
                   recipe=recipe, device=device_name(), notes=notes)
 
@@ -235,4 +237,5 @@ def skipped_mesh(k: int, config: LadderConfig, form: str, reason: str, recipe=No
 def _timing(config: LadderConfig, warmup, timed, windows) -> dict:
     return {"warmup": config.warmup if warmup is None else warmup,
             "timed": config.timed if timed is None else timed,
-            "windows": config.windows if windows is None else windows}
+            "windows": config.windows if windows is None else windows,
+            "target_spread": config.target_spread}

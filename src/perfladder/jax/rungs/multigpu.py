@@ -22,7 +22,7 @@ from perfladder.jax.trial import trial
 from perfladder.ladder.engine import Rung
 from perfladder.measure.evidence import Prediction
 from perfladder.multigpu import costmodel
-from perfladder.multigpu.measurement import baseline_from_windows, efficiency
+from perfladder.multigpu.measurement import baseline_of, efficiency
 from perfladder.results.record import RungResult
 
 STREAM_SEED_OFFSET = 100    # the sharded streams' seed, away from the single-device streams'
@@ -36,11 +36,11 @@ def single_device_rate(lab: JaxLab, recipe: Recipe, base: str | None):
     except KeyError:
         ran = None
     if ran is not None and ran.measured and ran.timing and lab.recipe_from_dict(ran.recipe) == recipe:
-        return baseline_from_windows(ran.timing.settled_windows), base
+        return baseline_of(ran.timing), base
     step = lab.build_step(recipe)
     lab.first_call(step, *next(lab.stream(recipe.batch_size)))
     t, _ = lab.measure(step, recipe.batch_size)
-    return baseline_from_windows(t.settled_windows), "measured here on one device"
+    return baseline_of(t), "measured here on one device"
 
 
 def predict(lab: JaxLab, recipe: Recipe, base: str | None, label: str) -> tuple[Prediction, object]:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from perfladder.config import CONFIG_NAMES, LadderConfig, get_config
+from perfladder.measure.evidence import Timing
+from perfladder.measure.timing import settles
 from perfladder.multigpu.measurement import FORMS, check_form
 from perfladder.torch.parallel.worker import PARALLELS, RECIPE_KEYS
 
@@ -163,19 +166,26 @@ def launch(spec: dict, k: int, out_dir=None, timeout: float = 900.0) -> tuple[li
     return json.loads(summary.read_text()), out
 
 
-def summarize(ranks: list[dict]) -> dict:
-    """Sum the ranks' rates (weak scaling: each times its own tokens over the same steps)."""
+def summarize(ranks: list[dict], spec: dict) -> dict:
+    """Sum the ranks' rates (weak scaling: each times its own tokens over the same steps).
+
+    ``timing``: the summed windows, each as long as its slowest rank took (every step waits
+    for the all-reduce of all of them), judged by the ladder's settle rule."""
     res = {"k": len(ranks), "ranks": ranks,
            "nodes": len({r.get("host") for r in ranks}),
            "num_params": ranks[0].get("num_params")}
     bws = [r["bus_bw"] for r in ranks if r.get("bus_bw")]
     res["bus_bw_measured"] = min(bws) if bws else None
-    if all("tokens_per_s" in r for r in ranks):
-        res["windows"] = [sum(w) for w in zip(*(r["windows"] for r in ranks))]
-        res["tokens_per_s"] = sum(r["tokens_per_s"] for r in ranks)
-        res["spread"] = (max(res["windows"]) - min(res["windows"])) / res["tokens_per_s"]
-        res["step_time_s"] = max((r.get("step_time_s") or 0.0) for r in ranks) or None
-        res["stable"] = all(r.get("stable", True) for r in ranks)
+    if all("seconds" in r for r in ranks):
+        windows = [sum(w) for w in zip(*(r["windows"] for r in ranks))]
+        target = spec["config"]["target_spread"]
+        res["timing"] = Timing(windows=windows, seconds=[max(s) for s in zip(*(r["seconds"] for r in ranks))],
+                               settled=len(windows), stable=settles(windows, target),
+                               target_spread=target, steps_per_window=spec["timed"],
+                               warmup=spec["warmup"], batch_shape=list(ranks[0]["batch_shape"]))
+        res["windows"], res["tokens_per_s"] = windows, statistics.median(windows)
+        res["spread"], res["stable"] = res["timing"].spread, res["timing"].stable
+        res["step_time_s"] = res["timing"].step_time_s
         res["peak_mem_bytes_per_gpu"] = [r.get("peak_mem_bytes") for r in ranks]
         mems = [m for m in res["peak_mem_bytes_per_gpu"] if m is not None]
         res["peak_mem_bytes"] = max(mems) if mems else None
@@ -189,9 +199,10 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
                          bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0) -> dict:
     """Launch ``k`` ranks of ``form`` (``parallel`` 'ddp' | 'fsdp2' | 'none') and sum them.
 
-    Returns ``{'k', 'nodes', 'ranks', 'num_params', 'bus_bw_measured', 'tokens_per_s',
-    'windows', 'spread', 'step_time_s', 'peak_mem_bytes_per_gpu', 'peak_mem_bytes', 'spec',
-    'out_dir'}`` (timing fields absent with ``check_steps``).
+    Returns ``{'k', 'nodes', 'ranks', 'num_params', 'bus_bw_measured', 'timing' (a ``Timing``),
+    'tokens_per_s', 'windows', 'spread', 'stable', 'step_time_s', 'peak_mem_bytes_per_gpu',
+    'peak_mem_bytes', 'spec', 'out_dir'}`` (timing fields absent with ``check_steps``, and for
+    a settled single-rank baseline, whose ``Baseline`` is in its rank's record).
     """
     backend = backend or default_backend()
     check_k(k, backend)
@@ -199,7 +210,7 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
                      timed=timed, windows=windows, settle=settle, check_steps=check_steps,
                      bench_allreduce=bench_allreduce)
     ranks, out = launch(spec, k, out_dir, timeout)
-    return {**summarize(ranks), "spec": spec, "out_dir": str(out), "backend": backend}
+    return {**summarize(ranks, spec), "spec": spec, "out_dir": str(out), "backend": backend}
 
 
 # -- the rank CLI -----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
                      timed: int | None = None, windows: int | None = None, out_dir=None,
                      timeout: float = 900.0) -> Baseline:
     """The single-device rate of ``form``: one rank, no wrapper, the same recipe; settled
-    (re-measured once in the same process if its windows spread > 5%)."""
+    (re-measured once in the same process if its windows did not settle)."""
     res = data_parallel_tokens(1, config, form, recipe, parallel="none", backend=backend,
                                warmup=warmup, timed=timed, windows=windows, settle=True,
                                bench_allreduce=False, out_dir=out_dir, timeout=timeout)
@@ -95,7 +95,7 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
              "tokens/s summed over ranks, each rank timing its own batches",
              "bus_bw_measured: the slowest rank's timed all-reduce of a gradient-sized fp32 buffer"]
     return record(framework="torch", mechanism=MECHANISM[parallel], form=form, k=k,
-                  per_rank_batch=B, seq_len=T, windows=res["windows"], baseline=baseline,
+                  per_rank_batch=B, seq_len=T, timing=res["timing"], baseline=baseline,
                   prediction=pred, bus_bw_measured=res["bus_bw_measured"],
                   peak_mem_bytes_per_gpu=res["peak_mem_bytes_per_gpu"], recipe=recipe,
                   processes=k, nodes=res["nodes"], device=res["ranks"][0]["device_name"],

@@ -147,12 +147,13 @@ def worker(spec: dict, out: Path) -> None:
                                   windows=spec["windows"], max_windows=spec["windows"],
                                   target_spread=spec["config"]["target_spread"])
             if spec.get("settle"):
-                base = settle_baseline(timed)
+                base = settle_baseline(timed, spec["config"]["target_spread"])
                 info.update(tokens_per_s=base.tokens_per_s, windows=base.windows,
                             baseline=base.to_dict())
             else:
                 tput = timed()
                 info.update(tokens_per_s=tput.tokens_per_s, windows=tput.windows,
+                            seconds=tput.seconds, batch_shape=list(tput.batch_shape),
                             step_time_s=tput.step_time_s, stable=tput.stable)
             info["peak_mem_bytes"] = (int(torch.cuda.max_memory_allocated(device))
                                       if device.type == "cuda" else None)

@@ -18,7 +18,7 @@ from perfladder.hardware import achieved_tflops, mfu
 from perfladder.ladder.engine import Rung
 from perfladder.measure.evidence import Memory, Timing
 from perfladder.multigpu import costmodel
-from perfladder.multigpu.measurement import baseline_from_windows
+from perfladder.multigpu.measurement import baseline_of
 from perfladder.results.record import RungResult
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.parallel import measure as dataparallel
@@ -36,7 +36,7 @@ def ddp_recipe(recipe) -> tuple[dict, list[str]]:
     return out, dropped
 
 
-def baseline_of(lab: TorchLab, base: str | None):
+def single_device_rate(lab: TorchLab, base: str | None):
     """The single-GPU rate the prediction and the efficiency use: the base rung's windows."""
     try:
         r = lab.result.rung(base)
@@ -44,13 +44,13 @@ def baseline_of(lab: TorchLab, base: str | None):
         return None, None
     if not r.measured or r.timing is None:
         return None, None
-    return baseline_from_windows(r.timing.settled_windows), base
+    return baseline_of(r.timing), base
 
 
 def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel: str) -> RungResult:
     backend = "nccl" if lab.on_gpu else "gloo"
     link = dataparallel.default_link(backend)
-    baseline, source = baseline_of(lab, base)
+    baseline, source = single_device_rate(lab, base)
     if baseline is None:
         baseline = dataparallel.measure_baseline(lab.config, form, ddp_recipe(recipe)[0]
                                                  if form == "fast" else None, backend=backend)
@@ -84,10 +84,7 @@ def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel
                    efficiency_vs_linear=m.efficiency_vs_linear, efficiency_note=m.efficiency_note,
                    peak_mem_bytes_per_gpu=m.peak_mem_bytes_per_gpu,
                    predicted_at_measured_bw=m.predicted_at_measured_bw_tokens_per_s)
-    timing = Timing(windows=m.windows, seconds=[1.0] * len(m.windows), settled=len(m.windows),
-                    stable=m.spread is not None and m.spread <= lab.config.target_spread,
-                    target_spread=lab.config.target_spread, steps_per_window=lab.config.timed,
-                    warmup=lab.config.warmup, batch_shape=[B, T])
+    timing = Timing.from_dict(m.timing)
     mems = [x for x in m.peak_mem_bytes_per_gpu if x is not None]
     return RungResult(
         name=name, key="", label=f"{name_label(parallel)} x{m.k}", tokens_per_s=rate,
