@@ -156,10 +156,12 @@ class Compile(Record):
 
 @dataclass
 class Prediction(Record):
-    """A cost-model prediction written down before a measurement (R5)."""
+    """A cost-model prediction written down before a measurement (R5): the rung's own k in
+    ``predicted_tokens_per_s``, every k predicted in ``points``
+    (``perfladder.multigpu.costmodel.Estimate.to_dict()`` each)."""
     model: str                                 # what was modelled
     predicted_tokens_per_s: float
     assumptions: dict[str, Any] = field(default_factory=dict)
     measured_tokens_per_s: float | None = None
-    points: list[dict] = field(default_factory=list)   # per k, when several were predicted
+    points: list[dict] = field(default_factory=list)
 

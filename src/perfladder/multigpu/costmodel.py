@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from perfladder.checks import check_int, check_positive
+from perfladder.measure.evidence import Prediction
 
 GRAD_BYTES_PER_PARAM = 4          # fp32 gradients (masters stay fp32 in both forms)
 PREDICT_KS = (2, 4, 8)            # printed before launch on every build, whatever the machine
@@ -86,8 +87,9 @@ def get_link(link) -> Link:
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """What the cost model says about ``k``-way data parallelism, before anything runs."""
+class Estimate:
+    """What the cost model says about ``k``-way data parallelism, before anything runs: one
+    point of the ``perfladder.measure.evidence.Prediction`` a rung writes down."""
     k: int
     per_rank_batch: int
     seq_len: int
@@ -166,7 +168,7 @@ def _compute_terms(k, per_rank_batch, seq_len, single_tokens_per_s, num_params):
 
 
 def _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, tokens,
-              intra: Link, **topology) -> Prediction:
+              intra: Link, **topology) -> Estimate:
     linear = k * tokens / t_compute
     predicted = k * tokens / (t_compute + t_comm)
     inter = topology.pop("inter", None)
@@ -180,7 +182,7 @@ def _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, t
         assumptions.append(f"{inter.name}: {inter.bus_bytes_per_s / 1e9:g} GB/s per GPU -- "
                            f"{inter.source}; hierarchical all-reduce (ring inside a node, "
                            "ring across nodes on 1/g shards)")
-    return Prediction(
+    return Estimate(
         k=k, per_rank_batch=per_rank_batch, seq_len=seq_len, num_params=num_params,
         grad_bytes=GRAD_BYTES_PER_PARAM * num_params, single_tokens_per_s=rate,
         t_compute_s=t_compute, t_comm_s=t_comm, predicted_tokens_per_s=predicted,
@@ -192,7 +194,7 @@ def _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, t
 
 
 def predict(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
-            num_params: int, link="nvlink4-h200") -> Prediction:
+            num_params: int, link="nvlink4-h200") -> Estimate:
     """The no-overlap prediction for ``k`` ranks on one flat ring over ``link``.
 
     ``link``: a name in ``LINKS`` (or a ``Link``); ``single_tokens_per_s``: the single
@@ -208,7 +210,7 @@ def predict(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: floa
 
 def predict_hierarchical(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
                          num_params: int, *, gpus_per_node: int = 8, intra="nvlink4-h200",
-                         inter="ib-ndr400") -> Prediction:
+                         inter="ib-ndr400") -> Estimate:
     """``predict`` for ``k`` GPUs spread over nodes of ``gpus_per_node`` (see
     ``hierarchical_allreduce_seconds``); one node is exactly ``predict`` over ``intra``."""
     t_compute, tokens, rate = _compute_terms(k, per_rank_batch, seq_len, single_tokens_per_s,
@@ -225,7 +227,7 @@ def predict_hierarchical(k: int, per_rank_batch: int, seq_len: int, single_token
 
 def scaling_curve(ks=None, *, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
                   num_params: int, gpus_per_node: int = 8, intra="nvlink4-h200",
-                  inter="ib-ndr400") -> list[Prediction]:
+                  inter="ib-ndr400") -> list[Estimate]:
     """``predict_hierarchical`` for every k in ``ks`` (default 1, 2, 4, ..., 1024)."""
     ks = tuple(2 ** i for i in range(11)) if ks is None else tuple(ks)
     if not ks:
@@ -235,7 +237,7 @@ def scaling_curve(ks=None, *, per_rank_batch: int, seq_len: int, single_tokens_p
 
 
 def predictions(per_rank_batch: int, seq_len: int, single_tokens_per_s: float, num_params: int,
-                link="nvlink4-h200", ks=PREDICT_KS) -> list[Prediction]:
+                link="nvlink4-h200", ks=PREDICT_KS) -> list[Estimate]:
     """``predict`` for each k in ``ks`` (default 2, 4, 8): what a build prints before launching."""
     return [predict(k, per_rank_batch, seq_len, single_tokens_per_s, num_params, link) for k in ks]
 
@@ -248,17 +250,15 @@ def announce(preds, label: str = "", file=None) -> str:
     return text
 
 
-def prediction(preds, link, single_tokens_per_s: float, source: str, settled, unit: str = "device"):
+def prediction(preds, link, single_tokens_per_s: float, source: str, settled,
+               unit: str = "device") -> Prediction:
     """The ``Prediction`` a data-parallel rung records before any launch: ``preds`` (from
     ``predictions``, its first point the rung's own k) and what they assumed. ``unit`` names
     the single-rank measurement in the assumption keys ("gpu" for PyTorch, "device" for JAX)."""
-    from perfladder.measure.evidence import (
-        Prediction as Recorded,
-    )  # not this module's Prediction: a rung's evidence
-    return Recorded(model="ring all-reduce of the fp32 gradients after the step, no overlap",
-                    predicted_tokens_per_s=preds[0].predicted_tokens_per_s,
-                    points=[p.to_dict() for p in preds],
-                    assumptions={"link": get_link(link).to_dict(),
-                                 f"single_{unit}_tokens_per_s": single_tokens_per_s,
-                                 f"single_{unit}_source": source,
-                                 f"single_{unit}_settled": settled})
+    return Prediction(model="ring all-reduce of the fp32 gradients after the step, no overlap",
+                      predicted_tokens_per_s=preds[0].predicted_tokens_per_s,
+                      points=[p.to_dict() for p in preds],
+                      assumptions={"link": get_link(link).to_dict(),
+                                   f"single_{unit}_tokens_per_s": single_tokens_per_s,
+                                   f"single_{unit}_source": source,
+                                   f"single_{unit}_settled": settled})

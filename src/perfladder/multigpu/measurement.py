@@ -138,7 +138,7 @@ class DataParallelMeasurement:
     processes: int = 1
     nodes: int = 1
     recipe: dict = field(default_factory=dict)
-    prediction: dict | None = None        # costmodel.Prediction.to_dict(), made before the launch
+    prediction: dict | None = None        # costmodel.Estimate.to_dict() at this k, made before the launch
     predicted_tokens_per_s: float | None = None
     predicted_at_measured_bw_tokens_per_s: float | None = None
     measured_tokens_per_s: float | None = None
