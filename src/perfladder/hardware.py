@@ -20,11 +20,17 @@ MFU denominator; a rate "against the measured roof" uses the ceilings the same r
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from perfladder.checks import check_positive
 
-PRECISIONS = ("bf16", "tf32")
+PRECISIONS = ("fp32", "tf32", "bf16")     # what a step's matmuls compute in
+
+
+def check_precision(name: str, valid: tuple[str, ...] = PRECISIONS) -> str:
+    if name not in valid:
+        raise ValueError(f"precision={name!r} is not valid; valid choices: {valid}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,11 @@ class Peak:
     tf32: float            # dense TFLOP/s
 
     def tflops(self, precision: str) -> float:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} is not valid; valid choices: {PRECISIONS}")
-        return getattr(self, precision)
+        return getattr(self, check_precision(precision, PEAK_PRECISIONS))
+
+
+# fp32 proper has no tensor-core peak: the table lists the precisions its columns name
+PEAK_PRECISIONS = tuple(f.name for f in fields(Peak) if f.name in PRECISIONS)
 
 
 # A device name is matched as a whole model name: after the vendor words, its first words
@@ -93,8 +101,7 @@ def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
     """Model-FLOPs utilisation as a fraction of the device's datasheet peak, or ``None`` if
     unknown. ``precision`` picks the peak the rung computes at (``'tf32'`` for fp32 matmuls
     with TF32 allowed, ``'bf16'`` for bf16)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not valid; valid choices: {PRECISIONS}")
+    check_precision(precision, PEAK_PRECISIONS)
     achieved = achieved_tflops(tokens_per_s, flops_per_token)   # refuses non-positive rates
     peak = peak_for(device_name)
     if peak is None:

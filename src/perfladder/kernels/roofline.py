@@ -59,9 +59,9 @@ import re
 from dataclasses import dataclass, field
 
 from perfladder.checks import check_int, check_positive
+from perfladder.hardware import check_precision
 from perfladder.kernels import CATEGORIES, KernelBreakdown
 
-PRECISIONS = ("bf16", "fp32")
 EMBEDS = ("gather", "onehot")
 
 # kernel names that identify an elementwise kernel's job (inductor names fused kernels after
@@ -108,8 +108,7 @@ class Workload:
             check_int(name, getattr(self, name))
         if self.width % self.heads:
             raise ValueError(f"width={self.width} is not divisible by heads={self.heads}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not valid; valid choices: {PRECISIONS}")
+        check_precision(self.precision)
         if self.embed not in EMBEDS:
             raise ValueError(f"embed={self.embed!r} is not valid; valid choices: {EMBEDS}")
 
@@ -146,8 +145,7 @@ class Roofs:
     def from_probe(cls, probe: dict, precision: str = "bf16", source: str = "") -> "Roofs":
         """From ``benchmarks/device_probe.py``'s JSON: ``copy_tb_per_s`` and
         ``bf16_matmul_tflops`` (``tf32_matmul_tflops`` for ``precision='fp32'``)."""
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} is not valid; valid choices: {PRECISIONS}")
+        check_precision(precision)
         key = "bf16_matmul_tflops" if precision == "bf16" else "tf32_matmul_tflops"
         missing = [k for k in ("copy_tb_per_s", key) if k not in probe]
         if missing:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+from perfladder.hardware import check_precision
 
 # Unit roundoff u = 2^-p of each format (p: significand bits, the implicit one included).
 # fp32: 23 stored + 1; TF32 (what a GPU's fp32 matmul runs in by default): 10 + 1; bf16: 7 + 1.
@@ -86,12 +86,6 @@ def probe_qk_std(num_hiddens: int) -> float:
     if not isinstance(num_hiddens, int) or num_hiddens < 1:
         raise ValueError(f"num_hiddens={num_hiddens!r} must be a positive integer")
     return math.sqrt(PROBE_SCORE_STD / num_hiddens)
-
-
-def check_precision(name: str) -> str:
-    if name not in PRECISIONS:
-        raise ValueError(f"precision={name!r} is not valid; valid choices: {PRECISIONS}")
-    return name
 
 
 def coarser(a: str, b: str) -> str:

@@ -37,7 +37,6 @@ SCHEMA_VERSION = 2
 FRAMEWORKS = ("torch", "jax")
 KINDS = ("rung", "control", "multi-gpu", "skipped")
 STAGES = ("seed", "beyond", "multi-gpu")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp8")
 
 
 class ResultsError(ValueError):
