@@ -106,7 +106,7 @@ def test_compiled_step_and_compiled_optimizer_pass_every_gate():
     assert res.passed and max(v / res.tolerance[k] for k, v in res.measured.items()) < 1 / 3
     opt = optimizer_gate(step(), cand, fixed(CFG.batch_size, n=3))
     assert opt.passed and max(opt.measured.values()) < OPTIMIZER_TOL / 3, opt.summary()
-    assert check_receipt(cand, "bf16")["logits"] == "torch.bfloat16"   # recorded by the gate's call
+    assert check_receipt(cand, "bf16")["logits"] == "bfloat16"   # recorded by the gate's call
 
 
 # -- receipts ---------------------------------------------------------------------------------------
@@ -119,13 +119,13 @@ def test_the_receipt_is_written_by_the_timed_call():
     assert s.receipt == {}
     s(X, Y)
     r = check_receipt(s, "bf16")
-    assert r == {"logits": "torch.bfloat16", "loss": "torch.float32", "grad": "torch.float32",
-                 "calls": 1}
+    assert r == {"logits": "bfloat16", "loss": "float32", "grad": "float32",       # normalised once,
+                 "calls": 1}                                                     # where written
     s(X, Y)
     assert s.receipt["calls"] == 2
     fp32 = step()
     fp32(X, Y)
-    assert check_receipt(fp32, "fp32")["logits"] == "torch.float32"
+    assert check_receipt(fp32, "fp32")["logits"] == "float32"
     with pytest.raises(PrecisionError, match="claims bf16 but computed"):
         check_receipt(fp32, "bf16")
     assert check_bf16(s.logits(X).detach()) == "torch.bfloat16"      # the older side-path check

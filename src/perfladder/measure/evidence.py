@@ -114,6 +114,13 @@ class ProfileSummary(Record):
         return self.host_ms / self.device_ms
 
 
+def dtype_name(dtype) -> str:
+    """The one spelling of a dtype in a receipt: 'torch.bfloat16' / 'bfloat16' / jnp.bfloat16 /
+    torch.bfloat16 -> 'bfloat16'."""
+    s = str(getattr(dtype, "__name__", dtype))
+    return s.rsplit(".", 1)[-1]
+
+
 @dataclass
 class Receipt(Record):
     """What precision the timed step actually computed in, read from the timed path."""
@@ -124,8 +131,7 @@ class Receipt(Record):
     @property
     def ok(self) -> bool:
         want = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}[self.claimed]
-        return bool(self.observed) and all(str(v).removeprefix("torch.") == want
-                                           for v in self.observed.values())
+        return bool(self.observed) and all(dtype_name(v) == want for v in self.observed.values())
 
 
 @dataclass

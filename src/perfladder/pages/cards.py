@@ -14,7 +14,6 @@ from perfladder.pages.claims import (
     call,
     gib,
     rate,
-    receipt_ok,
     regime_of,
     settled,
     short_reason,
@@ -125,7 +124,7 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         rc = r.receipt
         seen = ", ".join(f"{k} {v}" for k, v in rc.observed.items())
         out.append(("receipt", f"claimed {rc.claimed}; observed {seen} "
-                    f"({'matches' if receipt_ok(rc) else 'does NOT match'}); read in {rc.where}"))
+                    f"({'matches' if rc.ok else 'does NOT match'}); read in {rc.where}"))
     if r.memory is not None and r.memory.bytes is not None:
         note = f" ({r.memory.note})" if r.memory.note else ""
         out.append(("memory", f"{gib(r.memory.bytes)} {r.memory.kind}{note}"))

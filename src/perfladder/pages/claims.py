@@ -52,13 +52,6 @@ def short_reason(text: str | None, limit: int = 110) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def receipt_ok(rc) -> bool:
-    """``Receipt.ok`` that also accepts a framework-qualified dtype ("torch.bfloat16")."""
-    want = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}.get(rc.claimed)
-    seen = [str(v).rsplit(".", 1)[-1] for v in rc.observed.values()]
-    return bool(seen) and all(v == want for v in seen)
-
-
 def is_smoke(result: LadderResult) -> bool:
     return result.config.get("name") == "smoke"
 

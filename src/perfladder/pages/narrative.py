@@ -31,7 +31,6 @@ from perfladder.pages.claims import (
     gib,
     is_smoke,
     rate,
-    receipt_ok,
     regime_of,
     rung_or_none,
     settled,
@@ -204,8 +203,8 @@ def _control_why(result: LadderResult, r: RungResult) -> str:
     rc = r.receipt
     if rc is not None:
         seen = ", ".join(f"{k} {v}" for k, v in rc.observed.items())
-        out += (f" Its receipt reads {seen}: {'as claimed' if receipt_ok(rc) else 'not ' + rc.claimed}"
-                + ("" if receipt_ok(rc) else f", so this step did not compute in {rc.claimed}") + ".")
+        out += (f" Its receipt reads {seen}: {'as claimed' if rc.ok else 'not ' + rc.claimed}"
+                + ("" if rc.ok else f", so this step did not compute in {rc.claimed}") + ".")
     for key, ctl_key in CONTROLS.items():
         if ctl_key == r.key and result.by_key(key) is not None:
             reading = control_reading(result, result.by_key(key))
@@ -301,7 +300,7 @@ def smoke_check(r: RungResult) -> str:
         parts.append(f"{ok} of {len(r.gates)} gate(s) passed ({', '.join(g.name for g in r.gates)})")
     if r.receipt is not None:
         seen = ", ".join(f"{k} {v}" for k, v in r.receipt.observed.items())
-        verdict = "matches" if receipt_ok(r.receipt) else "does not match"
+        verdict = "matches" if r.receipt.ok else "does not match"
         parts.append(f"receipt {seen} ({verdict} {r.receipt.claimed})")
     if r.compile is not None:
         parts.append(f"first call {r.compile.first_call_s:.1f} s")

@@ -16,7 +16,6 @@ from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import achieved_tflops, mfu, peak_for
 from perfladder.kernels.roofline import of_run
-from perfladder.measure.timing import measure_settled
 from perfladder.measure.evidence import (
     Compile,
     Gate,
@@ -25,6 +24,7 @@ from perfladder.measure.evidence import (
     Receipt,
     Timing,
 )
+from perfladder.measure.timing import measure_settled
 from perfladder.results.record import LadderResult, RungResult
 from perfladder.torch.device import probe_roofs
 from perfladder.torch.gates import PrecisionError
@@ -166,7 +166,7 @@ class TorchLab:
         (``TrainStep.__call__``); ``PrecisionError`` when it is not ``claimed``."""
         from perfladder.torch.gates import check_receipt
         check_receipt(step, "bf16" if claimed == "bf16" else "fp32")
-        observed = {"logits": str(step.receipt["logits"]).removeprefix("torch.")}
+        observed = {"logits": step.receipt["logits"]}
         return Receipt(claimed=claimed, observed=observed, where="TrainStep.__call__")
 
     def record(self, name: str, label: str, recipe: Recipe, t, remeasured: bool, mem: Memory, *,

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perfladder.measure.evidence import dtype_name
+
 # torch.compile modes a step may use (None: the default mode). The two that capture CUDA
 # graphs need a CUDA device: on CPU inductor would skip the graphs and compile the default
 # mode instead, which must not be measured under their name.
@@ -116,7 +118,6 @@ class TrainStep:
         (reading ``.dtype`` is host metadata, no device sync)."""
         self.opt.zero_grad(set_to_none=True)
         logits = self.logits(X)                                          # (B, T, V), bf16 under autocast
-        self.receipt["logits"] = str(logits.dtype).removeprefix("torch.")
         loss = F.cross_entropy(logits.float().reshape(-1, self.vocab_size),  # (B*T, V) in fp32
                                Y.reshape(-1))                            # (B*T,)
         loss.backward()
@@ -127,8 +128,8 @@ class TrainStep:
         # The logits come out of the tied output matmul, so under autocast their dtype is that
         # matmul's compute dtype; the first parameter's gradient dtype says the masters stayed fp32.
         grad = next(iter(self.model.parameters())).grad
-        self.receipt = {"logits": str(logits.dtype), "loss": str(loss.dtype),
-                        "grad": None if grad is None else str(grad.dtype),
+        self.receipt = {"logits": dtype_name(logits.dtype), "loss": dtype_name(loss.dtype),
+                        "grad": None if grad is None else dtype_name(grad.dtype),
                         "calls": self.receipt.get("calls", 0) + 1}
 
     def __call__(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
