@@ -18,7 +18,9 @@ import time
 from perfladder import __version__
 from perfladder.config import CONFIG_NAMES, pick_config
 from perfladder.outputs import OutputError, check_output_path, write_all
-from perfladder.results.record import FRAMEWORKS, LadderResult, ResultsError
+from perfladder.pages.report import text_table
+from perfladder.results import ResultsError
+from perfladder.results.record import FRAMEWORKS, LadderResult
 
 
 class CLIError(ValueError):
@@ -107,7 +109,7 @@ def cmd_run(args) -> int:
     earlier = None if args.resume is None else LadderResult.read(args.resume)
     result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=progress,
                            command=command, resume=earlier)
-    print(result.table())
+    print(text_table(result))
     failed = result.learning is not None and not result.learning.passed
     for path in write_run_outputs(result, json_path, figure_path):
         print(f"wrote {path}")
@@ -144,7 +146,7 @@ def cmd_table(args) -> int:
     from perfladder.pages.plot import comparison_table
     results = _read_all(args.results)
     for r in results:
-        print(r.table(), end="\n\n")
+        print(text_table(r), end="\n\n")
     if len(results) > 1:
         print(comparison_table(results))
     return 0

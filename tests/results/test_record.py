@@ -12,12 +12,9 @@ from conftest import make_result, timing_of
 from perfladder.measure.evidence import Gate, ProfileSummary, Receipt, Timing
 from perfladder.measure.learning import LearningCheck, check_learning
 from perfladder.measure.verdict import MIN_EFFECT, VERDICTS, regime, verdict
-from perfladder.results.record import (
-    SCHEMA_VERSION,
-    LadderResult,
-    ResultsError,
-    RungResult,
-)
+from perfladder.pages.report import text_table
+from perfladder.results import SCHEMA_VERSION, ResultsError
+from perfladder.results.record import LadderResult, RungResult
 from perfladder.results.schema import MAX_DEPTH, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -432,7 +429,7 @@ def test_a_diverged_learning_check_is_written_as_failed(tmp_path):
 
 
 def test_table_mentions_every_rung(synthetic_result):
-    text = synthetic_result.table()
+    text = text_table(synthetic_result)
     assert "torch on NVIDIA H200 (full config)" in text
     for name in ("R0", "R1", "R2", "R3", "R3c", "R5"):
         assert f"\n{name} " in text

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from perfladder.checks import check_int, check_positive
 from perfladder.hardware import check_precision
 from perfladder.kernels import CATEGORIES, KernelBreakdown
+from perfladder.kernels.taxonomy import ROOFLINE_GROUPS
 
 EMBEDS = ("gather", "onehot")
 
@@ -87,6 +88,7 @@ GROUPS = {
 }
 _covered = {c for cats, _ in GROUPS.values() for c in cats}
 assert _covered == set(CATEGORIES), _covered
+assert tuple(GROUPS) == ROOFLINE_GROUPS, tuple(GROUPS)
 
 
 @dataclass(frozen=True)

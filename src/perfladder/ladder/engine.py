@@ -33,7 +33,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
-from perfladder.kernels.roofline import GROUPS as ROOFLINE_GROUPS
+from perfladder.kernels.taxonomy import ROOFLINE_GROUPS
 from perfladder.measure.verdict import above_unsettled_base
 from perfladder.results.record import STAGES, LadderResult, RungResult
 
@@ -60,7 +60,7 @@ class Rung:
     gate: str = ""                             # what proves the same model
     section: str = ""                          # the chapter section whose tool it applies
     attacks: str = ""                          # kernel category / cost it goes after
-    targets: tuple[str, ...] = ()              # the roofline groups it attacks (perfladder.kernels.roofline)
+    targets: tuple[str, ...] = ()              # the roofline groups it attacks (kernels.taxonomy.ROOFLINE_GROUPS)
     alternative: bool = False                  # a choice between implementations
     optional: bool = False                     # run only when named
     needs_gpu: str | None = None               # why the technique does not exist on CPU

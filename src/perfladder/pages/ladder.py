@@ -30,7 +30,8 @@ from perfladder.pages.report import (
     paragraphs_html,
     run_label,
 )
-from perfladder.results.record import FRAMEWORKS, LadderResult, ResultsError
+from perfladder.results import ResultsError
+from perfladder.results.record import FRAMEWORKS, LadderResult
 from perfladder.results.schema import roofs_from_probe
 
 

@@ -32,15 +32,12 @@ from perfladder.measure.evidence import (
 )
 from perfladder.measure.learning import LearningCheck
 from perfladder.measure.timing import did_settle
+from perfladder.results import SCHEMA_VERSION, ResultsError
+from perfladder.results.schema import load_json, upgrade, validate
 
-SCHEMA_VERSION = 2
 FRAMEWORKS = ("torch", "jax")
 KINDS = ("rung", "control", "multi-gpu", "skipped")
 STAGES = ("seed", "beyond", "multi-gpu")
-
-
-class ResultsError(ValueError):
-    """A results file does not follow the schema."""
 
 
 _SLOTS = {"timing": Timing, "memory": Memory, "compile": Compile, "receipt": Receipt,
@@ -230,7 +227,6 @@ class LadderResult:
         }
 
     def write(self, path: str | Path) -> Path:
-        from perfladder.results.schema import validate
         path = Path(path)
         data = self.finalize().to_dict()
         validate(data, source=str(path))
@@ -242,7 +238,6 @@ class LadderResult:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> "LadderResult":
-        from perfladder.results.schema import upgrade, validate
         version = data.get("schema_version") if isinstance(data, dict) else None
         data = upgrade(data, source)
         validate(data, source)
@@ -258,13 +253,8 @@ class LadderResult:
 
     @classmethod
     def read(cls, path: str | Path) -> "LadderResult":
-        from perfladder.results.schema import load_json
         path = Path(path)
         return cls.from_dict(load_json(path), source=str(path))
-
-    def table(self) -> str:
-        from perfladder.pages.report import text_table
-        return text_table(self)
 
 
 def python_versions(**modules) -> dict[str, str]:

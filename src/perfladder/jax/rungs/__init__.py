@@ -3,7 +3,7 @@
     import perfladder.config, perfladder.jax as pj
     result = pj.run_ladder(perfladder.config.get_config("smoke"))       # everything
     run = pj.Ladder(perfladder.config.get_config("smoke"))              # rung by rung
-    run.run("R0"); run.run("R1"); run.result.table()
+    run.run("R0"); run.run("R1"); print(perfladder.pages.report.text_table(run.result))
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from perfladder.results.record import SCHEMA_VERSION, ResultsError
+from perfladder.results import SCHEMA_VERSION, ResultsError
+from perfladder.results.schema.v1 import to_v2
 
 MAX_DEPTH = 64          # results nest a handful of levels; anything deeper is not ours
 
@@ -122,7 +123,6 @@ def _rung_name(data, path) -> str | None:
 def upgrade(data: Any, source: str = "<results>") -> Any:
     """Version-1 files become version 2; anything else is returned unchanged."""
     if isinstance(data, dict) and data.get("schema_version") == 1:
-        from perfladder.results.schema.v1 import to_v2
         try:
             _walk(data, "results")
         except ResultsError as e:
