@@ -11,7 +11,6 @@ from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.container import BarContainer  # noqa: E402
 
 from perfladder.pages.claims import ceiling  # noqa: E402
-from perfladder.pages.ladder import read_run  # noqa: E402
 from perfladder.pages.plot import (
     BASE_COLOR,
     BEYOND_COLOR,
@@ -25,6 +24,7 @@ from perfladder.pages.plot import (
     comparison_table,
     waterfall,
 )
+from perfladder.results.committed import read_run  # noqa: E402
 from perfladder.results.record import LadderResult  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

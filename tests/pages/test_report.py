@@ -15,7 +15,7 @@ from perfladder.config import get_config
 from perfladder.measure.evidence import Prediction
 from perfladder.pages import cards, narrative, reading, report
 from perfladder.pages.claims import call, ceiling, rate, short_reason
-from perfladder.pages.ladder import read_run
+from perfladder.results.committed import read_run
 from perfladder.results.record import LadderResult
 
 

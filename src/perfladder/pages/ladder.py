@@ -6,7 +6,7 @@
 
 On a GPU the page runs the full ladder and shows this build's own numbers. Without one it runs
 the smoke ladder live, as a check of the code (a grey box per rung), and shows the committed
-reference run (``perfladder.book.paths.reference_run()``) rung by rung instead, labelled with its
+reference run (``perfladder.results.committed.reference_run()``) rung by rung instead, labelled with its
 device, date, versions and command. ``page.shown`` is the ladder whose numbers the page shows;
 ``page.live`` the one this build ran. Output goes through IPython when a kernel is running,
 as text otherwise.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from perfladder.book.paths import build_results_dir, reference_run
+from perfladder.book.paths import build_results_dir
 from perfladder.config import pick_config
 from perfladder.pages import cards, plot, reading, report
 from perfladder.pages import multigpu as multigpu_page
@@ -31,20 +31,8 @@ from perfladder.pages.report import (
     run_label,
 )
 from perfladder.results import ResultsError
+from perfladder.results.committed import MULTI_GPU_RUN, read_run, reference_run
 from perfladder.results.record import FRAMEWORKS, LadderResult
-from perfladder.results.schema import roofs_from_probe
-
-
-def read_run(path: str | Path) -> LadderResult:
-    """A committed results file; when it carries no measured roofs and its folder holds the
-    device probe of the same run (``device.json``), the roofs are read from that probe."""
-    path = Path(path)
-    res = LadderResult.read(path)
-    probe = path.parent / "device.json"
-    if res.roofs is None and probe.is_file():
-        res.roofs = roofs_from_probe(probe)
-        res.finalize()
-    return res
 
 
 def _show_figure(fig) -> None:
@@ -167,7 +155,7 @@ class LadderPage:
         if not rows:
             return
         text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
-                f"(benchmarks/results/{multigpu_page.MULTI_GPU_RUN}), each prediction written before "
+                f"(benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
                 "its launch:")
         display_html(paragraphs_html([text]) + multigpu_page.table_html(rows),
                      text + "\n" + multigpu_page.table_text(rows))

@@ -7,30 +7,20 @@ H200s joined by NVLink): every measurement with the prediction written before it
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
-from perfladder.book.paths import repo_root
+from perfladder.results.committed import multi_gpu_run
 
-MULTI_GPU_RUN = "h200x2-r5"
 # which committed measurements belong to which rung: (form, mechanisms)
 FOR_RUNG = {"R5": ("seed", ("ddp", "mesh")), "R5x": ("fast", ("ddp", "mesh", "jax.distributed")),
             "R5f": ("fast", ("fsdp2", "mesh-fsdp"))}
 
 
 def measurements(framework: str, rung: str, root: Path | None = None) -> list[dict]:
-    """The committed measurements of ``framework`` for ``rung`` (R5 / R5x / R5f), or ``[]``."""
-    if rung not in FOR_RUNG:
-        return []
-    if root is None:
-        top = repo_root()
-        if top is None:
-            return []
-        root = top / "benchmarks" / "results" / MULTI_GPU_RUN
-    path = Path(root) / "r5.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    """The committed measurements of ``framework`` for ``rung`` (R5 / R5x / R5f), or ``[]``;
+    ``root``: the folder of ``r5.json`` (default: the committed R5 run)."""
+    data = multi_gpu_run(root) if rung in FOR_RUNG else None
+    if data is None:
         return []
     form, mechs = FOR_RUNG[rung]
     return [m for m in data.get("measurements", []) if m.get("framework") == framework

@@ -204,8 +204,6 @@ class LadderResult:
                 r.ratio_prev = r.tokens_per_s / before.tokens_per_s
                 r.verdict = _verdict.verdict(r, before)
             r.regime = _verdict.regime(r, roof_tflops=roof, copy_gbps=(self.roofs or {}).get("copy_gbps"))
-            if r.kernels:
-                r.kernels = reread_kernels(r.kernels)
         return self
 
     # -- (de)serialisation -------------------------------------------------------------------
@@ -262,31 +260,5 @@ def python_versions(**modules) -> dict[str, str]:
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for name, mod in modules.items():
         out[name] = getattr(mod, "__version__", "?")
-    return out
-
-
-def reread_kernels(kb: dict) -> dict:
-    """A stored kernel report (``KernelBreakdown.to_dict()`` plus its ``roofline``) read by
-    today's taxonomy (``KernelBreakdown.recategorized``): when a named kernel moves out of
-    'other', the categories and the roofline rows are derived again from the report's own
-    workload and roofs. Returned unchanged when nothing moves."""
-    from perfladder.kernels import KernelBreakdown
-    from perfladder.kernels.roofline import Roofs, Workload, roofline
-    try:
-        old = KernelBreakdown.from_dict(kb)
-    except ValueError:               # not a full breakdown (an older file's summary): as it is
-        return kb
-    new = old.recategorized()
-    if new is old:
-        return kb
-    out = {**kb, **new.to_dict()}
-    rl = kb.get("roofline")
-    if rl and rl.get("workload") and rl.get("roofs"):
-        rf = rl["roofs"]
-        out["roofline"] = roofline(new, Workload(**rl["workload"]),
-                                   Roofs(copy_bytes_per_s=rf["copy_bytes_per_s"],
-                                         matmul_flops_per_s=rf["matmul_flops_per_s"],
-                                         source=rf.get("source", "")),
-                                   title=rl.get("title", "")).to_dict()
     return out
 

@@ -130,17 +130,3 @@ def upgrade(data: Any, source: str = "<results>") -> Any:
         return to_v2(data, source)
     return data
 
-
-def roofs_from_probe(path: Path) -> dict | None:
-    """The measured ceilings of ``benchmarks/device_probe.py``'s JSON, as ``LadderResult.roofs``."""
-    try:
-        probe = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    mm, copy = probe.get("bf16_matmul_tflops"), probe.get("copy_tb_per_s")
-    if not mm:
-        return None
-    return {"matmul_bf16_tflops": mm, "matmul_tf32_tflops": probe.get("tf32_matmul_tflops"),
-            "copy_gbps": None if copy is None else 1e3 * copy,
-            "source": f"{Path(path).name} (device probe of the same run)",
-            "method": probe.get("method", "")}
