@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from perfladder.checks import check_int, check_positive
 from perfladder.measure.evidence import Prediction
+from perfladder.pages import words
 
 GRAD_BYTES_PER_PARAM = 4          # fp32 gradients (masters stay fp32 in both forms)
 PREDICT_KS = (2, 4, 8)            # printed before launch on every build, whatever the machine
@@ -116,14 +117,14 @@ class Estimate:
 
     def line(self) -> str:
         """One printable line: both terms, the floor, the ceiling, the efficiency."""
-        where = (f"{self.link} {self.bus_bytes_per_s / 1e9:g} GB/s" if self.inter_link is None else
+        where = (f"{self.link} {words.gbps(self.bus_bytes_per_s)} GB/s" if self.inter_link is None else
                  f"{self.nodes} nodes x {self.gpus_per_node}: {self.link} "
-                 f"{self.bus_bytes_per_s / 1e9:g} GB/s + {self.inter_link} "
-                 f"{self.inter_bus_bytes_per_s / 1e9:g} GB/s")
+                 f"{words.gbps(self.bus_bytes_per_s)} GB/s + {self.inter_link} "
+                 f"{words.gbps(self.inter_bus_bytes_per_s)} GB/s")
         return (f"predict k={self.k}: batch {self.per_rank_batch}/rank, t_compute "
-                f"{1e3 * self.t_compute_s:.2f} ms + t_comm {1e3 * self.t_comm_s:.2f} ms ({where}) "
-                f"-> {self.predicted_tokens_per_s:,.0f} tokens/s no-overlap floor, linear "
-                f"{self.linear_tokens_per_s:,.0f}, efficiency {100 * self.efficiency:.1f}%")
+                f"{words.ms(self.t_compute_s)} + t_comm {words.ms(self.t_comm_s)} ({where}) "
+                f"-> {words.rate(self.predicted_tokens_per_s)} tokens/s no-overlap floor, linear "
+                f"{words.rate(self.linear_tokens_per_s)}, efficiency {words.percent(self.efficiency, 1)}")
 
 
 # -- the two terms ---------------------------------------------------------------------------
@@ -174,12 +175,12 @@ def _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, t
     inter = topology.pop("inter", None)
     assumptions = [f"fp32 gradients: {GRAD_BYTES_PER_PARAM} bytes x {num_params:,} parameters",
                    "ring all-reduce: each rank moves 2(k-1)/k of the gradient bytes",
-                   f"{intra.name}: {intra.bus_bytes_per_s / 1e9:g} GB/s bus bandwidth -- {intra.source}",
+                   f"{intra.name}: {words.gbps(intra.bus_bytes_per_s)} GB/s bus bandwidth -- {intra.source}",
                    "no overlap of communication with compute: the prediction is a floor",
-                   f"t_compute from a measured single-device rate of {rate:,.0f} tokens/s at "
+                   f"t_compute from a measured single-device rate of {words.rate(rate)} tokens/s at "
                    f"batch {per_rank_batch}"]
     if inter is not None:
-        assumptions.append(f"{inter.name}: {inter.bus_bytes_per_s / 1e9:g} GB/s per GPU -- "
+        assumptions.append(f"{inter.name}: {words.gbps(inter.bus_bytes_per_s)} GB/s per GPU -- "
                            f"{inter.source}; hierarchical all-reduce (ring inside a node, "
                            "ring across nodes on 1/g shards)")
     return Estimate(

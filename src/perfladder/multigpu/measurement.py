@@ -26,6 +26,7 @@ from perfladder.measure.timing import (
     spread_of,
 )
 from perfladder.multigpu.costmodel import ring_allreduce_seconds
+from perfladder.pages import words
 
 FORMS = ("seed", "fast")          # seed: the seed's step at its batch; fast: the fastest recipe
 FRAMEWORKS = ("torch", "jax")
@@ -117,9 +118,9 @@ def efficiency(measured_tokens_per_s: float, k: int, baseline: Baseline | None
     if baseline is None:
         return None, "no single-device baseline was measured"
     if not baseline.settled:
-        spreads = ", ".join(f"{100 * a['spread']:.1f}%" for a in baseline.attempts)
+        spreads = ", ".join(words.percent(a["spread"], 1) for a in baseline.attempts)
         return None, (f"single-device baseline did not settle: window spread {spreads} "
-                      f"(over {100 * baseline.max_spread:.0f}% in every attempt), so no "
+                      f"(over {words.percent(baseline.max_spread)} in every attempt), so no "
                       "efficiency is computed from it")
     return measured_tokens_per_s / (k * baseline.tokens_per_s), None
 
@@ -178,12 +179,12 @@ class DataParallelMeasurement:
         if self.status != "measured":
             return f"{head}: {self.status} -- {self.reason}"
         eff = ("efficiency n/a" if self.efficiency_vs_linear is None
-               else f"{100 * self.efficiency_vs_linear:.1f}% of linear")
+               else f"{words.percent(self.efficiency_vs_linear, 1)} of linear")
         pred = ("" if self.predicted_tokens_per_s is None
-                else f" (predicted floor {self.predicted_tokens_per_s:,.0f})")
-        bw = "" if self.bus_bw_measured is None else f", all-reduce {self.bus_bw_measured / 1e9:.3g} GB/s"
-        return (f"{head}: {self.measured_tokens_per_s:,.0f} tokens/s{pred}, {eff}, spread "
-                f"{100 * (self.spread or 0):.1f}%{bw}")
+                else f" (predicted floor {words.rate(self.predicted_tokens_per_s)})")
+        bw = "" if self.bus_bw_measured is None else f", all-reduce {words.gbps(self.bus_bw_measured)} GB/s"
+        return (f"{head}: {words.rate(self.measured_tokens_per_s)} tokens/s{pred}, {eff}, spread "
+                f"{words.percent(self.spread, 1)}{bw}")
 
 
 def record(*, framework: str, mechanism: str, form: str, k: int, per_rank_batch: int,

@@ -10,23 +10,15 @@ from __future__ import annotations
 
 import re
 
-from perfladder.pages.claims import (
-    call,
-    gib,
-    rate,
-    regime_of,
-    settled,
-    short_reason,
-    target,
-)
+from perfladder.pages.claims import call, regime_of, settled, short_reason, target
 from perfladder.pages.report import (
     MUTED,
     esc,
     story_html,
     story_text,
     table_html,
-    tflops_text,
 )
+from perfladder.pages.words import gib, rate, tflops
 from perfladder.results.record import LadderResult, RungResult
 
 PROFILE_ROWS = 8
@@ -132,7 +124,7 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         out.append(("compile", f"first call {r.compile.first_call_s:.1f} s"
                     + ("" if r.compile.compilations is None else f", {r.compile.compilations} compilation(s)")))
     if r.tflops is not None:
-        out.append(("rate", f"{tflops_text(r.tflops)} model TFLOP/s"
+        out.append(("rate", f"{tflops(r.tflops)} model TFLOP/s"
                     + ("" if r.mfu is None else f", {r.mfu:.1%} MFU against the datasheet peak")))
     p = r.prediction
     if p is not None:

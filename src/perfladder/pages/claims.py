@@ -1,6 +1,7 @@
 """What a page may claim from a ladder's numbers (framework-free).
 
-* numbers as words (``rate``, ``gib``) and the model's ceiling at the measured matmul rate;
+* a reason in a few words (``short_reason``) and the model's ceiling at the measured matmul
+  rate (numbers as words: ``perfladder.pages.words``);
 * ``call(result, rung)``: the verdict of ``perfladder.measure.verdict`` turned into what may be said:
   a speedup is credited only when the verdict is 'faster' (beyond the noise of both
   measurements, both settled); an unsettled comparison credits nothing and prints no ratio; a
@@ -18,31 +19,11 @@ from dataclasses import dataclass
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.measure import verdict as _verdict
 from perfladder.measure.timing import LEGACY_TARGET_SPREAD, did_settle
+from perfladder.pages.words import percent, rate, ratio
 from perfladder.results.record import LadderResult, RungResult
 
 
-# -- numbers as words --------------------------------------------------------------------------
-def rate(v: float | None) -> str:
-    """Tokens/s with three significant digits: 555k, 2.48M, 9.00k, 812."""
-    if v is None:
-        return "-"
-    if v >= 1e6:
-        return f"{v / 1e6:.2f}M"
-    if v >= 1e5:
-        return f"{v / 1e3:.0f}k"
-    if v >= 1e4:
-        return f"{v / 1e3:.1f}k"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f}k"
-    return f"{v:.0f}"
-
-
-def gib(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
-
-
+# -- words for a table cell ---------------------------------------------------------------------
 def short_reason(text: str | None, limit: int = 110) -> str:
     """The first clause of an error or note, without a dangling parenthesis, at most ``limit``
     characters (for a table cell or a list)."""
@@ -96,8 +77,8 @@ def unsettled_clause(*rungs: RungResult) -> str:
     """"R1's windows did not settle: spread 10% against a 5% target" for those of ``rungs``
     that did not settle ("" when all did)."""
     bad = [r for r in rungs if settled(r) is False]
-    return "; ".join(f"{r.name}'s windows did not settle: spread {r.spread:.0%} against a "
-                     f"{target(r):.0%} target" for r in bad)
+    return "; ".join(f"{r.name}'s windows did not settle: spread {percent(r.spread)} against a "
+                     f"{percent(target(r))} target" for r in bad)
 
 
 def windows_text(r: RungResult) -> str:
@@ -124,7 +105,7 @@ class Call:
         """Short ratio text for a bar or a table cell ("" when nothing may be printed)."""
         if self.ratio is None:
             return ""
-        return f"{self.ratio:.2f}x" if self.word != "within noise" else f"≈{self.ratio:.2f}x"
+        return ratio(self.ratio) if self.word != "within noise" else f"≈{ratio(self.ratio)}"
 
 
 def call_of(v: dict | None, r: RungResult, before: RungResult | None) -> Call:

@@ -20,7 +20,7 @@ from perfladder.book.paths import build_results_dir
 from perfladder.config import pick_config
 from perfladder.pages import cards, plot, reading, report
 from perfladder.pages import multigpu as multigpu_page
-from perfladder.pages.claims import is_smoke, rate
+from perfladder.pages.claims import is_smoke
 from perfladder.pages.narrative import learning_text, smoke_check
 from perfladder.pages.report import (
     box_html,
@@ -30,6 +30,7 @@ from perfladder.pages.report import (
     paragraphs_html,
     run_label,
 )
+from perfladder.pages.words import rate
 from perfladder.results import ResultsError
 from perfladder.results.committed import MULTI_GPU_RUN, read_run, reference_run
 from perfladder.results.record import FRAMEWORKS, LadderResult

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from perfladder.pages.words import gbps, percent, rate
 from perfladder.results.committed import multi_gpu_run
 
 # which committed measurements belong to which rung: (form, mechanisms)
@@ -27,23 +28,12 @@ def measurements(framework: str, rung: str, root: Path | None = None) -> list[di
             and m.get("form") == form and m.get("mechanism") in mechs and m.get("status") == "measured"]
 
 
-def _rate(v) -> str:
-    return "-" if v is None else f"{v / 1e6:.2f}M"
-
-
-def _pct(v) -> str:
-    return "n/a" if v is None else f"{100 * v:.0f}%"
-
-
-def _gbps(v) -> str:
-    return "-" if not v else f"{v / 1e9:.0f}"
-
-
 def cells(m: dict) -> list[str]:
+    eff = m.get("efficiency_vs_linear")        # None: no settled baseline to be a fraction of
     return [m["mechanism"], str(m["k"]), str(m["per_rank_batch"]),
-            _rate(m.get("predicted_tokens_per_s")), _rate(m.get("measured_tokens_per_s")),
-            _pct(m.get("efficiency_vs_linear")), _gbps(m.get("bus_bw_measured")),
-            f"{100 * (m.get('spread') or 0):.1f}%"]
+            rate(m.get("predicted_tokens_per_s")), rate(m.get("measured_tokens_per_s")),
+            "n/a" if eff is None else percent(eff), gbps(m.get("bus_bw_measured") or None),
+            percent(m.get("spread"), 1)]
 
 
 HEAD = ["how", "k", "batch/GPU", "predicted (no-overlap floor)", "measured tokens/s", "of linear",

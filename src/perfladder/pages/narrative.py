@@ -28,15 +28,14 @@ from perfladder.pages.claims import (
     Call,
     against,
     call,
-    gib,
     is_smoke,
-    rate,
     regime_of,
     rung_or_none,
     settled,
     unsettled_clause,
     windows_text,
 )
+from perfladder.pages.words import gib, rate
 from perfladder.results.record import LadderResult, RungResult
 
 BASELINE = "the baseline, against which the ladder's cumulative factor is taken"

@@ -12,11 +12,11 @@ from perfladder.pages.claims import (
     call,
     ceiling,
     is_smoke,
-    rate,
     short_reason,
     unsettled_clause,
 )
 from perfladder.pages.narrative import control_reading, learning_text
+from perfladder.pages.words import rate
 from perfladder.results.record import LadderResult, RungResult
 
 
