@@ -10,7 +10,8 @@ import pytest
 from perfladder.config import get_config
 from perfladder.multigpu.measurement import baseline_from_windows
 from perfladder.torch.parallel import measure as dataparallel
-from perfladder.torch.parallel.launch import fast_recipe, rank_env, seed_recipe
+from perfladder.torch.parallel.launch import fast_recipe, rank_env
+from perfladder.torch.recipe import Recipe
 
 pytestmark = pytest.mark.multiprocess
 CFG = get_config("smoke")
@@ -32,7 +33,7 @@ def test_seed_form_ddp_predicts_after_its_baseline_and_before_its_launch(monkeyp
     assert out.index("LAUNCH k=1 none") < out.index("predict k=2") < out.index("LAUNCH k=2 ddp")
     assert m.status == "measured" and m.mechanism == "ddp" and m.form == "seed"
     assert (m.k, m.processes, m.per_rank_batch, m.global_batch) == (2, 2, CFG.batch_size, 16)
-    assert m.recipe == seed_recipe(CFG) and not m.recipe["compiled"] and not m.recipe["bf16"]
+    assert m.recipe == Recipe.seed(CFG).to_dict() and not m.recipe["compiled"] and not m.recipe["bf16"]
     assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and len(m.ranks) == 2
     assert m.bus_bw_measured > 0 and m.peak_mem_bytes_per_gpu == [None, None]   # CPU: no GPU memory
     assert m.prediction["link"] == "gloo-loopback"
@@ -44,7 +45,7 @@ def test_seed_form_ddp_predicts_after_its_baseline_and_before_its_launch(monkeyp
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_fast_form_runs_the_recipe_it_is_given(parallel):
     # the fast recipe minus torch.compile: inductor's CPU compile would dominate a 2-core test
-    recipe = fast_recipe(CFG, compiled=False)
+    recipe = fast_recipe(CFG).replace(compiled=False)
     base = baseline_from_windows([1000.0, 1000.0])
     m = dataparallel.measure(2, CFG, "fast", recipe, parallel=parallel, baseline=base,
                              backend="gloo", timeout=300, **TIMING)

@@ -2,13 +2,16 @@
 rungs: the prediction written before anything launches, and the measurement beside it."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
 from perfladder.config import get_config
+from perfladder.ladder.declared import recipe_of
 from perfladder.measure.evidence import Timing
 from perfladder.measure.timing import settles
-from perfladder.results.record import RungResult
+from perfladder.results.record import LadderResult, RungResult
 from perfladder.torch import RUNGS, TorchLab
 from perfladder.torch.parallel import launch as ddp
 from perfladder.torch.recipe import Recipe
@@ -128,6 +131,39 @@ def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys,
 def test_the_fast_form_carries_what_ddp_can_and_says_what_it_cannot():
     r = Recipe(batch_size=8, compiled=True, bf16=True, cudagraphs=True, optimizer="fused",
                embed="onehot", fused=("rope",))
-    d, dropped = mg.ddp_recipe(r)
+    ranked, dropped = ddp.rank_recipe(r)
+    d = ranked.to_dict()                                # what crosses the process boundary
     assert d["fused"] == ["rope"] and d["optimizer"] == "fused" and d["embed"] == "onehot"
     assert d["mode"] is None and dropped == ["cudagraphs"]
+
+
+def test_the_fast_form_is_the_fastest_configuration_not_a_list():
+    """Without a ladder, the configuration the rung declarations walk to on the device (as a rank
+    runs it: no CUDA graphs); with one, the rung it kept last; the seed form is what R5 builds on."""
+    walked = ddp.fast_recipe(CFG, on_gpu=False)
+    assert walked == Recipe(batch_size=4 * CFG.big_batch, compiled=True, bf16=True, optimizer="fused",
+                            embed="onehot")
+    on_gpu = ddp.fast_recipe(CFG, on_gpu=True)
+    assert set(on_gpu.fused) == {"rope", "gelu", "addnorm"} and not on_gpu.cudagraphs
+    ran = LadderResult(framework="torch", device="cpu", config=CFG.to_dict(), baseline="R0")
+    kept = walked.replace(batch_size=CFG.big_batch, embed="gather")
+    for name, key, recipe, was_kept in (("B1", "fused_adamw", kept, True), ("B4", "onehot_embedding", walked, False)):
+        ran.add(RungResult(name=name, key=key, label=key, tokens_per_s=100.0, stage="beyond",
+                           kept=was_kept, recipe=recipe.to_dict()))
+    assert ddp.fast_recipe(CFG, ran) == kept
+    with pytest.raises(ValueError, match="'jax' result"):
+        ddp.fast_recipe(CFG, LadderResult(framework="jax", device="cpu", config={}, baseline="R1"))
+    assert ddp.recipe_for(CFG, "seed") == recipe_of(RUNGS, RUNGS["R5"].builds_on, Recipe.seed(CFG), CFG)
+    assert ddp.recipe_for(CFG, "fast", kept.to_dict()) == kept        # across a process boundary
+
+
+def test_rank_cli_sets_switches_on_the_fast_form():
+    args = argparse.Namespace(config="smoke", form="fast", ladder=None, batch=16, optimizer="default",
+                              embed=None, mode="reduce-overhead", no_compile=False, parallel="ddp",
+                              backend="gloo", warmup=None, timed=None, windows=None)
+    r = Recipe.from_dict(ddp.spec_from_args(args)["recipe"])
+    assert (r.batch_size, r.optimizer, r.embed, r.mode) == (16, "default", "onehot", "reduce-overhead")
+    args.mode, args.no_compile = None, True
+    assert not Recipe.from_dict(ddp.spec_from_args(args)["recipe"]).compiled
+    with pytest.raises(SystemExit, match="--batch applies to --form fast"):
+        ddp.spec_from_args(argparse.Namespace(**{**vars(args), "form": "seed", "no_compile": False}))

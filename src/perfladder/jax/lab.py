@@ -34,7 +34,6 @@ from perfladder.jax.timer import (
 from perfladder.jax.trainstep import TrainStep
 from perfladder.kernels.roofline import of_run
 from perfladder.ladder.engine import Rung
-from perfladder.measure.timing import measure_settled
 from perfladder.measure.evidence import (
     Compile,
     Memory,
@@ -44,7 +43,7 @@ from perfladder.measure.evidence import (
     Timing,
 )
 from perfladder.measure.learning import LearningCheck
-from perfladder.measure.timing import Throughput
+from perfladder.measure.timing import Throughput, measure_settled
 from perfladder.results.record import LadderResult, RungResult
 
 EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
@@ -103,7 +102,7 @@ class JaxLab:
     # -- the engine's interface -----------------------------------------------------------------
     def seed_recipe(self) -> Recipe:
         """R0's configuration: the un-jitted fp32 step at the seed batch."""
-        return Recipe(batch_size=self.config.batch_size, jit="none", dtype="float32")
+        return Recipe.seed(self.config)
 
     def recipe_from_dict(self, d: dict) -> Recipe:
         return Recipe.from_dict(d)

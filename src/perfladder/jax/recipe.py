@@ -53,6 +53,11 @@ class Recipe:
         if self.attn_impl == "cudnn" and self.dtype != "bfloat16":
             raise ValueError(f"Recipe attn_impl='cudnn' needs dtype='bfloat16', got {self.dtype!r}")
 
+    @classmethod
+    def seed(cls, config) -> "Recipe":
+        """R0's configuration: the un-jitted fp32 step at the seed batch."""
+        return cls(batch_size=config.batch_size, jit="none", dtype="float32")
+
     @property
     def bf16(self) -> bool:
         """Do the modules compute in bf16? (the naive cast does not: its modules cast back)"""

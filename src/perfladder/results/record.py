@@ -181,6 +181,12 @@ class LadderResult:
         settled = [r for r in chain if did_settle(r.timing) is not False]
         return max(settled or chain, key=lambda r: r.tokens_per_s)
 
+    def fastest(self) -> RungResult:
+        """The configuration the ladder ended on: the beyond rung it kept last, else the fastest
+        settled rung (``best``). A multi-GPU rank of the fast form runs its recipe."""
+        kept = [r for r in self.rungs if r.stage == "beyond" and r.kept and r.measured]
+        return kept[-1] if kept else self.best()
+
     def add(self, rung: RungResult) -> RungResult:
         if any(r.name == rung.name for r in self.rungs):
             raise ValueError(f"rung {rung.name!r} is already in this ladder")

@@ -94,7 +94,7 @@ class TorchLab:
     # -- recipes and steps --------------------------------------------------------------------
     def seed_recipe(self) -> Recipe:
         """What R0 runs: eager fp32 (TF32 matmuls on a GPU) at the seed's batch."""
-        return Recipe(batch_size=self.config.batch_size)
+        return Recipe.seed(self.config)
 
     def recipe_from_dict(self, d: dict) -> Recipe:
         return Recipe.from_dict(d)
@@ -103,8 +103,7 @@ class TorchLab:
         """A fresh GPT from ``config.seed`` (every rung starts from the same weights)."""
         r = recipe or self.seed_recipe()
         torch.manual_seed(self.config.seed)
-        return GPT(self.gpt_config, attn_backend=r.attn_backend, checkpoint=r.checkpoint,
-                   embed=r.embed, fused=r.fused).to(self.device)
+        return GPT(self.gpt_config, **r.model_kw()).to(self.device)
 
     def build_step(self, recipe: Recipe) -> TrainStep:
         """A fresh model, its AdamW and the training step ``recipe`` describes."""
@@ -112,8 +111,7 @@ class TorchLab:
             raise TypeError(f"recipe must be a perfladder.torch.Recipe, got {type(recipe).__name__}")
         model = self.make_model(recipe)
         return make_step(model, make_optimizer(model, self.config.lr, recipe.optimizer),
-                         compiled=recipe.compiled, bf16=recipe.bf16, device_type=self.device.type,
-                         mode=recipe.mode, compile_optimizer=recipe.optimizer == "compiled")
+                         device_type=self.device.type, **recipe.step_kw())
 
     def stream(self, batch_size: int, split: str = "train"):
         """A fresh stream of (batch_size, num_steps) batches (each call a new shuffle seed)."""

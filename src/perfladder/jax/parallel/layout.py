@@ -6,6 +6,8 @@ all-gathers / reduce-scatters when the parameters themselves are sharded (FSDP).
 """
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 from flax import nnx
@@ -75,3 +77,32 @@ def shardings_of(node) -> dict[str, str]:
         out["/".join(map(str, path))] = str(getattr(s, "spec", s))
     return out
 
+
+# -- what the devices of a mesh measure ---------------------------------------------------------------
+def peak_mem_bytes(devices) -> list:
+    """``peak_bytes_in_use`` of each device (None where the backend does not report it)."""
+    out = []
+    for d in devices:
+        stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+        out.append(int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None)
+    return out
+
+
+def allreduce_bus_bw(mesh, numel: int, iters: int = 5, warmup: int = 2) -> float:
+    """Measured all-reduce bus bandwidth (bytes/s, busbw convention) of ``numel`` fp32 values
+    per device: ``psum`` over the mesh's ``'data'`` axis, timed on the host."""
+    k = mesh.devices.size
+    sharding = NamedSharding(mesh, P(AXIS))
+    ones = np.ones((1, numel), np.float32)
+    x = jax.make_array_from_callback((k, numel), sharding, lambda idx: ones)   # (k, numel), a row each
+    reduce = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, AXIS), mesh=mesh,
+                                   in_specs=P(AXIS), out_specs=P(AXIS)))
+    for _ in range(warmup):
+        x = reduce(x) * (1.0 / k)            # keep the values bounded
+    jax.block_until_ready(x)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        x = reduce(x)
+    jax.block_until_ready(x)
+    dt = (time.perf_counter() - t0) / iters
+    return 2 * (k - 1) / k * 4 * numel / dt

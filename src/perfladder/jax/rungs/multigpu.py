@@ -14,8 +14,13 @@ import jax
 
 from perfladder.config import expected_num_params
 from perfladder.jax.lab import JaxLab
-from perfladder.jax.parallel.layout import batch_sharding, make_data_mesh, place_state
-from perfladder.jax.parallel.measure import allreduce_bus_bw, peak_mem_bytes
+from perfladder.jax.parallel.layout import (
+    allreduce_bus_bw,
+    batch_sharding,
+    make_data_mesh,
+    peak_mem_bytes,
+    place_state,
+)
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.stream import batches
 from perfladder.jax.trial import trial

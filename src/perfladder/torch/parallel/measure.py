@@ -70,7 +70,7 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
         raise ValueError(f"parallel={parallel!r} is not valid; valid choices: {tuple(MECHANISM)}")
     backend = backend or default_backend()
     recipe = recipe_for(config, form, recipe)
-    B, T, n = recipe["batch_size"], config.num_steps, num_params(config)
+    B, T, n = recipe.batch_size, config.num_steps, num_params(config)
     timing = {"warmup": warmup, "timed": timed, "windows": windows}
     if baseline is None:
         baseline = measure_baseline(config, form, recipe, backend=backend, timeout=timeout, **timing)
@@ -86,7 +86,7 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
         return not_measured(status="skipped" if parallel == "fsdp2" else "failed",
                             reason=f"{what}: {str(e)[-3000:]}", framework="torch",
                             mechanism=MECHANISM[parallel], form=form, k=k, per_rank_batch=B,
-                            seq_len=T, processes=k, recipe=recipe,
+                            seq_len=T, processes=k, recipe=recipe.to_dict(),
                             prediction=None if pred is None else pred.to_dict(),
                             predicted_tokens_per_s=None if pred is None else pred.predicted_tokens_per_s,
                             baseline=baseline.to_dict())
@@ -97,6 +97,6 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
     return record(framework="torch", mechanism=MECHANISM[parallel], form=form, k=k,
                   per_rank_batch=B, seq_len=T, timing=res["timing"], baseline=baseline,
                   prediction=pred, bus_bw_measured=res["bus_bw_measured"],
-                  peak_mem_bytes_per_gpu=res["peak_mem_bytes_per_gpu"], recipe=recipe,
+                  peak_mem_bytes_per_gpu=res["peak_mem_bytes_per_gpu"], recipe=recipe.to_dict(),
                   processes=k, nodes=res["nodes"], device=res["ranks"][0]["device_name"],
                   notes=notes, ranks=res["ranks"])

@@ -22,18 +22,9 @@ from perfladder.multigpu.measurement import baseline_of
 from perfladder.results.record import RungResult
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.parallel import measure as dataparallel
+from perfladder.torch.parallel.launch import rank_recipe
 
 PREDICT_KS = costmodel.PREDICT_KS
-
-
-def ddp_recipe(recipe) -> tuple[dict, list[str]]:
-    """The per-rank recipe a DDP launch runs, and what of ``recipe`` it cannot carry (said)."""
-    d = recipe.to_dict()
-    dropped = [k for k in ("checkpoint", "cudagraphs", "autotune") if d.get(k)]
-    out = {k: d[k] for k in ("batch_size", "compiled", "bf16", "optimizer", "embed", "attn_backend")}
-    out["fused"] = list(d.get("fused") or ())
-    out["mode"] = None        # CUDA-graph and autotune modes are not launched under DDP here
-    return out, dropped
 
 
 def single_device_rate(lab: TorchLab, base: str | None):
@@ -51,9 +42,10 @@ def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel
     backend = "nccl" if lab.on_gpu else "gloo"
     link = dataparallel.default_link(backend)
     baseline, source = single_device_rate(lab, base)
+    ranked, dropped = rank_recipe(recipe)
+    per_rank = ranked if form == "fast" else None          # the seed form is R0's, fixed
     if baseline is None:
-        baseline = dataparallel.measure_baseline(lab.config, form, ddp_recipe(recipe)[0]
-                                                 if form == "fast" else None, backend=backend)
+        baseline = dataparallel.measure_baseline(lab.config, form, per_rank, backend=backend)
         source = "measured for this rung (one rank)"
     B, T = recipe.batch_size, lab.config.num_steps
     preds = costmodel.predictions(B, T, baseline.tokens_per_s, lab.num_params, link)
@@ -68,12 +60,11 @@ def data_parallel(lab: TorchLab, name: str, recipe, base, *, form: str, parallel
     runs = []
     for k in ks:
         lab.reset_memory()                               # hand the ranks the parent's cache
-        runs.append(dataparallel.measure(k, lab.config, form, ddp_recipe(recipe)[0]
-                                         if form == "fast" else None,
-                                         parallel=parallel, baseline=baseline, link=link))
+        runs.append(dataparallel.measure(k, lab.config, form, per_rank, parallel=parallel,
+                                         baseline=baseline, link=link))
     m = runs[-1]
     details = {"runs": [r.to_dict() | {"ranks": []} for r in runs],
-               "not_carried_under_ddp": ddp_recipe(recipe)[1]}
+               "not_carried_under_ddp": dropped}
     if m.status != "measured":
         return RungResult(name=name, key="", label="", kind="skipped", recipe=recipe.to_dict(),
                           prediction=pred, details=details, error=m.reason)
