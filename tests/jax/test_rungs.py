@@ -1,5 +1,5 @@
 """The JAX ladder in the smoke config: the seed rungs, the registry and the engine's rules on
-the JAX lab. The whole ladder is shared with test_jax_beyond.py (conftest.jax_smoke_ladder: the
+the JAX lab. The whole ladder is shared with tests/jax/test_beyond.py (conftest.jax_smoke_ladder: the
 one the book build ran, or one run in-process)."""
 import math
 import shutil

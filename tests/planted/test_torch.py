@@ -115,7 +115,7 @@ def test_another_learning_rate_is_caught_by_the_optimizer_gate():
 
 
 # -- the learning check, evaluated by the reference model -------------------------------------------
-LEARN_STEPS = 60       # enough for both bugs to show; the honest run is in test_torch_model_gates.py
+LEARN_STEPS = 60       # enough for both bugs to show; the honest run is in tests/torch/test_model_gates.py
 
 
 def learn(m):

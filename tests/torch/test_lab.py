@@ -1,5 +1,5 @@
 """The whole smoke ladder (conftest.py: the one the book build ran, or one run in-process),
-checked rung by rung: the seed rungs here, the beyond rungs in test_torch_beyond.py."""
+checked rung by rung: the seed rungs here, the beyond rungs in tests/torch/test_beyond.py."""
 from __future__ import annotations
 
 import json

@@ -200,7 +200,7 @@ class JaxLab:
 
     def profile(self, step, stream, hlo_text: str | None = None, devices: int = 1) -> ProfileSummary:
         from perfladder.jax.profile import profile_step
-        # CPU: the raw trace (tests/test_jax_kernels.py checks it agrees with the Perfetto JSON)
+        # CPU: the raw trace (tests/jax/test_kernels.py checks it agrees with the Perfetto JSON)
         # saves most of the second it takes to stop the profiler; a GPU keeps the JSON path
         return profile_step(step, stream, steps=self.profile_steps, hlo_text=hlo_text,
                             devices=devices, perfetto=self.on_gpu)

@@ -3,7 +3,7 @@
 It owns what every rung shares -- the data, the device, a fresh model / optimizer / step for
 any ``Recipe``, the timer, the profiler, the growing ``LadderResult`` -- and turns one
 measurement into a ``RungResult`` with its typed evidence. The rungs themselves are small
-functions declared in ``rungs.py``, ``beyond.py`` and ``multigpu.py``.
+functions declared in ``rungs/seed.py``, ``rungs/beyond.py`` and ``rungs/multigpu.py``.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ STREAM_SEED_OFFSET = 100    # the sharded streams' seed, away from the single-de
 
 def single_device_rate(lab: JaxLab, recipe: Recipe, base: str | None):
     """``(Baseline, source)``: ``recipe`` on one device, from its base's measurement when that ran
-    the same recipe, else measured here; settled or not (``multigpu.Baseline.settled``)."""
+    the same recipe, else measured here; settled or not (``perfladder.multigpu.measurement.Baseline.settled``)."""
     try:
         ran = lab.result.rung(base) if base else None
     except KeyError:
