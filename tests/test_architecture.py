@@ -2,8 +2,8 @@
 inside functions, parsed with ``ast``, nothing executed) forms a graph in which
 
 * no perfladder modules import each other in a circle;
-* nothing in ``measure/``, ``ladder/`` or ``results/`` imports ``pages/`` or ``book/`` (data
-  flows one way: the record never reaches up into what shows it);
+* nothing in ``measure/``, ``ladder/`` or ``results/`` imports ``pages/`` or ``book/``, directly
+  or through other modules (data flows one way: the record never reaches up into what shows it);
 * the framework-free modules import neither framework (nor a framework side of perfladder), and
   each framework side imports only its own framework.
 
@@ -84,6 +84,22 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def reached(graph: dict[str, set[str]], start: str, stop=lambda m: False) -> dict[str, list[str]]:
+    """Every module ``start`` imports, directly or through others (not through a module ``stop``
+    says to stop at): ``{module: the modules in between}`` (the shortest chain)."""
+    via, todo = {start: []}, [start]
+    while todo:
+        m = todo.pop(0)
+        if m != start and stop(m):
+            continue
+        for t in sorted(graph[m]):
+            if t not in via:
+                via[t] = via[m] + ([m] if m != start else [])
+                todo.append(t)
+    del via[start]
+    return via
+
+
 def violations(root: Path) -> list[str]:
     """What in the package at ``root`` breaks the floor plan (see the module docstring)."""
     pkg, mods = root.name, modules(root)
@@ -95,8 +111,10 @@ def violations(root: Path) -> list[str]:
     for m, path in mods.items():
         targets = imported(m, path, mods)
         if area(m) in LOWER:
-            found += [f"{m} imports {t}: {area(m)}/ may not import {area(t)}/"
-                      for t in sorted(targets) if t in mods and area(t) in UPPER]
+            for t, via in sorted(reached(graph, m, stop=lambda t: area(t) in UPPER).items()):
+                if area(t) in UPPER:
+                    chain = f" (through {' -> '.join(via)})" if via else ""
+                    found.append(f"{m} imports {t}{chain}: {area(m)}/ may not import {area(t)}/")
         if m.removeprefix(pkg).lstrip(".") in BOTH_SIDES:
             continue
         side = area(m) if area(m) in FRAMEWORKS else None
@@ -134,6 +152,10 @@ def test_the_checker_finds_each_planted_violation(tmp_path):
         "torch/lab.py": "import torch\nfrom flax import nnx\n",
         "jax/lab.py": "import jax\n",
         "ladder/rungs.py": "from pkg.jax import lab\n",
+        # an upward import through a module outside the lower folders
+        "results/__init__.py": "", "multigpu/__init__.py": "",
+        "results/record.py": "from pkg.multigpu import cost\n",
+        "multigpu/cost.py": "from pkg.pages import words\n",
     })
     got = violations(pkg)
     assert "import circle among pkg.measure.timing, pkg.pages.words" in got
@@ -141,10 +163,12 @@ def test_the_checker_finds_each_planted_violation(tmp_path):
     assert "pkg.ladder.engine imports torch: framework-free code may not import torch" in got
     assert "pkg.torch.lab imports flax: torch code may not import jax" in got
     assert "pkg.ladder.rungs imports pkg.jax.lab: framework-free code may not import jax" in got
-    assert len(got) == 5, got
+    assert ("pkg.results.record imports pkg.pages.words (through pkg.multigpu.cost): results/ may not "
+            "import pages/") in got
+    assert len(got) == 6, got
     (pkg / "pages/words.py").write_text("RATE = 1\n")                 # the circle broken ...
     (pkg / "measure/timing.py").write_text("import json\n")           # ... and the upward import
-    assert len(violations(pkg)) == 3
+    assert len(violations(pkg)) == 4
 
 
 def test_relative_imports_resolve_to_the_module_they_name(tmp_path):
