@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from perfladder.checks import check_int
+
 ENV_SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -33,10 +35,8 @@ ENV_SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 def initialize(coordinator: str, num_processes: int, process_id: int, local_device_ids=None) -> None:
     """``jax.distributed.initialize``; on a machine without a GPU, CPU collectives over gloo."""
     import jax
-    for name, v in (("num_processes", num_processes), ("process_id", process_id)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{name}={v!r} must be a non-negative integer")
-    if num_processes < 1 or process_id >= num_processes:
+    check_int("num_processes", num_processes)
+    if check_int("process_id", process_id, 0) >= num_processes:
         raise ValueError(f"process_id={process_id} must be in 0..{num_processes - 1} "
                          f"(num_processes={num_processes})")
     if ":" not in coordinator:
@@ -220,8 +220,7 @@ def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
     """Start ``num_processes`` OS processes of this module here (coordinator on localhost)
     and return process 0's summary. ``gpus > 0``: process i uses local GPU i (so
     ``num_processes <= gpus``); ``gpus = 0``: CPU processes, one CPU device each."""
-    if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-        raise ValueError(f"num_processes={num_processes!r} must be a positive integer")
+    check_int("num_processes", num_processes)
     if gpus and num_processes > gpus:
         raise ValueError(f"num_processes={num_processes} needs {num_processes} GPUs, {gpus} given; "
                          f"valid choices: 1..{gpus}")

@@ -14,14 +14,15 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from perfladder.checks import check_int
+
 AXIS = "data"
 
 
 def make_data_mesh(k: int):
     """A ``('data',)`` mesh over the first ``k`` devices; a clear error if there are fewer."""
     n = jax.device_count()
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k={k!r} must be a positive integer")
+    check_int("k", k)
     if k > n:
         raise ValueError(f"k={k} devices requested but only {n} are visible "
                          f"({jax.devices()[0].platform}); valid choices: 1..{n}")

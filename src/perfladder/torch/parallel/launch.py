@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from perfladder.checks import check_int
 from perfladder.config import CONFIG_NAMES, LadderConfig, get_config
 from perfladder.ladder.declared import declared_fastest
 from perfladder.ladder.engine import registry
@@ -115,8 +116,7 @@ def check_k(k: int, backend: str) -> None:
     """Refuse a process count the machine cannot back (clear error, no silent fallback)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not valid; valid choices: {BACKENDS}")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k={k!r} must be a positive integer (number of processes)")
+    check_int("k", k)
     if backend == "nccl":
         import torch
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
