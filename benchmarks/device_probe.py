@@ -2,7 +2,8 @@
 
     python benchmarks/device_probe.py --out benchmarks/results/h200/device.json
 
-The matmul rate is the "measured peak" MFU can be read against (hardware.Peak.measured_bf16);
+The matmul rate is the measured compute roof a rung's rate is read against (a run's
+``LadderResult.roofs``, read from this file by ``perfladder.results.committed.roofs_from_probe``);
 the copy rate is the bandwidth roof. Random data, not zeros (zeros run faster on tensor
 cores); events around each timed region; median of repeats; warm-up first.
 """

@@ -3,10 +3,11 @@
     python benchmarks/r5_multi_gpu.py --config full --out benchmarks/results/h200x2-r5
     python benchmarks/r5_multi_gpu.py --config smoke --out /tmp/r5 --no-compile     # CPU
 
-For each framework and form (seed: fp32 at batch 64 per device; fast: the fastest
-single-GPU recipe per device) it measures the single-device baseline (settled: re-measured
-once if its windows spread > 5%), prints the cost model's prediction, and only then
-launches k = all visible GPUs (and k = 2 when there are more). Stages, each its own
+For each framework and form (seed: the seed's step at batch 64 per device; fast: the
+configuration the rung declarations walk to, per device: ``fast_recipe`` of each framework's
+``parallel`` package) it measures the single-device baseline (settled: re-measured once if its
+windows did not settle, by the ladder's rule and the config's target_spread), prints the cost
+model's prediction, and only then launches k = all visible GPUs (and k = 2 when there are more). Stages, each its own
 process, in order of importance (a stage that would overrun ``--budget`` records skips):
 
     torch        baselines, then DDP for both forms         (torchrun per launch)
@@ -147,7 +148,8 @@ def stage_torch(args, s: Stage, only: str | None = None) -> None:
     s.doc["versions"] = versions()
     forms = ["fast"] if only else args.forms
     for form in forms:
-        recipe = recipe_for(cfg, form, fast_recipe(cfg, compiled=not args.no_compile)
+        fast = fast_recipe(cfg)
+        recipe = recipe_for(cfg, form, (fast.replace(compiled=False) if args.no_compile else fast)
                             if form == "fast" else None)
         timing = s.timing(form)
         runs = s.out / "runs" / s.name / form
@@ -159,7 +161,7 @@ def stage_torch(args, s: Stage, only: str | None = None) -> None:
             def skip(reason, parallel=parallel, k=k):
                 return not_measured(status="skipped", reason=reason, framework="torch",
                                     mechanism=dp.MECHANISM[parallel], form=form, k=k,
-                                    per_rank_batch=recipe["batch_size"], seq_len=cfg.num_steps)
+                                    per_rank_batch=recipe.batch_size, seq_len=cfg.num_steps)
             s.run(f"{parallel} {form} k={k}", lambda parallel=parallel, k=k: dp.measure(
                 k, cfg, form, recipe, parallel=parallel, baseline=base, link=args.link,
                 out_dir=runs / f"{parallel}-k{k}", timeout=max(30.0, s.time_left()), **timing),
@@ -174,7 +176,7 @@ def stage_jax(args, s: Stage) -> None:
     s.doc["versions"] = versions()
     for form in args.forms:
         recipe = dp.recipe_for(cfg, form, None)
-        s.doc.setdefault("recipes", {})[form] = recipe
+        s.doc.setdefault("recipes", {})[form] = recipe.to_dict()
         timing = s.timing(form)
         base = s.baseline(form, lambda: dp.measure_baseline(cfg, form, recipe, **timing))
         layouts = [(k, False) for k in args.ks] + ([(max(args.ks), True)] if form == "fast" else [])

@@ -23,7 +23,8 @@ from perfladder.measure.evidence import (
     Receipt,
     Timing,
 )
-from perfladder.results.record import LadderResult, RungResult, smoothed_check
+from perfladder.measure.learning import check_learning
+from perfladder.results.record import LadderResult, RungResult
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "benchmarks" / "results" / "h200-book"
@@ -165,7 +166,7 @@ class FakeLab:
 
     def learning_check(self, name, recipe):
         self.calls.append(f"learning:{name}")
-        return smoothed_check([3.0 - 0.02 * i for i in range(60)])
+        return check_learning([3.0 - 0.02 * i for i in range(60)])
 
 
 class FakeModule:

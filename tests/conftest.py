@@ -237,16 +237,16 @@ def _smoke_ladder(request, framework: str) -> SmokeLadder:
 
 @pytest.fixture(scope="session")
 def torch_smoke_ladder(request) -> SmokeLadder:
-    """The PyTorch smoke ladder (``_smoke_ladder``), shared by tests/test_torch_ladder.py and
-    tests/test_torch_beyond.py."""
+    """The PyTorch smoke ladder (``_smoke_ladder``), shared by tests/torch/test_lab.py and
+    tests/torch/test_beyond.py."""
     pytest.importorskip("torch")
     return _smoke_ladder(request, "torch")
 
 
 @pytest.fixture(scope="session")
 def jax_smoke_ladder(request) -> SmokeLadder:
-    """The JAX smoke ladder (``_smoke_ladder``), shared by tests/test_jax_rungs.py and
-    tests/test_jax_beyond.py."""
+    """The JAX smoke ladder (``_smoke_ladder``), shared by tests/jax/test_rungs.py and
+    tests/jax/test_beyond.py."""
     pytest.importorskip("jax")
     import shutil
 

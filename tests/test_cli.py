@@ -131,7 +131,8 @@ def test_run_asks_the_engine_for_the_default_rungs(monkeypatch, tmp_path, capsys
 
 def test_a_failed_learning_check_exits_1_after_writing(monkeypatch, tmp_path, capsys):
     import perfladder.torch as pt
-    from perfladder.results.record import LadderResult, LearningCheck
+    from perfladder.measure.learning import LearningCheck
+    from perfladder.results.record import LadderResult
     diverged = LearningCheck(steps=40, first=3.0, last=float("nan"), window=20,
                              losses=[3.0] * 20 + [float("nan")] * 20)
     monkeypatch.setattr(pt, "run_ladder", FakeRun(learning=diverged))

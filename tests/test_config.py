@@ -89,7 +89,7 @@ def test_pick_config_bad_name():
     (dict(num_heads=True), "num_heads=True must be a positive integer"),
     (dict(num_hiddens=30, num_heads=4), "not divisible"),
     (dict(num_hiddens=24, num_heads=8), "RoPE needs an even head width"),
-    (dict(ln_eps=0.0), "ln_eps=0.0 must be a positive number"),
+    (dict(ln_eps=0.0), "ln_eps=0.0 must be a finite number > 0"),
     (dict(rope_base=-1.0), "rope_base"),
 ])
 def test_gpt_config_validation(kw, msg):

@@ -34,7 +34,9 @@ def test_framework_free_modules_import_neither():
             "perfladder.measure.verdict", "perfladder.results.schema", "perfladder.results.schema.v1", "perfladder.measure.learning",
             "perfladder.kernels", "perfladder.outputs", "perfladder.checks", "perfladder.idiom",
             "perfladder.pages.ladder", "perfladder.pages.narrative", "perfladder.pages.reading", "perfladder.pages.cards",
-            "perfladder.pages.claims", "perfladder.ladder.techniques", "perfladder.kernels.roofline"]
+            "perfladder.pages.claims", "perfladder.ladder.techniques", "perfladder.kernels.roofline",
+            "perfladder.pages.words", "perfladder.pages.multigpu", "perfladder.results.committed",
+            "perfladder.ladder.declared", "perfladder.multigpu.costmodel", "perfladder.multigpu.measurement"]
     assert loaded_after(*mods) == []
 
 

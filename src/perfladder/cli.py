@@ -37,7 +37,9 @@ from perfladder.outputs import (
     user_path,
     write_all,
 )
-from perfladder.results.record import FRAMEWORKS, LadderResult, ResultsError
+from perfladder.pages.report import text_table
+from perfladder.results import ResultsError
+from perfladder.results.record import FRAMEWORKS, LadderResult
 
 # Variables naming a compile cache folder that a framework creates at import (torch's
 # inductor does so when dynamo is first imported, with a traceback if it cannot).
@@ -208,11 +210,11 @@ def finish_run(result: LadderResult, files: RunFiles) -> int:
     try:
         written = files.finish(result, ok, waterfall_writer(result))
     except (OSError, ValueError) as e:     # a disk that filled up, a figure that failed
-        say(result.table())                 # the ladder is on screen, whatever the disk did
+        say(text_table(result))                 # the ladder is on screen, whatever the disk did
         raise CLIError(f"nothing written: {e}" if not files.saved
                        else f"{e}; {files.saved_line()}") from e
     try:
-        say(result.table())
+        say(text_table(result))
         for path in written:
             say(f"wrote {path}")
     except OutputClosed as e:
@@ -256,7 +258,7 @@ def cmd_table(args) -> int:
     from perfladder.pages.plot import comparison_table
     results = _read_all(args.results)
     for r in results:
-        say(r.table(), end="\n\n")
+        say(text_table(r), end="\n\n")
     if len(results) > 1:
         say(comparison_table(results))
     return 0

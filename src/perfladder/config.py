@@ -17,6 +17,8 @@ import numbers
 import os
 from dataclasses import dataclass
 
+from perfladder.checks import check_int, check_positive
+
 POSITIONS = ("rope", "learned")
 
 
@@ -37,13 +39,9 @@ class GPTConfig:
         if self.pos not in POSITIONS:
             raise ValueError(f"pos={self.pos!r} is not valid; valid choices: {POSITIONS}")
         for name in ("vocab_size", "num_hiddens", "num_blks", "num_heads", "max_len", "ffn_mult"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive integer")
+            check_int(name, getattr(self, name))
         for name in ("ln_eps", "rope_base"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-                raise ValueError(f"{name}={v!r} must be a positive number")
+            check_positive(name, getattr(self, name))
         if self.num_hiddens % self.num_heads:
             raise ValueError(f"num_hiddens={self.num_hiddens} is not divisible by "
                              f"num_heads={self.num_heads}")

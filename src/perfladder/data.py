@@ -148,8 +148,7 @@ class TimeMachine:
 
 def check_batch_size(batch_size: int, num_examples: int) -> int:
     """Whole batches available per epoch; a clear error if there are none."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
+    batch_size = check_int("batch_size", batch_size)
     if batch_size > num_examples:
         raise ValueError(f"batch_size={batch_size} is larger than the data "
                          f"({num_examples} examples): no whole batch fits")

@@ -19,12 +19,18 @@ MFU denominator; a rate "against the measured roof" uses the ceilings the same r
 """
 from __future__ import annotations
 
-import math
-import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-PRECISIONS = ("bf16", "tf32")
+from perfladder.checks import check_positive
+
+PRECISIONS = ("fp32", "tf32", "bf16")     # what a step's matmuls compute in
+
+
+def check_precision(name: str, valid: tuple[str, ...] = PRECISIONS) -> str:
+    if name not in valid:
+        raise ValueError(f"precision={name!r} is not valid; valid choices: {valid}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,11 @@ class Peak:
     tf32: float            # dense TFLOP/s
 
     def tflops(self, precision: str) -> float:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} is not valid; valid choices: {PRECISIONS}")
-        return getattr(self, precision)
+        return getattr(self, check_precision(precision, PEAK_PRECISIONS))
+
+
+# fp32 proper has no tensor-core peak: the table lists the precisions its columns name
+PEAK_PRECISIONS = tuple(f.name for f in fields(Peak) if f.name in PRECISIONS)
 
 
 # A device name is matched as a whole model name: after the vendor words, its first words
@@ -83,18 +91,9 @@ def peak_for(device_name: str | None) -> Peak | None:
     return None
 
 
-def _positive(name: str, value) -> float:
-    """``value`` as a float if it is a finite number > 0; a ValueError naming it otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} must be a finite number > 0")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={value!r} must be a finite number > 0")
-    return float(value)
-
-
 def achieved_tflops(tokens_per_s: float, flops_per_token: float) -> float:
     """Model FLOPs actually delivered per second, in TFLOP/s."""
-    return _positive("tokens_per_s", tokens_per_s) * _positive("flops_per_token", flops_per_token) / 1e12
+    return check_positive("tokens_per_s", tokens_per_s) * check_positive("flops_per_token", flops_per_token) / 1e12
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
@@ -102,8 +101,7 @@ def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
     """Model-FLOPs utilisation as a fraction of the device's datasheet peak, or ``None`` if
     unknown. ``precision`` picks the peak the rung computes at (``'tf32'`` for fp32 matmuls
     with TF32 allowed, ``'bf16'`` for bf16)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not valid; valid choices: {PRECISIONS}")
+    check_precision(precision, PEAK_PRECISIONS)
     achieved = achieved_tflops(tokens_per_s, flops_per_token)   # refuses non-positive rates
     peak = peak_for(device_name)
     if peak is None:

@@ -1,6 +1,6 @@
 """The JAX rungs beyond the seed (B1...B6), the kernel report and the model changes behind them.
 
-The ladder run is shared with test_jax_rungs.py (conftest.jax_smoke_ladder); everything else
+The ladder run is shared with tests/jax/test_rungs.py (conftest.jax_smoke_ladder); everything else
 here reuses its compiled programs (same structures, same batch shape) so the module stays cheap.
 """
 import re

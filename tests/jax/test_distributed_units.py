@@ -33,8 +33,30 @@ def test_the_launcher_resolves_the_attention_kernel_from_its_gpu_count():
     from perfladder.config import get_config
     from perfladder.jax.parallel.launch import resolve_recipe
     cfg = get_config("smoke")
-    assert resolve_recipe(cfg, "fast", None, gpus=2)["attn_impl"] == "cudnn"
-    assert resolve_recipe(cfg, "fast", None, gpus=0)["attn_impl"] is None
-    assert resolve_recipe(cfg, "seed", None, gpus=2)["dtype"] == "float32"
-    with pytest.raises(ValueError, match="unknown recipe keys.*'mode'"):
+    assert resolve_recipe(cfg, "fast", None, gpus=2).attn_impl == "cudnn"
+    assert resolve_recipe(cfg, "fast", None, gpus=0).attn_impl is None
+    assert resolve_recipe(cfg, "seed", None, gpus=2).dtype == "float32"
+    with pytest.raises(ValueError, match="has no field.*'mode'"):
         resolve_recipe(cfg, "fast", {"batch_size": 8, "mode": "reduce-overhead"}, gpus=0)
+
+
+def test_the_fast_form_is_the_fastest_configuration_not_a_list():
+    """Without a ladder, the configuration the rung declarations walk to (GPU-only techniques on
+    a GPU only); with one, the rung it kept last; the seed form is what R5 builds on."""
+    from perfladder.config import get_config
+    from perfladder.jax import RUNGS, Recipe
+    from perfladder.jax.parallel.measure import fast_recipe, recipe_for
+    from perfladder.ladder.declared import recipe_of
+    from perfladder.results.record import LadderResult, RungResult
+    cfg = get_config("smoke")
+    walked = fast_recipe(cfg, on_gpu=False)
+    assert walked == Recipe(batch_size=4 * cfg.big_batch, jit="split", dtype="bfloat16", embed_fp32=True)
+    assert fast_recipe(cfg, on_gpu=True) == walked.replace(attn_impl="cudnn", fused=("addnorm",))
+    ran = LadderResult(framework="jax", device="cpu", config=cfg.to_dict(), baseline="R1")
+    kept = walked.replace(jit="nnx")
+    ran.add(RungResult(name="B3", key="split_jit", label="split", tokens_per_s=100.0, stage="beyond",
+                       kept=True, recipe=kept.to_dict()))
+    assert fast_recipe(cfg, ran) == kept
+    assert recipe_for(cfg, "seed") == recipe_of(RUNGS, RUNGS["R5"].builds_on, Recipe.seed(cfg), cfg)
+    with pytest.raises(ValueError, match="seed chapter's fixed recipe"):
+        recipe_for(cfg, "seed", kept)

@@ -42,7 +42,7 @@ def test_fast_form_is_predicted_then_measured(tmp_path, capsys):
     assert "predict k=2" in capsys.readouterr().out
     assert m.status == "measured", m.reason
     assert (m.mechanism, m.k, m.processes) == ("jax.distributed", 2, 2)
-    assert m.recipe["dtype"] == "bfloat16" and m.recipe["split"] and m.per_rank_batch == 4 * CFG.big_batch
+    assert m.recipe["dtype"] == "bfloat16" and m.recipe["jit"] == "split" and m.per_rank_batch == 4 * CFG.big_batch
     assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and m.bus_bw_measured > 0
     assert len(m.ranks) == 2 and m.prediction["link"] == "gloo-loopback"
     assert m.efficiency_vs_linear == pytest.approx(m.measured_tokens_per_s / 2000.0)

@@ -80,7 +80,7 @@ def test_layouts(four_devices):
 
 def test_r5_measures_after_writing_down_its_prediction(four_devices):
     """R5 runs R1's fp32 step at R1's batch per device; R5x / R5f take the same path
-    (``multigpu.sharded``) with another recipe, and R5f the FSDP layout of the test above."""
+    (``perfladder.jax.rungs.multigpu.sharded``) with another recipe, and R5f the FSDP layout of the test above."""
     out, stdout = four_devices
     r5 = out["r5"]
     assert r5["kind"] == "multi-gpu" and r5["tokens_per_s"] > 0 and r5["builds_on"] == "R1"

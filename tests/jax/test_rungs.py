@@ -1,5 +1,5 @@
 """The JAX ladder in the smoke config: the seed rungs, the registry and the engine's rules on
-the JAX lab. The whole ladder is shared with test_jax_beyond.py (conftest.jax_smoke_ladder: the
+the JAX lab. The whole ladder is shared with tests/jax/test_beyond.py (conftest.jax_smoke_ladder: the
 one the book build ran, or one run in-process)."""
 import math
 import shutil
@@ -18,9 +18,9 @@ from perfladder.config import get_config  # noqa: E402
 from perfladder.jax import RUNGS, JaxLab, Ladder, Recipe, run_ladder  # noqa: E402
 from perfladder.jax.lab import EAGER_WINDOWS  # noqa: E402
 from perfladder.measure.evidence import ProfileSummary  # noqa: E402
-from perfladder.measure.learning import val_threshold  # noqa: E402
+from perfladder.measure.learning import LearningCheck, val_threshold  # noqa: E402
 from perfladder.multigpu.costmodel import PREDICT_KS  # noqa: E402
-from perfladder.results.record import KINDS, LadderResult, LearningCheck, RungResult  # noqa: E402
+from perfladder.results.record import KINDS, LadderResult, RungResult  # noqa: E402
 from perfladder.results.schema import validate  # noqa: E402
 
 CFG = get_config("smoke")

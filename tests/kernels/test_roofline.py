@@ -110,7 +110,7 @@ def test_a_stored_report_is_reread_by_todays_taxonomy():
     them) reads back with their time in their categories and the roofline rows derived again
     from the report's own workload and roofs; categories other than 'other' stay as stored."""
     from perfladder.kernels import categorize
-    from perfladder.results.record import reread_kernels
+    from perfladder.results.committed import reread_kernels
     assert categorize("_rope_fwd_kernel") == categorize("_gelu_bwd_kernel") == "elementwise"
     assert categorize("_ln_bwd_kernel") == "reduction/norm"
     kb = planted({"_rope_fwd_kernel": 3.0, "_gelu_bwd_kernel": 2.0, "_ln_fwd_kernel": 1.0,

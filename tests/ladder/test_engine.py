@@ -21,7 +21,8 @@ from perfladder.ladder.engine import (
     run_rung,
 )
 from perfladder.ladder.rung import Evidence
-from perfladder.results.record import LadderResult, LearningCheck, RungResult
+from perfladder.measure.learning import LearningCheck
+from perfladder.results.record import LadderResult, RungResult
 
 SMOKE = get_config("smoke")
 FULL = SMOKE.replace(name="full")          # smoke sizes, but the numbers decide

@@ -6,19 +6,20 @@ import math
 
 import pytest
 
+from perfladder.hardware import PRECISIONS
 from perfladder.measure import gates as g
 
 
 def test_tolerances_follow_the_coarser_precision_and_grow_with_the_unit_roundoff():
-    for a in g.PRECISIONS:
-        for b in g.PRECISIONS:
+    for a in PRECISIONS:
+        for b in PRECISIONS:
             assert g.tolerances(a, b) == g.tolerances(b, a) == g.tolerances(g.coarser(a, b),
                                                                           g.coarser(a, b))
     assert g.coarser("fp32", "bf16") == "bf16" and g.coarser("tf32", "fp32") == "tf32"
     fwd = [g.FORWARD_TOL[p] for p in ("fp32", "tf32", "bf16")]
     bwd = [g.BACKWARD_TOL[p] for p in ("fp32", "tf32", "bf16")]
     assert fwd == sorted(fwd) and bwd == sorted(bwd)
-    assert all(g.BACKWARD_TOL[p] >= g.FORWARD_TOL[p] for p in g.PRECISIONS)
+    assert all(g.BACKWARD_TOL[p] >= g.FORWARD_TOL[p] for p in PRECISIONS)
     # the reduced-precision rows are a fixed multiple of their format's unit roundoff
     for p in ("tf32", "bf16"):
         assert g.FORWARD_TOL[p] == 16 * g.UNIT_ROUNDOFF[p]

@@ -31,13 +31,13 @@ def test_unigram_entropy_and_threshold():
 def test_an_honest_run_passes_and_round_trips():
     c = L.check_learning(FALLING, 3.33, 2.2, threshold=2.4, window=20, evaluated_with="reference")
     assert c.passed and c.reasons() == [] and c.steps == 60
-    assert c.train_first == pytest.approx(sum(FALLING[:20]) / 20)
+    assert c.first == pytest.approx(sum(FALLING[:20]) / 20)
     d = json.loads(json.dumps(c.to_dict()))
-    assert set(d) == {"steps", "window", "train_first", "train_last", "val_before", "val_after",
-                      "threshold", "passed", "losses", "evaluated_with"}
+    assert set(d) == {"steps", "window", "first", "last", "val_before", "val_after",
+                      "threshold", "passed", "losses", "evaluated_with", "configuration"}
     assert L.LearningCheck.from_dict(d) == c
     with pytest.raises(ValueError, match="unknown LearningCheck field"):
-        L.LearningCheck.from_dict({**d, "first": 1.0})
+        L.LearningCheck.from_dict({**d, "train_first": 1.0})
 
 
 @pytest.mark.parametrize("val_after, losses, why", [

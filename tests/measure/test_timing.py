@@ -11,7 +11,6 @@ import statistics
 
 import pytest
 
-from perfladder.ladder.engine import measure_settled
 from perfladder.measure import timing
 from perfladder.measure.timing import (
     MIN_MAX_WINDOWS,
@@ -20,6 +19,7 @@ from perfladder.measure.timing import (
     StaleBatchError,
     Throughput,
     measure,
+    measure_settled,
 )
 
 B, T = 4, 8

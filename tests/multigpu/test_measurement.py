@@ -2,7 +2,9 @@
 import json
 
 import pytest
+from conftest import timing_of
 
+from perfladder.measure.timing import spread_of
 from perfladder.multigpu.costmodel import predict
 from perfladder.multigpu.measurement import (
     Baseline,
@@ -11,7 +13,6 @@ from perfladder.multigpu.measurement import (
     not_measured,
     record,
     settle_baseline,
-    spread_of,
 )
 
 
@@ -45,7 +46,7 @@ def test_a_baseline_noisy_twice_gives_no_efficiency():
     b = settle_baseline(measure)
     assert not b.settled
     m = record(framework="torch", mechanism="ddp", form="seed", k=2, per_rank_batch=64,
-               seq_len=128, windows=[190.0, 200.0, 210.0], baseline=b)
+               seq_len=128, timing=timing_of([190.0, 200.0, 210.0]), baseline=b)
     assert m.efficiency_vs_linear is None
     assert "did not settle" in m.efficiency_note and "40.0%" in m.efficiency_note
 
@@ -54,7 +55,7 @@ def test_record_efficiency_prediction_and_json():
     base = baseline_from_windows([100.0, 100.0, 100.0])
     pred = predict(2, 64, 128, base.tokens_per_s, 1000, "pcie-host-staged")
     m = record(framework="jax", mechanism="mesh", form="fast", k=2, per_rank_batch=64,
-               seq_len=128, windows=[150.0, 160.0, 170.0], baseline=base, prediction=pred,
+               seq_len=128, timing=timing_of([150.0, 160.0, 170.0]), baseline=base, prediction=pred,
                bus_bw_measured=2 * pred.bus_bytes_per_s, peak_mem_bytes_per_gpu=[1, 2])
     assert m.measured_tokens_per_s == 160.0 and m.efficiency_vs_linear == pytest.approx(0.8)
     assert m.predicted_tokens_per_s == pred.predicted_tokens_per_s
@@ -68,7 +69,7 @@ def test_record_efficiency_prediction_and_json():
 
 def test_no_baseline_no_efficiency():
     m = record(framework="torch", mechanism="ddp", form="fast", k=2, per_rank_batch=8,
-               seq_len=16, windows=[1.0], baseline=None)
+               seq_len=16, timing=timing_of([1.0]), baseline=None)
     assert m.efficiency_vs_linear is None and "no single-device baseline" in m.efficiency_note
 
 

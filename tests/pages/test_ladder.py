@@ -10,9 +10,9 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 from _ladders import H200, ROOT, FakeModule  # noqa: E402
 
-from perfladder.book.paths import reference_run  # noqa: E402
 from perfladder.config import get_config  # noqa: E402
-from perfladder.pages.ladder import LadderPage, read_run  # noqa: E402
+from perfladder.pages.ladder import LadderPage  # noqa: E402
+from perfladder.results.committed import read_run  # noqa: E402
 from perfladder.results.record import LadderResult  # noqa: E402
 
 
@@ -112,43 +112,6 @@ def test_smoke_page_without_a_reference_shows_its_own_run(capsys, monkeypatch, t
 def test_bad_framework():
     with pytest.raises(ValueError, match=r"framework='numpy' is not valid; valid choices: \('torch', 'jax'\)"):
         LadderPage("numpy")
-
-
-def test_reference_run_reads_the_committed_pointer(tmp_path):
-    for fw in ("torch", "jax"):
-        assert (reference_run(framework=fw) / f"{fw}.json").is_file()
-        assert reference_run(ROOT, fw).name in (ROOT / "benchmarks/results/reference.txt").read_text().split()
-    pointer = tmp_path / "benchmarks" / "results"
-    (pointer / "run-a").mkdir(parents=True)
-    (pointer / "reference.txt").write_text("# comment\n\nrun-b\n")
-    with pytest.raises(ValueError, match=r"names 'run-b', which is not a run folder; valid choices: run-a"):
-        reference_run(tmp_path)
-    (pointer / "reference.txt").write_text("run-a\n")
-    assert reference_run(tmp_path) == pointer / "run-a"
-    # one framework can move to a newer run: its own line wins, the other takes the default
-    (pointer / "run-c").mkdir()
-    (pointer / "reference.txt").write_text("run-a\njax run-c\n")
-    assert reference_run(tmp_path, "jax").name == "run-c" and reference_run(tmp_path, "torch").name == "run-a"
-    assert reference_run(tmp_path).name == "run-a"
-    (pointer / "reference.txt").write_text("jax run-c\n")
-    with pytest.raises(ValueError, match="names no run folder for torch"):
-        reference_run(tmp_path, "torch")
-    with pytest.raises(ValueError, match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
-        reference_run(tmp_path, "mxnet")
-    (pointer / "reference.txt").write_text("numpy run-c\n")
-    with pytest.raises(ValueError, match=r"line 'numpy run-c' is not 'FOLDER' or 'FRAMEWORK FOLDER'"):
-        reference_run(tmp_path, "jax")
-    (pointer / "reference.txt").unlink()
-    with pytest.raises(FileNotFoundError, match="reference.txt is missing"):
-        reference_run(tmp_path)
-
-
-def test_read_run_takes_roofs_from_the_same_runs_probe(tmp_path):
-    r = read_run(H200 / "jax.json")
-    assert r.roofs["matmul_bf16_tflops"] == pytest.approx(785.73, abs=0.01)
-    lone = tmp_path / "jax.json"
-    lone.write_text((H200 / "jax.json").read_text())
-    assert read_run(lone).roofs is None
 
 
 # -- the notebooks call declared rungs, each once, in ladder order ---------------------------------

@@ -11,8 +11,7 @@ from _ladders import H200, result, rung, seed_ladder  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.container import BarContainer  # noqa: E402
 
-from perfladder.pages.claims import ceiling, rate  # noqa: E402
-from perfladder.pages.ladder import read_run  # noqa: E402
+from perfladder.pages.claims import ceiling  # noqa: E402
 from perfladder.pages.plot import (
     BASE_COLOR,
     BEYOND_COLOR,
@@ -31,6 +30,8 @@ from perfladder.pages.plot import (
     device_ceilings,
     waterfall,
 )
+from perfladder.pages.words import rate  # noqa: E402
+from perfladder.results.committed import read_run  # noqa: E402
 from perfladder.results.record import LadderResult  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -67,8 +67,8 @@ def test_a_gain_over_an_unsettled_base_is_credited_as_a_bound():
     res = _pair(False, [5.0, 7.0, 9.0], [300.0, 310.0, 320.0])
     c = call(res, res.rung("R1"))
     assert c.word == "faster" and c.credited and c.ratio is None
-    assert c.bound == pytest.approx(300.0 / 9.0) and c.label == "≥33×"
-    assert "at least 33×" in cards.result_line(res, res.rung("R1"))
+    assert c.bound == pytest.approx(300.0 / 9.0) and c.label == "≥33x"
+    assert "at least 33x" in cards.result_line(res, res.rung("R1"))
     close = _pair(False, [90.0, 100.0, 110.0], [100.0, 104.0, 108.0])
     assert call(close, close.rung("R1")).word == "unsettled"    # overlapping windows: no credit
 
@@ -78,7 +78,7 @@ def test_the_result_line_and_the_table_quote_the_same_windows():
     r = res.rung("R2")
     rows = dict(cards.compact_rows(res, r))
     lo, hi = min(r.timing.settled_windows), max(r.timing.settled_windows)
-    from perfladder.pages.claims import rate
+    from perfladder.pages.words import rate
     assert f"{rate(lo)}–{rate(hi)}" in rows["windows"]
     assert f"last {r.timing.settled} of {len(r.timing.windows)}" in rows["windows"]
     assert rate(r.tokens_per_s) in cards.result_line(res, r)

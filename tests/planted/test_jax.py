@@ -110,7 +110,7 @@ def test_non_causal_attention_fails_the_learning_check_by_the_reference():
     with pytest.raises(LearningError) as e:
         learn(m)()
     c = e.value.check
-    assert e.value.gate == "learning check" and c.train_last < c.train_first and c.val_after > c.threshold
+    assert e.value.gate == "learning check" and c.last < c.first and c.val_after > c.threshold
     assert evaluate.mean_loss(m, *DATA.val_arrays()) < c.threshold   # by itself it would pass
 
 
@@ -118,4 +118,4 @@ def test_frozen_blocks_fail_the_learning_check():
     with pytest.raises(LearningError, match="above the threshold") as e:
         learn(P.freeze_blocks(model(BF16)))()
     c = e.value.check
-    assert c.train_last < c.train_first and c.val_after < c.val_before   # what the old check saw
+    assert c.last < c.first and c.val_after < c.val_before   # what the old check saw

@@ -115,7 +115,7 @@ def test_another_learning_rate_is_caught_by_the_optimizer_gate():
 
 
 # -- the learning check, evaluated by the reference model -------------------------------------------
-LEARN_STEPS = 60       # enough for both bugs to show; the honest run is in test_torch_model_gates.py
+LEARN_STEPS = 60       # enough for both bugs to show; the honest run is in tests/torch/test_model_gates.py
 
 
 def learn(m):
@@ -129,7 +129,7 @@ def test_non_causal_attention_fails_the_learning_check_by_the_reference():
     with pytest.raises(LearningError) as e:
         run()
     c = e.value.check
-    assert e.value.gate == "learning check" and c.train_last < c.train_first   # it "learned"
+    assert e.value.gate == "learning check" and c.last < c.first   # it "learned"
     assert c.val_after > c.threshold
     # evaluated by itself, the cheat would have passed: it reads the next token
     assert evaluate.mean_loss(s.model, *DATA.val_arrays()) < c.threshold
@@ -140,7 +140,7 @@ def test_frozen_blocks_fail_the_learning_check():
     with pytest.raises(LearningError, match="above the threshold") as e:
         run()
     c = e.value.check
-    assert c.train_last < c.train_first and c.val_after < c.val_before    # what the old check saw
+    assert c.last < c.first and c.val_after < c.val_before    # what the old check saw
     assert isinstance(e.value, GateError)
 
 

@@ -10,15 +10,11 @@ import pytest
 from conftest import make_result, timing_of
 
 from perfladder.measure.evidence import Gate, ProfileSummary, Receipt, Timing
+from perfladder.measure.learning import LearningCheck, check_learning
 from perfladder.measure.verdict import MIN_EFFECT, VERDICTS, regime, verdict
-from perfladder.results.record import (
-    SCHEMA_VERSION,
-    LadderResult,
-    LearningCheck,
-    ResultsError,
-    RungResult,
-    smoothed_check,
-)
+from perfladder.pages.report import text_table
+from perfladder.results import SCHEMA_VERSION, ResultsError
+from perfladder.results.record import LadderResult, RungResult
 from perfladder.results.schema import MAX_DEPTH, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,7 +149,7 @@ def test_round_trip_keeps_every_slot(tmp_path, synthetic_result):
     r1.profile = ProfileSummary(tool="torch.profiler", steps=2, device_ms=3.0, shares={"matmul": 0.5},
                                 rows=[{"name": "mm", "device_ms": 1.5}])
     r1.details = {"attention_ms": {"flash": {"available": True, "ms": 0.1}}}
-    r.learning = smoothed_check([3.0] * 20 + [2.0] * 20)
+    r.learning = check_learning([3.0] * 20 + [2.0] * 20)
     r.peak_tflops = {"bf16": 989.5, "tf32": 494.7}
     r.finalize()                       # slots set after add(): derive again (R1 is profiled now)
     path = r.write(tmp_path / "sub" / "torch.json")
@@ -385,28 +381,28 @@ def test_not_an_object_missing_unreadable(tmp_path):
 
 
 # -- the learning check --------------------------------------------------------------------------------
-def test_smoothed_check_falling_curve():
+def test_check_learning_falling_curve():
     losses = [3.3 - 0.02 * i for i in range(60)]
-    c = smoothed_check(losses, window=10)
+    c = check_learning(losses, window=10)
     assert isinstance(c, LearningCheck) and c.passed
     assert c.first == pytest.approx(3.3 - 0.02 * 4.5) and c.last == pytest.approx(3.3 - 0.02 * 54.5)
     assert c.to_dict()["passed"] is True and str(c).endswith("-- passed")
 
 
-def test_smoothed_check_raises_on_rising_or_flat_curve():
+def test_check_learning_raises_on_rising_or_flat_curve():
     with pytest.raises(AssertionError, match="breaks the model.*FAILED"):
-        smoothed_check([2.0 + 0.01 * i for i in range(40)])
+        check_learning([2.0 + 0.01 * i for i in range(40)])
     with pytest.raises(AssertionError):
-        smoothed_check([2.0] * 40)
+        check_learning([2.0] * 40)
     with pytest.raises(AssertionError):                    # a NaN loss is not learning
-        smoothed_check([3.0] * 20 + [float("nan")] * 20)
+        check_learning([3.0] * 20 + [float("nan")] * 20)
 
 
-def test_smoothed_check_bad_arguments():
+def test_check_learning_bad_arguments():
     with pytest.raises(ValueError, match="need at least 40 losses"):
-        smoothed_check([1.0] * 39)
+        check_learning([1.0] * 39)
     with pytest.raises(ValueError, match="window=0"):
-        smoothed_check([1.0] * 10, window=0)
+        check_learning([1.0] * 10, window=0)
 
 
 def test_learning_check_needs_the_validation_threshold():
@@ -433,7 +429,7 @@ def test_a_diverged_learning_check_is_written_as_failed(tmp_path):
 
 
 def test_table_mentions_every_rung(synthetic_result):
-    text = synthetic_result.table()
+    text = text_table(synthetic_result)
     assert "torch on NVIDIA H200 (full config)" in text
     for name in ("R0", "R1", "R2", "R3", "R3c", "R5"):
         assert f"\n{name} " in text

@@ -1,5 +1,5 @@
 """The whole smoke ladder (conftest.py: the one the book build ran, or one run in-process),
-checked rung by rung: the seed rungs here, the beyond rungs in test_torch_beyond.py."""
+checked rung by rung: the seed rungs here, the beyond rungs in tests/torch/test_beyond.py."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,9 @@ from perfladder.config import expected_num_params, get_config
 from perfladder.hardware import peak_for
 from perfladder.ladder.engine import check_rungs
 from perfladder.measure.evidence import Compile, ProfileSummary, Receipt
+from perfladder.measure.learning import LearningCheck
 from perfladder.measure.verdict import REGIMES, VERDICTS
-from perfladder.results.record import LadderResult, LearningCheck, RungResult
+from perfladder.results.record import LadderResult, RungResult
 from perfladder.results.schema import validate
 from perfladder.torch import RUNGS, Ladder, run_ladder
 from perfladder.torch.gates import MIRROR_ATOL

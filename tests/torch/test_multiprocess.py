@@ -15,7 +15,8 @@ import pytest
 from perfladder.config import get_config
 from perfladder.multigpu.measurement import baseline_from_windows
 from perfladder.torch.parallel import measure as dataparallel
-from perfladder.torch.parallel.launch import fast_recipe, rank_env, seed_recipe
+from perfladder.torch.parallel.launch import fast_recipe, rank_env
+from perfladder.torch.recipe import Recipe
 
 pytestmark = pytest.mark.multiprocess
 CFG = get_config("smoke")
@@ -37,7 +38,7 @@ def test_seed_form_ddp_on_four_ranks_predicts_after_its_baseline_and_before_its_
     assert out.index("LAUNCH k=1 none") < out.index("predict k=4") < out.index("LAUNCH k=4 ddp")
     assert m.status == "measured" and m.mechanism == "ddp" and m.form == "seed"
     assert (m.k, m.processes, m.per_rank_batch, m.global_batch) == (4, 4, CFG.batch_size, 4 * CFG.batch_size)
-    assert m.recipe == seed_recipe(CFG) and not m.recipe["compiled"] and not m.recipe["bf16"]
+    assert m.recipe == Recipe.seed(CFG).to_dict() and not m.recipe["compiled"] and not m.recipe["bf16"]
     assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and len(m.ranks) == 4
     assert sorted(r["rank"] for r in m.ranks) == [0, 1, 2, 3] and {r["world_size"] for r in m.ranks} == {4}
     assert len({r["init_digest"] for r in m.ranks}) == 1              # one initialisation, four replicas
@@ -51,7 +52,7 @@ def test_seed_form_ddp_on_four_ranks_predicts_after_its_baseline_and_before_its_
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_fast_form_runs_the_recipe_it_is_given(parallel):
     # the fast recipe minus torch.compile: inductor's CPU compile would dominate a 2-core test
-    recipe = fast_recipe(CFG, compiled=False)
+    recipe = fast_recipe(CFG).replace(compiled=False)
     base = baseline_from_windows([1000.0, 1000.0])
     m = dataparallel.measure(2, CFG, "fast", recipe, parallel=parallel, baseline=base,
                              backend="gloo", timeout=300, **TIMING)

@@ -2,13 +2,17 @@
 rungs: the prediction written before anything launches, and the measurement beside it."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
 from perfladder.config import get_config
+from perfladder.ladder.declared import recipe_of
 from perfladder.ladder.engine import Chain, run_rung
 from perfladder.measure.evidence import Timing
-from perfladder.results.record import RungResult
+from perfladder.measure.timing import settles
+from perfladder.results.record import LadderResult, RungResult
 from perfladder.torch import RUNGS, TorchLab
 from perfladder.torch.parallel import launch as ddp
 from perfladder.torch.recipe import Recipe
@@ -61,13 +65,14 @@ def test_multi_gpu_rungs_are_declared_last():
 
 
 def _planted_base(lab, rate=512.0, windows=None):
-    """R0 as if measured at ``rate`` tokens/s (t_compute = B*T/rate for the smoke sizes)."""
+    """R0 as if measured at ``rate`` tokens/s (t_compute = B*T/rate for the smoke sizes), its
+    verdict the settle rule's on its windows."""
     windows = windows or [rate] * 3
     lab.result.add(RungResult(name="R0", key="eager", label="eager", tokens_per_s=rate,
                               batch_size=CFG.batch_size, seq_len=CFG.num_steps,
                               timing=Timing(windows=windows, seconds=[1.0] * 3, settled=3,
-                                            stable=True, target_spread=0.3, steps_per_window=3,
-                                            warmup=2)))
+                                            stable=settles(windows, 0.3), target_spread=0.3,
+                                            steps_per_window=3, warmup=2)))
 
 
 def test_one_device_predicts_and_says_it_measured_nothing(capsys):
@@ -110,6 +115,10 @@ def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys,
     assert launched == [(2, "seed", "ddp", "nvlink4-h200")]
     assert r5.kind == "multi-gpu" and r5.tokens_per_s > 0 and r5.details["mechanism"] == "DDP x2", r5.error
     assert len(r5.windows) == CFG.windows and isinstance(r5.stable, bool)
+    t = r5.timing                       # the windows the ranks timed, with their own seconds
+    assert len(t.seconds) == CFG.windows and all(s > 0 for s in t.seconds) and t.seconds != [1.0] * CFG.windows
+    assert t.steps_per_window == CFG.timed and t.batch_shape == [CFG.batch_size, CFG.num_steps]
+    assert t.stable == settles(t.windows, CFG.target_spread)         # the ladder's settle rule
     assert r5.prediction.measured_tokens_per_s == r5.tokens_per_s
     d = r5.details
     assert d["k"] == 2 and d["per_rank_batch"] == CFG.batch_size and d["bus_bw_measured"] > 0
@@ -123,6 +132,39 @@ def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys,
 def test_the_fast_form_carries_what_ddp_can_and_says_what_it_cannot():
     r = Recipe(batch_size=8, compiled=True, bf16=True, cudagraphs=True, optimizer="fused",
                embed="onehot", fused=("rope",))
-    d, dropped = mg.ddp_recipe(r)
+    ranked, dropped = ddp.rank_recipe(r)
+    d = ranked.to_dict()                                # what crosses the process boundary
     assert d["fused"] == ["rope"] and d["optimizer"] == "fused" and d["embed"] == "onehot"
     assert d["mode"] is None and dropped == ["cudagraphs"]
+
+
+def test_the_fast_form_is_the_fastest_configuration_not_a_list():
+    """Without a ladder, the configuration the rung declarations walk to on the device (as a rank
+    runs it: no CUDA graphs); with one, the rung it kept last; the seed form is what R5 builds on."""
+    walked = ddp.fast_recipe(CFG, on_gpu=False)
+    assert walked == Recipe(batch_size=4 * CFG.big_batch, compiled=True, bf16=True, optimizer="fused",
+                            embed="onehot")
+    on_gpu = ddp.fast_recipe(CFG, on_gpu=True)
+    assert set(on_gpu.fused) == {"rope", "gelu", "addnorm"} and not on_gpu.cudagraphs
+    ran = LadderResult(framework="torch", device="cpu", config=CFG.to_dict(), baseline="R0")
+    kept = walked.replace(batch_size=CFG.big_batch, embed="gather")
+    for name, key, recipe, was_kept in (("B1", "fused_adamw", kept, True), ("B4", "onehot_embedding", walked, False)):
+        ran.add(RungResult(name=name, key=key, label=key, tokens_per_s=100.0, stage="beyond",
+                           kept=was_kept, recipe=recipe.to_dict()))
+    assert ddp.fast_recipe(CFG, ran) == kept
+    with pytest.raises(ValueError, match="'jax' result"):
+        ddp.fast_recipe(CFG, LadderResult(framework="jax", device="cpu", config={}, baseline="R1"))
+    assert ddp.recipe_for(CFG, "seed") == recipe_of(RUNGS, RUNGS["R5"].builds_on, Recipe.seed(CFG), CFG)
+    assert ddp.recipe_for(CFG, "fast", kept.to_dict()) == kept        # across a process boundary
+
+
+def test_rank_cli_sets_switches_on_the_fast_form():
+    args = argparse.Namespace(config="smoke", form="fast", ladder=None, batch=16, optimizer="default",
+                              embed=None, mode="reduce-overhead", no_compile=False, parallel="ddp",
+                              backend="gloo", warmup=None, timed=None, windows=None)
+    r = Recipe.from_dict(ddp.spec_from_args(args)["recipe"])
+    assert (r.batch_size, r.optimizer, r.embed, r.mode) == (16, "default", "onehot", "reduce-overhead")
+    args.mode, args.no_compile = None, True
+    assert not Recipe.from_dict(ddp.spec_from_args(args)["recipe"]).compiled
+    with pytest.raises(SystemExit, match="--batch applies to --form fast"):
+        ddp.spec_from_args(argparse.Namespace(**{**vars(args), "form": "seed", "no_compile": False}))

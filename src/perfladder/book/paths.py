@@ -1,17 +1,11 @@
-"""Where a book build keeps the results that one page writes and another reads."""
+"""Where a book build keeps the results that one page writes and another reads (the committed
+runs and the repository they live in: ``perfladder.results.committed``)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-
-def repo_root(start: str | Path | None = None) -> Path | None:
-    """The nearest folder at or above ``start`` (default: cwd) holding ``_config.yml``."""
-    here = Path(start or Path.cwd()).resolve()
-    for p in (here, *here.parents):
-        if (p / "_config.yml").is_file() and (p / "_toc.yml").is_file():
-            return p
-    return None
+from perfladder.results.committed import repo_root
 
 
 def build_results_dir() -> Path:
@@ -42,48 +36,3 @@ def build_results_dir() -> Path:
         raise ValueError(f"{source} is not writable")
     return path
 
-
-REFERENCE_FILE = Path("benchmarks") / "results" / "reference.txt"
-REFERENCE_FRAMEWORKS = ("torch", "jax")
-
-
-def reference_run(root: str | Path | None = None, framework: str | None = None) -> Path:
-    """The committed run a page shows when this build cannot measure one itself: a folder
-    under ``benchmarks/results/`` named in ``benchmarks/results/reference.txt``.
-
-    Each line that is neither blank nor a ``#`` comment is ``FOLDER`` (the run of every
-    framework) or ``FRAMEWORK FOLDER`` (that framework's run, which wins for it), so one
-    framework's reference can move to a newer run without the other's. ``root``: the
-    repository (default: the book root above the working directory, else above this package).
-    """
-    base = Path(root) if root is not None else (repo_root() or repo_root(Path(__file__).parent))
-    if base is None:
-        raise FileNotFoundError(f"no book root (_config.yml + _toc.yml) above {Path.cwd()} or "
-                                f"{Path(__file__).parent}: cannot find {REFERENCE_FILE}")
-    pointer = base / REFERENCE_FILE
-    if not pointer.is_file():
-        raise FileNotFoundError(f"{pointer} is missing: it names the committed reference run "
-                                "(a folder under benchmarks/results/)")
-    if framework is not None and framework not in REFERENCE_FRAMEWORKS:
-        raise ValueError(f"framework={framework!r} is not valid; valid choices: {REFERENCE_FRAMEWORKS}")
-    default, named = None, {}
-    for ln in pointer.read_text().splitlines():
-        words = ln.split()
-        if not words or words[0].startswith("#"):
-            continue
-        if len(words) == 1:
-            default = default or words[0]
-        elif len(words) == 2 and words[0] in REFERENCE_FRAMEWORKS:
-            named.setdefault(words[0], words[1])
-        else:
-            raise ValueError(f"{pointer}: line {ln.strip()!r} is not 'FOLDER' or 'FRAMEWORK FOLDER' "
-                             f"(FRAMEWORK one of {', '.join(REFERENCE_FRAMEWORKS)})")
-    name = named.get(framework) or default
-    if name is None:
-        raise ValueError(f"{pointer} names no run folder" + (f" for {framework}" if framework else ""))
-    folder = pointer.parent / name
-    if not folder.is_dir() or "/" in name or name in (".", ".."):
-        choices = sorted(p.name for p in pointer.parent.iterdir() if p.is_dir())
-        raise ValueError(f"{pointer} names {name!r}, which is not a run folder; "
-                         f"valid choices: {', '.join(choices)}")
-    return folder

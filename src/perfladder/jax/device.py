@@ -19,6 +19,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from perfladder.checks import check_int
 from perfladder.results.record import python_versions
 
 MATMUL_N = 8192
@@ -65,8 +66,7 @@ def probe_roofs(n: int = MATMUL_N, copy_mib: int = COPY_MIB, inner: int = INNER,
                 reps: int = REPS) -> dict:
     """``{"matmul_bf16_tflops", "matmul_tf32_tflops", "copy_gbps", "source", "method"}``."""
     for name, v in (("n", n), ("copy_mib", copy_mib), ("inner", inner), ("reps", reps)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive integer")
+        check_int(name, v)
     device = jax.devices()[0]
     return {"matmul_bf16_tflops": matmul_tflops(jnp.bfloat16, n, inner, reps),
             "matmul_tf32_tflops": matmul_tflops(jnp.float32, n, inner, reps),

@@ -22,6 +22,7 @@ import time
 
 import jax
 
+from perfladder.checks import check_int
 from perfladder.jax.device import has_gpu
 from perfladder.jax.program import hlo_module_name, hlo_op_categories, refine
 from perfladder.jax.timer import compile_count
@@ -157,8 +158,7 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
     On CPU the breakdown has ``device='cpu'`` and describes XLA:CPU ops.
     """
     for name, v, lo in (("steps", steps, 1), ("warmup", warmup, 0), ("top", top, 1)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
+        check_int(name, v, lo)
     op_cats, module = None, None
     if hlo_text is not None:
         op_cats, module = hlo_op_categories(hlo_text), hlo_module_name(hlo_text)

@@ -29,15 +29,15 @@ from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import compile_count, throughput
 from perfladder.kernels.roofline import of_run
-from perfladder.ladder.engine import measure_settled
 from perfladder.measure.evidence import (
     Compile,
     Memory,
     ProfileSummary,
     Receipt,
 )
-from perfladder.measure.timing import Throughput
-from perfladder.results.record import LadderResult, LearningCheck
+from perfladder.measure.learning import LearningCheck
+from perfladder.measure.timing import Throughput, measure_settled
+from perfladder.results.record import LadderResult
 
 EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
 EAGER_MAX_WINDOWS = 4    # ... and it gives up early (an un-jitted step is slow)
@@ -97,7 +97,7 @@ class JaxLab:
     # -- the engine's interface -----------------------------------------------------------------
     def seed_recipe(self) -> Recipe:
         """R0's configuration: the un-jitted fp32 step at the seed batch."""
-        return Recipe(batch_size=self.config.batch_size, jit="none", dtype="float32")
+        return Recipe.seed(self.config)
 
     def recipe_from_dict(self, d: dict) -> Recipe:
         return Recipe.from_dict(d)
@@ -137,7 +137,7 @@ class JaxLab:
                                    commit=step.commit)
         except LearningError as e:
             check = e.check
-        return LearningCheck.of(check)
+        return check
 
     # -- building blocks --------------------------------------------------------------------
     @property
@@ -193,7 +193,8 @@ class JaxLab:
         else:
             kw = dict(warmup=c.warmup, timed=c.timed, windows=c.windows, max_windows=c.max_windows)
         return measure_settled(lambda: throughput(step, stream, target_spread=c.target_spread,
-                                                  budget_s=c.timing_budget_s, **kw), c.timing_budget_s)
+                                                  budget_s=c.timing_budget_s, **kw),
+                               budget_s=c.timing_budget_s)
 
     def first_call(self, step, X, Y) -> tuple[Compile, jax.Array]:
         """The step's first (compiling) call, outside any timed window: ``(Compile, loss)``."""
@@ -209,7 +210,7 @@ class JaxLab:
 
     def profile(self, step, stream, hlo_text: str | None = None, devices: int = 1) -> ProfileSummary:
         from perfladder.jax.profile import profile_step
-        # CPU: the raw trace (tests/test_jax_kernels.py checks it agrees with the Perfetto JSON)
+        # CPU: the raw trace (tests/jax/test_kernels.py checks it agrees with the Perfetto JSON)
         # saves most of the second it takes to stop the profiler; a GPU keeps the JSON path
         return profile_step(step, stream, steps=self.profile_steps, hlo_text=hlo_text,
                             devices=devices, perfetto=self.on_gpu)

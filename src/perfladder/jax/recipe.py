@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from perfladder.checks import check_int
 from perfladder.jax.fused import check_fused
 from perfladder.jax.model import ATTN_IMPLS, EMBEDS
 
@@ -37,9 +38,7 @@ class Recipe:
 
     def __post_init__(self):
         object.__setattr__(self, "fused", check_fused(self.fused))
-        b = self.batch_size
-        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-            raise ValueError(f"Recipe batch_size={b!r} must be a positive integer")
+        check_int("Recipe batch_size", self.batch_size)
         for name, valid in (("jit", JITS), ("dtype", DTYPES), ("embed", EMBEDS),
                             ("attn_impl", ATTN_IMPLS)):
             v = getattr(self, name)
@@ -53,6 +52,11 @@ class Recipe:
                              "must be 'float32'")
         if self.attn_impl == "cudnn" and self.dtype != "bfloat16":
             raise ValueError(f"Recipe attn_impl='cudnn' needs dtype='bfloat16', got {self.dtype!r}")
+
+    @classmethod
+    def seed(cls, config) -> "Recipe":
+        """R0's configuration: the un-jitted fp32 step at the seed batch."""
+        return cls(batch_size=config.batch_size, jit="none", dtype="float32")
 
     @property
     def bf16(self) -> bool:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from perfladder.checks import check_int
 from perfladder.kernels.taxonomy import CATEGORIES, categorize
 
 
@@ -163,12 +164,6 @@ def _short(name: str, width: int) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
-def _check_int(name: str, v, lo: int) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
-    return v
-
-
 OTHER_WARN = 0.2      # a breakdown with more 'other' than this says so in its notes
 
 
@@ -183,8 +178,8 @@ def breakdown(events: Iterable, steps: int, top: int = 10, *, device: str = "gpu
     ``classify(name)`` decides. No events, a negative or non-finite duration, or an unknown
     category are errors: an empty breakdown would read as "nothing to see".
     """
-    steps = _check_int("steps", steps, 1)
-    top = _check_int("top", top, 1)
+    steps = check_int("steps", steps, 1)
+    top = check_int("top", top, 1)
     if device not in ("gpu", "cpu"):
         raise ValueError(f"device={device!r} is not valid; valid choices: ('gpu', 'cpu')")
     per: dict[tuple[str, str], list] = {}

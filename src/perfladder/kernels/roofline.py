@@ -55,14 +55,14 @@ names do not tell, so a JAX breakdown keeps one elementwise row.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass, field
 
+from perfladder.checks import check_int, check_positive
+from perfladder.hardware import check_precision
 from perfladder.kernels import CATEGORIES, KernelBreakdown
 from perfladder.kernels.taxonomy import ROOFLINE_GROUPS
 
-PRECISIONS = ("bf16", "fp32")
 EMBEDS = ("gather", "onehot")
 
 # kernel names that identify an elementwise kernel's job (inductor names fused kernels after
@@ -89,6 +89,7 @@ GROUPS = {
 assert tuple(GROUPS) == ROOFLINE_GROUPS, "kernels.taxonomy.ROOFLINE_GROUPS names these groups"
 _covered = {c for cats, _ in GROUPS.values() for c in cats}
 assert _covered == set(CATEGORIES), _covered
+assert tuple(GROUPS) == ROOFLINE_GROUPS, tuple(GROUPS)
 
 
 @dataclass(frozen=True)
@@ -107,13 +108,10 @@ class Workload:
 
     def __post_init__(self):
         for name in ("batch", "seq", "width", "heads", "blocks", "vocab", "ffn_mult"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive integer")
+            check_int(name, getattr(self, name))
         if self.width % self.heads:
             raise ValueError(f"width={self.width} is not divisible by heads={self.heads}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not valid; valid choices: {PRECISIONS}")
+        check_precision(self.precision)
         if self.embed not in EMBEDS:
             raise ValueError(f"embed={self.embed!r} is not valid; valid choices: {EMBEDS}")
 
@@ -144,16 +142,13 @@ class Roofs:
 
     def __post_init__(self):
         for name in ("copy_bytes_per_s", "matmul_flops_per_s"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name}={v!r} must be a positive number")
+            check_positive(name, getattr(self, name))
 
     @classmethod
     def from_probe(cls, probe: dict, precision: str = "bf16", source: str = "") -> "Roofs":
         """From ``benchmarks/device_probe.py``'s JSON: ``copy_tb_per_s`` and
         ``bf16_matmul_tflops`` (``tf32_matmul_tflops`` for ``precision='fp32'``)."""
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} is not valid; valid choices: {PRECISIONS}")
+        check_precision(precision)
         key = "bf16_matmul_tflops" if precision == "bf16" else "tf32_matmul_tflops"
         missing = [k for k in ("copy_tb_per_s", key) if k not in probe]
         if missing:

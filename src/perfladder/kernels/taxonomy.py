@@ -13,6 +13,11 @@ ROOFLINE_GROUPS = ("matmul", "attention", "elementwise", "elementwise: RoPE", "e
 CATEGORIES = ("matmul", "attention", "elementwise", "reduction/norm", "optimizer",
               "memcpy/memset", "collective", "other")
 
+# The roofline's groups (``perfladder.kernels.roofline.GROUPS`` prices each): the words a rung
+# declaration names the costs it attacks in (``Rung.targets``), readable without the analysis.
+ROOFLINE_GROUPS = ("matmul", "attention", "elementwise", "elementwise: RoPE", "elementwise: GELU",
+                   "elementwise: rest", "layernorm/reductions", "optimizer", "copies", "other")
+
 CATEGORY_HELP = {
     "matmul": "GEMMs: cuBLAS/cuBLASLt (sm90_xmma, nvjet, cutlass), Triton/XLA gemm fusions, aten mm/addmm/bmm",
     "attention": "fused attention kernels: FlashAttention, cuDNN SDPA/fMHA, memory-efficient attention",

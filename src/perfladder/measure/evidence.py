@@ -7,7 +7,6 @@ them in named slots (``timing``, ``profile``, ``receipt``, ``gates``, ``memory``
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +114,13 @@ class ProfileSummary(Record):
         return self.host_ms / self.device_ms
 
 
+def dtype_name(dtype) -> str:
+    """The one spelling of a dtype in a receipt: 'torch.bfloat16' / 'bfloat16' / jnp.bfloat16 /
+    torch.bfloat16 -> 'bfloat16'."""
+    s = str(getattr(dtype, "__name__", dtype))
+    return s.rsplit(".", 1)[-1]
+
+
 @dataclass
 class Receipt(Record):
     """What precision the timed step actually computed in, read from the timed path."""
@@ -125,8 +131,7 @@ class Receipt(Record):
     @property
     def ok(self) -> bool:
         want = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}[self.claimed]
-        return bool(self.observed) and all(str(v).removeprefix("torch.") == want
-                                           for v in self.observed.values())
+        return bool(self.observed) and all(dtype_name(v) == want for v in self.observed.values())
 
 
 @dataclass
@@ -157,16 +162,12 @@ class Compile(Record):
 
 @dataclass
 class Prediction(Record):
-    """A cost-model prediction written down before a measurement (R5)."""
+    """A cost-model prediction written down before a measurement (R5): the rung's own k in
+    ``predicted_tokens_per_s``, every k predicted in ``points``
+    (``perfladder.multigpu.costmodel.Estimate.to_dict()`` each)."""
     model: str                                 # what was modelled
     predicted_tokens_per_s: float
     assumptions: dict[str, Any] = field(default_factory=dict)
     measured_tokens_per_s: float | None = None
-    points: list[dict] = field(default_factory=list)   # per k, when several were predicted
+    points: list[dict] = field(default_factory=list)
 
-
-def finite_positive(name: str, v) -> float:
-    """``v`` as a float, or a ValueError naming ``name`` when it is not a finite positive number."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}={v!r} must be a finite positive number")
-    return float(v)

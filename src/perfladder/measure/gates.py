@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+from perfladder.hardware import check_precision
+from perfladder.measure.evidence import dtype_name
 
 # Unit roundoff u = 2^-p of each format (p: significand bits, the implicit one included).
 # fp32: 23 stored + 1; TF32 (what a GPU's fp32 matmul runs in by default): 10 + 1; bf16: 7 + 1.
@@ -86,12 +87,6 @@ def probe_qk_std(num_hiddens: int) -> float:
     if not isinstance(num_hiddens, int) or num_hiddens < 1:
         raise ValueError(f"num_hiddens={num_hiddens!r} must be a positive integer")
     return math.sqrt(PROBE_SCORE_STD / num_hiddens)
-
-
-def check_precision(name: str) -> str:
-    if name not in PRECISIONS:
-        raise ValueError(f"precision={name!r} is not valid; valid choices: {PRECISIONS}")
-    return name
 
 
 def coarser(a: str, b: str) -> str:
@@ -218,12 +213,6 @@ def fail_if(result: GateResult, error: type[GateError]) -> GateResult:
 
 # -- dtype receipts ---------------------------------------------------------------------------
 RECEIPT_EXPECT = {"bf16": "bfloat16", "fp32": "float32"}
-
-
-def dtype_name(dtype) -> str:
-    """'torch.bfloat16' / 'bfloat16' / jnp.bfloat16 -> 'bfloat16'."""
-    s = str(getattr(dtype, "__name__", dtype))
-    return s.rsplit(".", 1)[-1]
 
 
 def check_receipt(receipt: dict | None, expect: str, what: str = "the timed step",

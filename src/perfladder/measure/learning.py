@@ -32,13 +32,16 @@ so much past 200 steps the honest model starts to overfit (2.07 at 200, 2.19 at 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+import numbers
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from perfladder.checks import check_int
 from perfladder.measure.gates import GateError
 
 THRESHOLD_FRACTION = 0.85
+DEFAULT_WINDOW = 20          # steps averaged at each end of the training curve
 
 
 class LearningError(GateError):
@@ -64,77 +67,109 @@ def val_threshold(train_tokens, vocab_size: int, fraction: float = THRESHOLD_FRA
 
 @dataclass
 class LearningCheck:
-    """What the learning check measured and decided (``to_dict`` / ``from_dict`` for the JSON)."""
+    """What the learning check measured and decided, in the layout of the results JSON
+    (``learning`` in ``results-v2.schema.json``); ``passed`` is derived from the numbers.
+
+    A diverged run's losses are not finite: ``to_dict`` writes them as null (JSON holds finite
+    numbers only) and a check with a missing or non-finite loss never passes. A check without
+    ``threshold`` (a version-1 file) asks only that the training loss fell.
+    """
     steps: int
+    first: float | None       # mean training loss of the first ``window`` steps
+    last: float | None        # ... and of the last ``window``
     window: int
-    train_first: float        # mean training loss of the first ``window`` steps
-    train_last: float         # ... and of the last ``window``
-    val_before: float         # held-out loss at the initial weights (reference model)
-    val_after: float          # held-out loss at the trained weights (reference model)
-    threshold: float          # val_after must be at most this
-    passed: bool
     losses: list = field(default_factory=list)
-    evaluated_with: str = ""  # which implementation computed the validation losses
+    val_before: float | None = None   # held-out loss at the initial weights (reference model)
+    val_after: float | None = None    # held-out loss at the trained weights (reference model)
+    threshold: float | None = None    # val_after must be at most this
+    evaluated_with: str = ""          # which implementation computed the validation losses
+    configuration: str = ""           # which rung's configuration was trained
 
     def reasons(self) -> list[str]:
-        """What failed (empty when it passed)."""
+        """What failed (empty when it passed); a missing or non-finite loss fails what it is in."""
         out = []
-        if not self.train_last < self.train_first:
-            out.append(f"training loss did not fall ({self.train_first:.3f} -> {self.train_last:.3f})")
-        if not self.val_after < self.val_before:
-            out.append(f"validation loss did not fall ({self.val_before:.3f} -> {self.val_after:.3f})")
-        if not self.val_after <= self.threshold:
-            out.append(f"validation loss {self.val_after:.3f} is above the threshold {self.threshold:.3f}")
+        if not (_finite(self.first) and _finite(self.last) and self.last < self.first):
+            out.append(f"training loss did not fall ({_num(self.first)} -> {_num(self.last)})")
+        if self.threshold is not None:
+            if not (_finite(self.val_before) and _finite(self.val_after) and self.val_after < self.val_before):
+                out.append(f"validation loss did not fall ({_num(self.val_before)} -> {_num(self.val_after)})")
+            if not (_finite(self.val_after) and self.val_after <= self.threshold):
+                out.append(f"validation loss {_num(self.val_after)} is above the threshold {self.threshold:.3f}")
         return out
 
+    @property
+    def passed(self) -> bool:
+        return not self.reasons()
+
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["losses"] = [float(x) for x in self.losses]
+        d = {k: getattr(self, k) for k in _FIELDS}
+        for k in ("first", "last", "val_before", "val_after", "threshold"):
+            d[k] = _finite_or_none(d[k])
+        d["losses"] = [_finite_or_none(x) for x in self.losses]
+        d["passed"] = self.passed
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LearningCheck":
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
+    def from_dict(cls, d: dict | None) -> "LearningCheck | None":
+        """The check a results file holds (``passed`` is derived again, not read)."""
+        if d is None:
+            return None
+        unknown = set(d) - set(_FIELDS) - {"passed"}
         if unknown:
-            raise ValueError(f"unknown LearningCheck field(s) {sorted(unknown)}; valid: {sorted(names)}")
-        return cls(**d)
+            raise ValueError(f"unknown LearningCheck field(s) {sorted(unknown)}; valid: {sorted(_FIELDS)}")
+        return cls(**{k: v for k, v in d.items() if k in _FIELDS})
 
     def __str__(self) -> str:
-        return (f"learning check over {self.steps} steps: train (mean of {self.window}) "
-                f"{self.train_first:.3f} -> {self.train_last:.3f}; validation {self.val_before:.3f} -> "
-                f"{self.val_after:.3f} (threshold {self.threshold:.3f}, evaluated with "
-                f"{self.evaluated_with}): {'passed' if self.passed else 'FAILED'}")
+        s = (f"training loss over {self.steps} steps: first {self.window} {_num(self.first)} -> "
+             f"last {self.window} {_num(self.last)}")
+        if self.threshold is not None:
+            s += (f"; validation loss {_num(self.val_before)} -> {_num(self.val_after)} "
+                  f"(must be < {self.threshold:.3f}"
+                  + (f", evaluated with {self.evaluated_with}" if self.evaluated_with else "") + ")")
+        return s + (" -- passed" if self.passed else " -- FAILED")
 
 
-def judge(losses, val_before: float, val_after: float, *, threshold: float, window: int,
-          evaluated_with: str) -> LearningCheck:
-    """The ``LearningCheck`` of a training curve and the validation losses around it."""
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"window={window!r} must be a positive integer")
+_FIELDS = tuple(f.name for f in fields(LearningCheck))
+
+
+def _finite(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _num(x) -> str:
+    return f"{x:.3f}" if _finite(x) else "nan"
+
+
+def _finite_or_none(x):
+    """JSON holds finite numbers only: a diverged loss (NaN, inf) is written as null."""
+    return float(x) if _finite(x) else None
+
+
+def judge(losses, val_before: float | None = None, val_after: float | None = None, *,
+          threshold: float | None = None, window: int = DEFAULT_WINDOW,
+          evaluated_with: str = "") -> LearningCheck:
+    """The ``LearningCheck`` of a training curve (and, with ``threshold``, the validation
+    losses around it)."""
+    window = check_int("window", window)
     losses = [float(x) for x in losses]
     if len(losses) < 2 * window:
         raise ValueError(f"need at least {2 * window} losses for window={window}, got {len(losses)}")
-    first = sum(losses[:window]) / window
-    last = sum(losses[-window:]) / window
-    nums = [first, last, float(val_before), float(val_after), float(threshold)]
-    check = LearningCheck(steps=len(losses), window=window, train_first=first, train_last=last,
-                          val_before=float(val_before), val_after=float(val_after),
-                          threshold=float(threshold), passed=False, losses=losses,
-                          evaluated_with=evaluated_with)
-    check.passed = all(math.isfinite(x) for x in nums) and not check.reasons()
-    return check
+    opt = lambda x: None if x is None else float(x)  # noqa: E731
+    return LearningCheck(steps=len(losses), first=sum(losses[:window]) / window,
+                         last=sum(losses[-window:]) / window, window=window, losses=losses,
+                         val_before=opt(val_before), val_after=opt(val_after),
+                         threshold=opt(threshold), evaluated_with=evaluated_with)
 
 
-def check_learning(losses, val_before: float, val_after: float, *, threshold: float, window: int,
-                   evaluated_with: str) -> LearningCheck:
+def check_learning(losses, val_before: float | None = None, val_after: float | None = None, *,
+                   threshold: float | None = None, window: int = DEFAULT_WINDOW,
+                   evaluated_with: str = "") -> LearningCheck:
     """``judge`` and raise ``LearningError`` (with the check at ``.check``) if it failed."""
     check = judge(losses, val_before, val_after, threshold=threshold, window=window,
                   evaluated_with=evaluated_with)
     if not check.passed:
         err = LearningError(f"speed that breaks the model is not speed: {check}; "
-                            + "; ".join(check.reasons() or ["a loss is not finite"]),
-                            gate="learning check")
+                            + "; ".join(check.reasons()), gate="learning check")
         err.check = check
         raise err
     return check

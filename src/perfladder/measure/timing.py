@@ -32,7 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from perfladder.checks import check_int
+
 DEFAULT_TARGET_SPREAD = 0.03   # windows within 3% of each other count as settled
+LEGACY_TARGET_SPREAD = 0.05    # what files written before the timer settled windows are held to
 MIN_MAX_WINDOWS = 10           # never give up before this many windows
 
 
@@ -52,11 +55,40 @@ class StreamEndedError(RuntimeError):
     """The stream ran out of batches before the measurement was done."""
 
 
-def spread_of(rates: list[float]) -> float:
+def spread_of(rates) -> float:
     """(max - min) / median: how far apart a set of windows is."""
+    rates = list(rates)
     if not rates:
         raise ValueError("spread_of needs at least one window")
     return (max(rates) - min(rates)) / statistics.median(rates)
+
+
+def settles(rates, target_spread: float) -> bool:
+    """The settle rule: windows agree when their spread is at most ``target_spread``."""
+    return spread_of(rates) <= target_spread
+
+
+def did_settle(t) -> bool | None:
+    """Did a measurement settle? ``t``: a ``Throughput`` or a recorded ``Timing`` (None: no
+    measurement, None back). The timer's own verdict (``stable``); a file written before the
+    timer settled windows has none, and its windows are judged by ``settles`` against
+    ``LEGACY_TARGET_SPREAD``."""
+    if t is None:
+        return None
+    if t.stable is not None:
+        return bool(t.stable)
+    return settles(t.settled_windows, LEGACY_TARGET_SPREAD)
+
+
+def measure_settled(measure: Callable[[], Any], settled: Callable[[Any], bool] = did_settle, *,
+                    budget_s: float | None = None) -> tuple[Any, bool]:
+    """``measure()``; once more when it did not settle (``settled(t)``: the timer's verdict
+    unless told otherwise), unless its windows already took more than half of ``budget_s``.
+    ``(the last measurement, remeasured)``."""
+    t = measure()
+    if settled(t) or (budget_s is not None and sum(getattr(t, "seconds", ())) > budget_s / 2):
+        return t, False
+    return measure(), True
 
 
 @dataclass
@@ -98,12 +130,6 @@ class Throughput:
                 f"{len(self.windows)} windows, spread {100 * self.spread:.1f}%, {state})")
 
 
-def _check_count(name: str, v, lo: int) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
-    return v
-
-
 def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, windows: int,
             sync: Callable[[Any], None], compile_count: Callable[[], int],
             num_tokens: Callable[[Any], int], shape_of: Callable[[Any], tuple],
@@ -115,12 +141,12 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
     ``budget_s``: wall seconds of timed windows after which no new window is opened once
     ``windows`` have run (a measurement that has not settled by then is reported unsettled):
     what bounds a rung's time when its windows wander."""
-    _check_count("warmup", warmup, 0)
-    _check_count("timed", timed, 1)
-    _check_count("windows", windows, 1)
+    check_int("warmup", warmup, 0)
+    check_int("timed", timed, 1)
+    check_int("windows", windows, 1)
     if max_windows is None:
         max_windows = max(MIN_MAX_WINDOWS, 3 * windows)
-    _check_count("max_windows", max_windows, windows)
+    check_int("max_windows", max_windows, windows)
     if isinstance(target_spread, bool) or not 0 < float(target_spread) < 1:
         raise ValueError(f"target_spread={target_spread!r} must be a fraction in (0, 1)")
 
@@ -189,7 +215,7 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
                 "Keep one batch shape (drop ragged tails) and warm up past compilation.")
         rates.append(tokens / dt)
         secs.append(dt)
-        if len(rates) >= windows and spread_of(rates[-windows:]) <= target_spread:
+        if len(rates) >= windows and settles(rates[-windows:], target_spread):
             stable = True
             break
         if len(rates) >= max_windows or (budget_s is not None and sum(secs) >= budget_s
@@ -201,16 +227,6 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
                       warmup=warmup, batch_shape=shape or (), settled=windows, stable=stable,
                       target_spread=float(target_spread),
                       extra={"budget_s": budget_s} if budget_s is not None else {})
-
-
-def measure_settled(measure: Callable[[], Throughput],
-                    budget_s: float | None = None) -> tuple[Throughput, bool]:
-    """``measure()``; once more when its windows did not settle, unless the first attempt's
-    windows already took more than half of ``budget_s``. ``(Throughput, remeasured)``."""
-    t = measure()
-    if t.stable or (budget_s is not None and sum(t.seconds) > budget_s / 2):
-        return t, False
-    return measure(), True
 
 
 class Stopwatch:

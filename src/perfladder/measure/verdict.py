@@ -7,6 +7,8 @@ the decision and its reasons side by side.
 """
 from __future__ import annotations
 
+from perfladder.measure.timing import did_settle
+
 VERDICTS = ("faster", "slower", "within noise", "unsettled")
 REGIMES = ("host-bound", "compute-bound", "memory-bound", "mixed", "device-bound", "not profiled")
 
@@ -14,7 +16,6 @@ REGIMES = ("host-bound", "compute-bound", "memory-bound", "mixed", "device-bound
 # apart; ranges that do not are a real difference. An effect under MIN_EFFECT is called noise
 # even when the ranges happen to be tight (two runs of one program differ by about that).
 MIN_EFFECT = 0.01
-LEGACY_TARGET_SPREAD = 0.05     # files written before the timer settled windows
 
 # Regime thresholds, on the profile of one step. Busy is the kernels' time per step (from the
 # profiler) over the step's wall time (from the timed windows, which no profiler perturbed):
@@ -30,8 +31,7 @@ def _range(r) -> tuple[float, float, bool]:
     t = r.timing
     if t is None:
         return r.tokens_per_s, r.tokens_per_s, True
-    stable = t.stable if t.stable is not None else t.spread <= LEGACY_TARGET_SPREAD
-    return t.low, t.high, bool(stable)
+    return t.low, t.high, did_settle(t)
 
 
 def verdict(r, before) -> dict:

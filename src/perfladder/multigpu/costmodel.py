@@ -28,6 +28,10 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from perfladder.checks import check_int, check_positive
+from perfladder.measure.evidence import Prediction
+from perfladder.pages import words
+
 GRAD_BYTES_PER_PARAM = 4          # fp32 gradients (masters stay fp32 in both forms)
 PREDICT_KS = (2, 4, 8)            # printed before launch on every build, whatever the machine
 SCOPES = ("intra-node", "inter-node", "cpu")
@@ -86,8 +90,9 @@ def get_link(link) -> Link:
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """What the cost model says about ``k``-way data parallelism, before anything runs."""
+class Estimate:
+    """What the cost model says about ``k``-way data parallelism, before anything runs: one
+    point of the ``perfladder.measure.evidence.Prediction`` a rung writes down."""
     k: int
     per_rank_batch: int
     seq_len: int
@@ -114,30 +119,17 @@ class Prediction:
 
     def line(self) -> str:
         """One printable line: both terms, the floor, the ceiling, the efficiency."""
-        where = (f"{self.link} {self.bus_bytes_per_s / 1e9:g} GB/s" if self.inter_link is None else
+        where = (f"{self.link} {words.gbps(self.bus_bytes_per_s)} GB/s" if self.inter_link is None else
                  f"{self.nodes} nodes x {self.gpus_per_node}: {self.link} "
-                 f"{self.bus_bytes_per_s / 1e9:g} GB/s + {self.inter_link} "
-                 f"{self.inter_bus_bytes_per_s / 1e9:g} GB/s")
+                 f"{words.gbps(self.bus_bytes_per_s)} GB/s + {self.inter_link} "
+                 f"{words.gbps(self.inter_bus_bytes_per_s)} GB/s")
         return (f"predict k={self.k}: batch {self.per_rank_batch}/rank, t_compute "
-                f"{1e3 * self.t_compute_s:.2f} ms + t_comm {1e3 * self.t_comm_s:.2f} ms ({where}) "
-                f"-> {self.predicted_tokens_per_s:,.0f} tokens/s no-overlap floor, linear "
-                f"{self.linear_tokens_per_s:,.0f}, efficiency {100 * self.efficiency:.1f}%")
+                f"{words.ms(self.t_compute_s)} + t_comm {words.ms(self.t_comm_s)} ({where}) "
+                f"-> {words.rate(self.predicted_tokens_per_s)} tokens/s no-overlap floor, linear "
+                f"{words.rate(self.linear_tokens_per_s)}, efficiency {words.percent(self.efficiency, 1)}")
 
 
 # -- the two terms ---------------------------------------------------------------------------
-def _positive_int(name: str, v) -> int:
-    """``v`` as an int (numpy integers welcome); a bool or anything below 1 is an error."""
-    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{name}={v!r} must be a positive integer")
-    return int(v)
-
-
-def _positive_number(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}={v!r} must be a positive finite number")
-    return float(v)
-
-
 def _size(name: str, v) -> float:
     """A byte count: a finite number >= 0 (a bool, a negative or a NaN size is an error)."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
@@ -148,8 +140,8 @@ def _size(name: str, v) -> float:
 def ring_allreduce_seconds(nbytes: float, k: int, bus_bytes_per_s: float) -> float:
     """One ring all-reduce of ``nbytes`` over ``k`` ranks: ``2 (k-1)/k x nbytes / bus_bw``."""
     nbytes = _size("nbytes", nbytes)
-    _positive_int("k", k)
-    return 2 * (k - 1) / k * nbytes / _positive_number("bus_bytes_per_s", bus_bytes_per_s)
+    check_int("k", k)
+    return 2 * (k - 1) / k * nbytes / check_positive("bus_bytes_per_s", bus_bytes_per_s)
 
 
 def hierarchical_allreduce_seconds(nbytes: float, k: int, gpus_per_node: int, intra, inter) -> float:
@@ -163,8 +155,8 @@ def hierarchical_allreduce_seconds(nbytes: float, k: int, gpus_per_node: int, in
     ``2 (g-1)/g x S / bw_intra + 2 (n-1)/n x (S/g) / bw_inter``.
     """
     nbytes = _size("nbytes", nbytes)
-    g = _positive_int("gpus_per_node", gpus_per_node)
-    k = _positive_int("k", k)
+    g = check_int("gpus_per_node", gpus_per_node)
+    k = check_int("k", k)
     intra, inter = get_link(intra), get_link(inter)
     if k <= g:
         return ring_allreduce_seconds(nbytes, k, intra.bus_bytes_per_s)
@@ -178,31 +170,31 @@ def hierarchical_allreduce_seconds(nbytes: float, k: int, gpus_per_node: int, in
 
 # -- predictions ---------------------------------------------------------------------------------
 def _compute_terms(k, per_rank_batch, seq_len, single_tokens_per_s, num_params):
-    _positive_int("k", k)
-    _positive_int("per_rank_batch", per_rank_batch)
-    _positive_int("seq_len", seq_len)
-    _positive_int("num_params", num_params)
-    rate = _positive_number("single_tokens_per_s", single_tokens_per_s)
+    check_int("k", k)
+    check_int("per_rank_batch", per_rank_batch)
+    check_int("seq_len", seq_len)
+    check_int("num_params", num_params)
+    rate = check_positive("single_tokens_per_s", single_tokens_per_s)
     tokens = per_rank_batch * seq_len
     return tokens / rate, tokens, rate
 
 
 def _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, tokens,
-              intra: Link, **topology) -> Prediction:
+              intra: Link, **topology) -> Estimate:
     linear = k * tokens / t_compute
     predicted = k * tokens / (t_compute + t_comm)
     inter = topology.pop("inter", None)
     assumptions = [f"fp32 gradients: {GRAD_BYTES_PER_PARAM} bytes x {num_params:,} parameters",
                    "ring all-reduce: each rank moves 2(k-1)/k of the gradient bytes",
-                   f"{intra.name}: {intra.bus_bytes_per_s / 1e9:g} GB/s bus bandwidth -- {intra.source}",
+                   f"{intra.name}: {words.gbps(intra.bus_bytes_per_s)} GB/s bus bandwidth -- {intra.source}",
                    "no overlap of communication with compute: the prediction is a floor",
-                   f"t_compute from a measured single-device rate of {rate:,.0f} tokens/s at "
+                   f"t_compute from a measured single-device rate of {words.rate(rate)} tokens/s at "
                    f"batch {per_rank_batch}"]
     if inter is not None:
-        assumptions.append(f"{inter.name}: {inter.bus_bytes_per_s / 1e9:g} GB/s per GPU -- "
+        assumptions.append(f"{inter.name}: {words.gbps(inter.bus_bytes_per_s)} GB/s per GPU -- "
                            f"{inter.source}; hierarchical all-reduce (ring inside a node, "
                            "ring across nodes on 1/g shards)")
-    return Prediction(
+    return Estimate(
         k=k, per_rank_batch=per_rank_batch, seq_len=seq_len, num_params=num_params,
         grad_bytes=GRAD_BYTES_PER_PARAM * num_params, single_tokens_per_s=rate,
         t_compute_s=t_compute, t_comm_s=t_comm, predicted_tokens_per_s=predicted,
@@ -214,7 +206,7 @@ def _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, t
 
 
 def predict(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
-            num_params: int, link="nvlink4-h200") -> Prediction:
+            num_params: int, link="nvlink4-h200") -> Estimate:
     """The no-overlap prediction for ``k`` ranks on one flat ring over ``link``.
 
     ``link``: a name in ``LINKS`` (or a ``Link``); ``single_tokens_per_s``: the single
@@ -230,14 +222,14 @@ def predict(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: floa
 
 def predict_hierarchical(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
                          num_params: int, *, gpus_per_node: int = 8, intra="nvlink4-h200",
-                         inter="ib-ndr400") -> Prediction:
+                         inter="ib-ndr400") -> Estimate:
     """``predict`` for ``k`` GPUs spread over nodes of ``gpus_per_node`` (see
     ``hierarchical_allreduce_seconds``); one node is exactly ``predict`` over ``intra``."""
     t_compute, tokens, rate = _compute_terms(k, per_rank_batch, seq_len, single_tokens_per_s,
                                              num_params)
     k, per_rank_batch, seq_len, num_params = int(k), int(per_rank_batch), int(seq_len), int(num_params)
     intra_l, inter_l = get_link(intra), get_link(inter)
-    g = _positive_int("gpus_per_node", gpus_per_node)
+    g = check_int("gpus_per_node", gpus_per_node)
     t_comm = hierarchical_allreduce_seconds(GRAD_BYTES_PER_PARAM * num_params, k, g, intra_l, inter_l)
     nodes = max(1, k // g)
     return _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, tokens,
@@ -247,7 +239,7 @@ def predict_hierarchical(k: int, per_rank_batch: int, seq_len: int, single_token
 
 def scaling_curve(ks=None, *, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
                   num_params: int, gpus_per_node: int = 8, intra="nvlink4-h200",
-                  inter="ib-ndr400") -> list[Prediction]:
+                  inter="ib-ndr400") -> list[Estimate]:
     """``predict_hierarchical`` for every k in ``ks`` (default 1, 2, 4, ..., 1024)."""
     ks = tuple(2 ** i for i in range(11)) if ks is None else tuple(ks)
     if not ks:
@@ -257,7 +249,7 @@ def scaling_curve(ks=None, *, per_rank_batch: int, seq_len: int, single_tokens_p
 
 
 def predictions(per_rank_batch: int, seq_len: int, single_tokens_per_s: float, num_params: int,
-                link="nvlink4-h200", ks=PREDICT_KS) -> list[Prediction]:
+                link="nvlink4-h200", ks=PREDICT_KS) -> list[Estimate]:
     """``predict`` for each k in ``ks`` (default 2, 4, 8): what a build prints before launching."""
     return [predict(k, per_rank_batch, seq_len, single_tokens_per_s, num_params, link) for k in ks]
 
@@ -270,17 +262,15 @@ def announce(preds, label: str = "", file=None) -> str:
     return text
 
 
-def prediction(preds, link, single_tokens_per_s: float, source: str, settled, unit: str = "device"):
+def prediction(preds, link, single_tokens_per_s: float, source: str, settled,
+               unit: str = "device") -> Prediction:
     """The ``Prediction`` a data-parallel rung records before any launch: ``preds`` (from
     ``predictions``, its first point the rung's own k) and what they assumed. ``unit`` names
     the single-rank measurement in the assumption keys ("gpu" for PyTorch, "device" for JAX)."""
-    from perfladder.measure.evidence import (
-        Prediction as Recorded,
-    )  # not this module's Prediction: a rung's evidence
-    return Recorded(model="ring all-reduce of the fp32 gradients after the step, no overlap",
-                    predicted_tokens_per_s=preds[0].predicted_tokens_per_s,
-                    points=[p.to_dict() for p in preds],
-                    assumptions={"link": get_link(link).to_dict(),
-                                 f"single_{unit}_tokens_per_s": single_tokens_per_s,
-                                 f"single_{unit}_source": source,
-                                 f"single_{unit}_settled": settled})
+    return Prediction(model="ring all-reduce of the fp32 gradients after the step, no overlap",
+                      predicted_tokens_per_s=preds[0].predicted_tokens_per_s,
+                      points=[p.to_dict() for p in preds],
+                      assumptions={"link": get_link(link).to_dict(),
+                                   f"single_{unit}_tokens_per_s": single_tokens_per_s,
+                                   f"single_{unit}_source": source,
+                                   f"single_{unit}_settled": settled})

@@ -4,9 +4,11 @@ A multi-GPU number means little alone; ``DataParallelMeasurement`` keeps beside 
 is judged against: the cost model's prediction (made before the launch), the all-reduce
 bandwidth the ranks measured, and the single-device baseline in the same form.
 
-The baseline must be *settled*: ``settle_baseline`` re-measures once when its windows spread
-by more than ``SETTLE_SPREAD``, and a baseline unsettled twice gives no efficiency at all
-(``efficiency_vs_linear`` is ``None`` with the reason) rather than a noisy ratio.
+Both the k-device measurement and its baseline are judged by the ladder's one settle rule
+(``perfladder.measure.timing``: the windows' spread against the config's ``target_spread``).
+``settle_baseline`` re-measures an unsettled baseline once (``measure_settled``), and a
+baseline unsettled twice gives no efficiency at all (``efficiency_vs_linear`` is ``None``
+with the reason) rather than a noisy ratio.
 """
 from __future__ import annotations
 
@@ -15,8 +17,18 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-SETTLE_SPREAD = 0.05
-FORMS = ("seed", "fast")          # seed: eager/jitted fp32 at batch 64; fast: the fastest recipe
+from perfladder.measure.evidence import Timing
+from perfladder.measure.timing import (
+    DEFAULT_TARGET_SPREAD,
+    did_settle,
+    measure_settled,
+    settles,
+    spread_of,
+)
+from perfladder.multigpu.costmodel import ring_allreduce_seconds
+from perfladder.pages import words
+
+FORMS = ("seed", "fast")          # seed: the seed's step at its batch; fast: the fastest recipe
 FRAMEWORKS = ("torch", "jax")
 # how the ranks are put together
 # 'independent': k copies of the single-device step at once, no gradient exchange -- a control
@@ -31,14 +43,6 @@ def check_form(form) -> str:
     return form
 
 
-def spread_of(windows) -> float:
-    """(max - min) / median of the windows' tokens/s."""
-    windows = list(windows)
-    if not windows:
-        raise ValueError("spread_of needs at least one window")
-    return (max(windows) - min(windows)) / statistics.median(windows)
-
-
 @dataclass
 class Baseline:
     """The single-device rate a multi-device run is judged against, and whether it settled."""
@@ -47,7 +51,7 @@ class Baseline:
     spread: float
     settled: bool
     attempts: list[dict] = field(default_factory=list)   # every attempt: tokens_per_s, windows, spread
-    max_spread: float = SETTLE_SPREAD
+    max_spread: float = DEFAULT_TARGET_SPREAD            # the target its windows were held to
     peak_mem_bytes: int | None = None
 
     def to_dict(self) -> dict:
@@ -58,36 +62,54 @@ class Baseline:
         return cls(**d)
 
 
-def settle_baseline(measure: Callable[[], Any], max_spread: float = SETTLE_SPREAD) -> Baseline:
-    """Measure the single-device baseline; once more if its windows spread > ``max_spread``.
-
-    ``measure()`` returns an object with ``tokens_per_s`` and ``windows`` (a
-    ``perfladder.measure.timing.Throughput``) or a ``(tokens_per_s, windows)`` pair. The second
-    attempt, if taken, is the one reported; ``settled`` says whether it came in under the bar.
-    """
-    attempts = []
-    for _ in range(2):
-        got = measure()
-        rate, windows = (got if isinstance(got, tuple) else (got.tokens_per_s, got.windows))
+def _attempt(got, target_spread: float) -> dict:
+    """One measurement as a baseline attempt: a ``Throughput`` / ``Timing`` (its own verdict and
+    target) or a ``(tokens_per_s, windows)`` pair (judged by ``settles`` against ``target_spread``)."""
+    if isinstance(got, tuple):
+        rate, windows = got
         windows = [float(w) for w in windows]
-        attempts.append({"tokens_per_s": float(rate), "windows": windows, "spread": spread_of(windows)})
-        if attempts[-1]["spread"] <= max_spread:
-            break
+        return {"tokens_per_s": float(rate), "windows": windows, "spread": spread_of(windows),
+                "settled": settles(windows, target_spread), "target_spread": target_spread}
+    kept = [float(w) for w in got.settled_windows]
+    return {"tokens_per_s": float(statistics.median(kept)), "windows": [float(w) for w in got.windows],
+            "spread": spread_of(kept), "settled": bool(did_settle(got)),
+            "target_spread": got.target_spread or target_spread}
+
+
+def _baseline(attempts: list[dict]) -> Baseline:
     last = attempts[-1]
-    return Baseline(tokens_per_s=last["tokens_per_s"], windows=last["windows"],
-                    spread=last["spread"], settled=last["spread"] <= max_spread,
-                    attempts=attempts, max_spread=max_spread)
+    return Baseline(tokens_per_s=last["tokens_per_s"], windows=last["windows"], spread=last["spread"],
+                    settled=last["settled"], max_spread=last["target_spread"],
+                    attempts=[{k: a[k] for k in ("tokens_per_s", "windows", "spread")} for a in attempts])
 
 
-def baseline_from_windows(windows, max_spread: float = SETTLE_SPREAD) -> Baseline:
-    """A ``Baseline`` from one measurement already taken (e.g. a ladder rung's windows);
-    whoever took it re-measures once if ``settled`` comes back False."""
+def settle_baseline(measure: Callable[[], Any], target_spread: float = DEFAULT_TARGET_SPREAD) -> Baseline:
+    """Measure the single-device baseline; once more if it did not settle (``measure_settled``).
+
+    ``measure()`` returns a ``perfladder.measure.timing.Throughput`` or a
+    ``(tokens_per_s, windows)`` pair (held to ``target_spread``). The second attempt, if taken,
+    is the one reported; ``settled`` says whether it settled.
+    """
+    attempts: list[dict] = []
+
+    def once() -> dict:
+        attempts.append(_attempt(measure(), target_spread))
+        return attempts[-1]
+    measure_settled(once, settled=lambda a: a["settled"])
+    return _baseline(attempts)
+
+
+def baseline_of(t) -> Baseline:
+    """A ``Baseline`` from one measurement already taken (a ``Throughput`` or a rung's
+    ``Timing``), with that measurement's own verdict; whoever took it re-measures once if
+    ``settled`` comes back False."""
+    return _baseline([_attempt(t, DEFAULT_TARGET_SPREAD)])
+
+
+def baseline_from_windows(windows, target_spread: float = DEFAULT_TARGET_SPREAD) -> Baseline:
+    """A ``Baseline`` of windows (tokens/s) someone else measured, held to ``target_spread``."""
     windows = [float(w) for w in windows]
-    spread = spread_of(windows)
-    rate = statistics.median(windows)
-    return Baseline(tokens_per_s=rate, windows=windows, spread=spread, settled=spread <= max_spread,
-                    attempts=[{"tokens_per_s": rate, "windows": windows, "spread": spread}],
-                    max_spread=max_spread)
+    return _baseline([_attempt((statistics.median(windows), windows), target_spread)])
 
 
 def efficiency(measured_tokens_per_s: float, k: int, baseline: Baseline | None
@@ -96,9 +118,9 @@ def efficiency(measured_tokens_per_s: float, k: int, baseline: Baseline | None
     if baseline is None:
         return None, "no single-device baseline was measured"
     if not baseline.settled:
-        spreads = ", ".join(f"{100 * a['spread']:.1f}%" for a in baseline.attempts)
+        spreads = ", ".join(words.percent(a["spread"], 1) for a in baseline.attempts)
         return None, (f"single-device baseline did not settle: window spread {spreads} "
-                      f"(over {100 * baseline.max_spread:.0f}% in every attempt), so no "
+                      f"(over {words.percent(baseline.max_spread)} in every attempt), so no "
                       "efficiency is computed from it")
     return measured_tokens_per_s / (k * baseline.tokens_per_s), None
 
@@ -117,12 +139,13 @@ class DataParallelMeasurement:
     processes: int = 1
     nodes: int = 1
     recipe: dict = field(default_factory=dict)
-    prediction: dict | None = None        # costmodel.Prediction.to_dict(), made before the launch
+    prediction: dict | None = None        # costmodel.Estimate.to_dict() at this k, made before the launch
     predicted_tokens_per_s: float | None = None
     predicted_at_measured_bw_tokens_per_s: float | None = None
     measured_tokens_per_s: float | None = None
     windows: list[float] = field(default_factory=list)   # summed over ranks, per window
-    spread: float | None = None
+    spread: float | None = None           # of the settled windows
+    timing: dict | None = None            # Timing.to_dict(): the windows, their seconds, the verdict
     bus_bw_measured: float | None = None  # bytes/s, busbw convention, timed on the ranks
     bus_bw_assumed: float | None = None
     efficiency_vs_linear: float | None = None
@@ -156,29 +179,28 @@ class DataParallelMeasurement:
         if self.status != "measured":
             return f"{head}: {self.status} -- {self.reason}"
         eff = ("efficiency n/a" if self.efficiency_vs_linear is None
-               else f"{100 * self.efficiency_vs_linear:.1f}% of linear")
+               else f"{words.percent(self.efficiency_vs_linear, 1)} of linear")
         pred = ("" if self.predicted_tokens_per_s is None
-                else f" (predicted floor {self.predicted_tokens_per_s:,.0f})")
-        bw = "" if self.bus_bw_measured is None else f", all-reduce {self.bus_bw_measured / 1e9:.3g} GB/s"
-        return (f"{head}: {self.measured_tokens_per_s:,.0f} tokens/s{pred}, {eff}, spread "
-                f"{100 * (self.spread or 0):.1f}%{bw}")
+                else f" (predicted floor {words.rate(self.predicted_tokens_per_s)})")
+        bw = "" if self.bus_bw_measured is None else f", all-reduce {words.gbps(self.bus_bw_measured)} GB/s"
+        return (f"{head}: {words.rate(self.measured_tokens_per_s)} tokens/s{pred}, {eff}, spread "
+                f"{words.percent(self.spread, 1)}{bw}")
 
 
 def record(*, framework: str, mechanism: str, form: str, k: int, per_rank_batch: int,
-           seq_len: int, windows, baseline: Baseline | None, prediction=None,
+           seq_len: int, timing: Timing, baseline: Baseline | None, prediction=None,
            bus_bw_measured: float | None = None, peak_mem_bytes_per_gpu=(), recipe=None,
            processes: int = 1, nodes: int = 1, device: str = "", notes=(),
            ranks=()) -> DataParallelMeasurement:
-    """A measured ``DataParallelMeasurement``: median and spread from ``windows`` (tokens/s of
-    every window, summed over ranks), efficiency against ``baseline``, and -- when the ranks
-    timed their all-reduce -- the prediction recomputed with the bandwidth they measured."""
-    windows = [float(w) for w in windows]
-    rate = statistics.median(windows)
+    """A measured ``DataParallelMeasurement``: median and spread of ``timing``'s settled
+    windows (tokens/s of each window, summed over ranks), efficiency against ``baseline``,
+    and -- when the ranks timed their all-reduce -- the prediction recomputed with the
+    bandwidth they measured."""
+    rate = statistics.median(timing.settled_windows)
     eff, why = efficiency(rate, k, baseline)
     pred = prediction.to_dict() if hasattr(prediction, "to_dict") else prediction
     at_measured = None
     if pred is not None and bus_bw_measured and k > 1:
-        from perfladder.multigpu.costmodel import ring_allreduce_seconds
         t_comm = ring_allreduce_seconds(pred["grad_bytes"], k, bus_bw_measured)
         at_measured = k * per_rank_batch * seq_len / (pred["t_compute_s"] + t_comm)
     return DataParallelMeasurement(
@@ -186,7 +208,8 @@ def record(*, framework: str, mechanism: str, form: str, k: int, per_rank_batch:
         seq_len=seq_len, processes=processes, nodes=nodes, recipe=dict(recipe or {}),
         prediction=pred, predicted_tokens_per_s=None if pred is None else pred["predicted_tokens_per_s"],
         predicted_at_measured_bw_tokens_per_s=at_measured, measured_tokens_per_s=rate,
-        windows=windows, spread=spread_of(windows), bus_bw_measured=bus_bw_measured,
+        windows=list(timing.windows), spread=timing.spread, timing=timing.to_dict(),
+        bus_bw_measured=bus_bw_measured,
         bus_bw_assumed=None if pred is None else pred["bus_bytes_per_s"],
         efficiency_vs_linear=eff, efficiency_note=why,
         peak_mem_bytes_per_gpu=list(peak_mem_bytes_per_gpu),

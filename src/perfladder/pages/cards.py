@@ -12,18 +12,9 @@ from __future__ import annotations
 
 import re
 
-from perfladder.pages.claims import (
-    call,
-    gib,
-    is_smoke,
-    rate,
-    receipt_ok,
-    regime_of,
-    settled,
-    short_reason,
-    target,
-)
-from perfladder.pages.report import MUTED, esc, table_html, tflops_text
+from perfladder.pages.claims import call, is_smoke, regime_of, settled, short_reason, target
+from perfladder.pages.report import MUTED, esc, table_html
+from perfladder.pages.words import gib, rate, tflops
 from perfladder.results.record import LadderResult, RungResult
 
 PROFILE_ROWS = 8
@@ -135,7 +126,7 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         rc = r.receipt
         seen = ", ".join(f"{k} {v}" for k, v in rc.observed.items())
         out.append(("receipt", f"claimed {rc.claimed}; observed {seen} "
-                    f"({'matches' if receipt_ok(rc) else 'does NOT match'}); read in {rc.where}"))
+                    f"({'matches' if rc.ok else 'does NOT match'}); read in {rc.where}"))
     if r.memory is not None and r.memory.bytes is not None:
         note = f" ({r.memory.note})" if r.memory.note else ""
         out.append(("memory", f"{gib(r.memory.bytes)} {r.memory.kind}{note}"))
@@ -143,7 +134,7 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         out.append(("compile", f"first call {r.compile.first_call_s:.1f} s"
                     + ("" if r.compile.compilations is None else f", {r.compile.compilations} compilation(s)")))
     if r.tflops is not None:
-        out.append(("rate", f"{tflops_text(r.tflops)} model TFLOP/s"
+        out.append(("rate", f"{tflops(r.tflops)} model TFLOP/s"
                     + ("" if r.mfu is None else f", {r.mfu:.1%} MFU against the datasheet peak")))
     p = r.prediction
     if p is not None:
@@ -214,7 +205,7 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
     if r.receipt is not None:
         rc = r.receipt
         seen = ", ".join(f"{k} {v}" for k, v in rc.observed.items())
-        out.append(("receipt", f"{seen}: " + ("as claimed (" + rc.claimed + ")" if receipt_ok(rc)
+        out.append(("receipt", f"{seen}: " + ("as claimed (" + rc.claimed + ")" if rc.ok
                                              else f"NOT {rc.claimed}")))
     if r.compile is not None:
         c = r.compile
@@ -232,7 +223,7 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
                     + ("; " + ", ".join(f"{k} {v:.0%}" for k, v in top) if top else "")
                     + f"; read as {regime_of(r)}"))
     if r.tflops is not None:
-        out.append(("rate", f"{tflops_text(r.tflops)} model TFLOP/s"
+        out.append(("rate", f"{tflops(r.tflops)} model TFLOP/s"
                     + ("" if r.mfu is None else f", {r.mfu:.1%} MFU")))
     secs = {k: v for k, v in r.details.get("seconds", {}).items() if k != "total"}
     if secs:

@@ -1,6 +1,7 @@
 """What a page may claim from a ladder's numbers (framework-free).
 
-* numbers as words (``rate``, ``gib``) and the model's ceiling at the measured matmul rate;
+* a reason in a few words (``short_reason``) and the model's ceiling at the measured matmul
+  rate (numbers as words: ``perfladder.pages.words``);
 * ``call(result, rung)``: the verdict of ``perfladder.measure.verdict`` turned into what may be said:
   a speedup is credited only when the verdict is 'faster' (beyond the noise of both
   measurements, both settled); an unsettled comparison credits nothing and prints no ratio; a
@@ -17,31 +18,12 @@ from dataclasses import dataclass
 
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.measure import verdict as _verdict
+from perfladder.measure.timing import LEGACY_TARGET_SPREAD, did_settle
+from perfladder.pages.words import percent, rate, ratio
 from perfladder.results.record import LadderResult, RungResult
 
 
-# -- numbers as words --------------------------------------------------------------------------
-def rate(v: float | None) -> str:
-    """Tokens/s with three significant digits: 555k, 2.48M, 9.00k, 812."""
-    if v is None:
-        return "-"
-    if v >= 1e6:
-        return f"{v / 1e6:.2f}M"
-    if v >= 1e5:
-        return f"{v / 1e3:.0f}k"
-    if v >= 1e4:
-        return f"{v / 1e3:.1f}k"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f}k"
-    return f"{v:.0f}"
-
-
-def gib(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
-
-
+# -- words for a table cell ---------------------------------------------------------------------
 def short_reason(text: str | None, limit: int = 110) -> str:
     """The first clause of an error or note, without a dangling parenthesis, at most ``limit``
     characters (for a table cell or a list)."""
@@ -49,13 +31,6 @@ def short_reason(text: str | None, limit: int = 110) -> str:
     if text.count("(") > text.count(")"):
         text = text[: text.rfind("(")].rstrip(" :,")
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def receipt_ok(rc) -> bool:
-    """``Receipt.ok`` that also accepts a framework-qualified dtype ("torch.bfloat16")."""
-    want = {"bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}.get(rc.claimed)
-    seen = [str(v).rsplit(".", 1)[-1] for v in rc.observed.values()]
-    return bool(seen) and all(v == want for v in seen)
 
 
 def is_smoke(result: LadderResult) -> bool:
@@ -88,25 +63,22 @@ def ceiling(result: LadderResult) -> dict | None:
 
 # -- what may be said about a comparison -------------------------------------------------------
 def settled(r: RungResult) -> bool | None:
-    """Did ``r``'s own windows settle? ``None`` when it has none (a version-1 file without a
-    stable flag is judged against the legacy 5% spread, as ``perfladder.measure.verdict`` does)."""
-    t = r.timing
-    if t is None:
-        return None
-    return bool(t.stable) if t.stable is not None else t.spread <= _verdict.LEGACY_TARGET_SPREAD
+    """Did ``r``'s own windows settle? (``perfladder.measure.timing.did_settle``; ``None`` when
+    it has none)."""
+    return did_settle(r.timing)
 
 
 def target(r: RungResult) -> float:
     t = r.timing
-    return t.target_spread if t is not None and t.target_spread else _verdict.LEGACY_TARGET_SPREAD
+    return t.target_spread if t is not None and t.target_spread else LEGACY_TARGET_SPREAD
 
 
 def unsettled_clause(*rungs: RungResult) -> str:
     """"R1's windows did not settle: spread 10% against a 5% target" for those of ``rungs``
     that did not settle ("" when all did)."""
     bad = [r for r in rungs if settled(r) is False]
-    return "; ".join(f"{r.name}'s windows did not settle: spread {r.spread:.0%} against a "
-                     f"{target(r):.0%} target" for r in bad)
+    return "; ".join(f"{r.name}'s windows did not settle: spread {percent(r.spread)} against a "
+                     f"{percent(target(r))} target" for r in bad)
 
 
 def windows_text(r: RungResult) -> str:
@@ -133,10 +105,10 @@ class Call:
     def label(self) -> str:
         """Short ratio text for a bar or a table cell ("" when nothing may be printed)."""
         if self.bound is not None:
-            return f"≥{self.bound:.0f}×" if self.bound >= 10 else f"≥{self.bound:.2f}×"
+            return "≥" + (f"{self.bound:.0f}x" if self.bound >= 10 else ratio(self.bound))
         if self.ratio is None:
             return ""
-        return f"{self.ratio:.2f}x" if self.word != "within noise" else f"≈{self.ratio:.2f}x"
+        return ratio(self.ratio) if self.word != "within noise" else f"≈{ratio(self.ratio)}"
 
 
 def call_of(v: dict | None, r: RungResult, before: RungResult | None) -> Call:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from perfladder.pages.claims import against, call, config_of, rate, regime_of, settled
+from perfladder.pages.claims import against, call, config_of, regime_of, settled
 from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
+from perfladder.pages.words import rate
 from perfladder.results.record import LadderResult, RungResult
 
 # The chapter's RTX 4090 results (section 13.7's printed outputs: tokens/s, ms, efficiencies).

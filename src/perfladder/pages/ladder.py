@@ -7,7 +7,7 @@
 Each rung's cell holds the code of its technique and passes it to ``run``, so a reader who
 edits the cell measures the edit. On a GPU the page runs the full ladder and shows this
 build's own numbers. Without one it runs the smoke ladder live, as a check of the code (a
-grey box per rung), and shows the committed reference run (``book.paths.reference_run()``)
+grey box per rung), and shows the committed reference run (``results.committed.reference_run()``)
 rung by rung, labelled with its device and date. ``page.shown`` is the ladder whose numbers
 the page shows; ``page.live`` the one this build ran. The prose between the cells is the
 authors'; ``glue`` inserts its numbers and the verdicts of its checked claims
@@ -18,28 +18,18 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from perfladder.book.paths import build_results_dir, reference_run
+from perfladder.book.paths import build_results_dir
 from perfladder.config import pick_config
 from perfladder.pages import cards, multigpu, plot, report
 from perfladder.pages.chapter import checks_for, numbers_for
-from perfladder.pages.claims import is_smoke, rate
+from perfladder.pages.claims import is_smoke
 from perfladder.pages.narrative import learning_text, smoke_check
 from perfladder.pages.report import box_html, display_html, esc, paragraphs_html, run_label
 from perfladder.pages.story import glue_values
-from perfladder.results.record import FRAMEWORKS, LadderResult, ResultsError
-from perfladder.results.schema import roofs_from_probe
-
-
-def read_run(path: str | Path) -> LadderResult:
-    """A committed results file; when it carries no measured roofs and its folder holds the
-    device probe of the same run (``device.json``), the roofs are read from that probe."""
-    path = Path(path)
-    res = LadderResult.read(path)
-    probe = path.parent / "device.json"
-    if res.roofs is None and probe.is_file():
-        res.roofs = roofs_from_probe(probe)
-        res.finalize()
-    return res
+from perfladder.pages.words import rate
+from perfladder.results import ResultsError
+from perfladder.results.committed import read_run, reference_run
+from perfladder.results.record import FRAMEWORKS, LadderResult
 
 
 def _show_figure(fig) -> None:

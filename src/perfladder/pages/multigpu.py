@@ -7,53 +7,33 @@ H200s joined by NVLink): every measurement with the prediction written before it
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
-from perfladder.book.paths import repo_root
+from perfladder.pages.words import gbps, percent, rate
+from perfladder.results.committed import multi_gpu_run
 
-MULTI_GPU_RUN = "h200x2-r5"
 # which committed measurements belong to which rung: (form, mechanisms)
 FOR_RUNG = {"R5": ("seed", ("ddp", "mesh")), "R5x": ("fast", ("ddp", "mesh", "jax.distributed")),
             "R5f": ("fast", ("fsdp2", "mesh-fsdp"))}
 
 
 def measurements(framework: str, rung: str, root: Path | None = None) -> list[dict]:
-    """The committed measurements of ``framework`` for ``rung`` (R5 / R5x / R5f), or ``[]``."""
-    if rung not in FOR_RUNG:
-        return []
-    if root is None:
-        top = repo_root()
-        if top is None:
-            return []
-        root = top / "benchmarks" / "results" / MULTI_GPU_RUN
-    path = Path(root) / "r5.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    """The committed measurements of ``framework`` for ``rung`` (R5 / R5x / R5f), or ``[]``;
+    ``root``: the folder of ``r5.json`` (default: the committed R5 run)."""
+    data = multi_gpu_run(root) if rung in FOR_RUNG else None
+    if data is None:
         return []
     form, mechs = FOR_RUNG[rung]
     return [m for m in data.get("measurements", []) if m.get("framework") == framework
             and m.get("form") == form and m.get("mechanism") in mechs and m.get("status") == "measured"]
 
 
-def _rate(v) -> str:
-    return "-" if v is None else f"{v / 1e6:.2f}M"
-
-
-def _pct(v) -> str:
-    return "n/a" if v is None else f"{100 * v:.0f}%"
-
-
-def _gbps(v) -> str:
-    return "-" if not v else f"{v / 1e9:.0f}"
-
-
 def cells(m: dict) -> list[str]:
+    eff = m.get("efficiency_vs_linear")        # None: no settled baseline to be a fraction of
     return [m["mechanism"], str(m["k"]), str(m["per_rank_batch"]),
-            _rate(m.get("predicted_tokens_per_s")), _rate(m.get("measured_tokens_per_s")),
-            _pct(m.get("efficiency_vs_linear")), _gbps(m.get("bus_bw_measured")),
-            f"{100 * (m.get('spread') or 0):.1f}%"]
+            rate(m.get("predicted_tokens_per_s")), rate(m.get("measured_tokens_per_s")),
+            "n/a" if eff is None else percent(eff), gbps(m.get("bus_bw_measured") or None),
+            percent(m.get("spread"), 1)]
 
 
 HEAD = ["how", "k", "batch/GPU", "predicted (no-overlap floor)", "measured tokens/s", "of linear",

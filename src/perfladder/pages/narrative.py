@@ -10,7 +10,6 @@ checked against the run shown (``perfladder.pages.story``).
 """
 from __future__ import annotations
 
-from perfladder.pages.claims import receipt_ok
 from perfladder.results.record import RungResult
 
 
@@ -24,7 +23,7 @@ def smoke_check(r: RungResult) -> str:
         parts.append(f"{ok} of {len(r.gates)} gate(s) passed ({', '.join(g.name for g in r.gates)})")
     if r.receipt is not None:
         seen = ", ".join(f"{k} {v}" for k, v in r.receipt.observed.items())
-        verdict = "matches" if receipt_ok(r.receipt) else "does not match"
+        verdict = "matches" if r.receipt.ok else "does not match"
         parts.append(f"receipt {seen} ({verdict} {r.receipt.claimed})")
     if r.compile is not None:
         parts.append(f"first call {r.compile.first_call_s:.1f} s")

@@ -25,7 +25,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from perfladder.pages.claims import call, ceiling, is_smoke, rate, settled
+from perfladder.pages.claims import call, ceiling, is_smoke, settled
+from perfladder.pages.words import rate
 from perfladder.results.record import LadderResult, RungResult
 
 BASE_COLOR = "#7f7f7f"     # the baseline bar (and anything left of it)

@@ -21,16 +21,15 @@ from perfladder.config import LadderConfig
 from perfladder.pages.claims import (
     call,
     config_of,
-    gib,
     is_smoke,
-    rate,
     regime_of,
     settled,
     short_reason,
 )
+from perfladder.pages.words import gib, percent, rate, ratio, tflops
 from perfladder.results.record import LadderResult, RungResult
 
-__all__ = ["banner", "banner_html", "banner_text", "config_of", "tflops_text", "text_table",
+__all__ = ["banner", "banner_html", "banner_text", "config_of", "text_table",
            "ladder_table_html", "comparison_html", "comparison_markdown", "sections_html",
            "run_label", "box_html", "paragraphs_html", "bullets_html"]
 
@@ -106,14 +105,6 @@ def banner(config: LadderConfig, device: str) -> None:
     display_html(banner_html(config, device), plain)
 
 
-def tflops_text(v: float | None) -> str:
-    """TFLOP/s with one decimal when large, two significant digits when small (a smoke run on
-    a CPU achieves ~0.001 TFLOP/s, which ``.1f`` would print as a misleading 0.0)."""
-    if v is None:
-        return ""
-    return f"{v:.1f}" if v >= 1 else f"{v:.2g}"
-
-
 # -- building blocks ---------------------------------------------------------------------------
 def esc(x) -> str:
     return html.escape(str(x))
@@ -166,9 +157,9 @@ def _vs_cell(result: LadderResult, r: RungResult) -> tuple[str, str]:
         return "", "control"
     if c.word == "start":
         return "", "baseline" if r.name == result.baseline else "floor"
-    ratio = f"{c.label} {c.against}" if c.label else ""
+    vs = f"{c.label} {c.against}" if c.label else ""
     word = c.word + (" (base unsettled)" if c.shaky else "")
-    return ratio, word
+    return vs, word
 
 
 def _regime_cell(r: RungResult) -> tuple[str, str]:
@@ -177,10 +168,11 @@ def _regime_cell(r: RungResult) -> tuple[str, str]:
     if not r.measured:
         return "", ""
     if word == "host-bound":
-        return word, f"busy {reg['busy']:.0%}"
+        return word, f"busy {percent(reg['busy'])}"
     shares = reg.get("compute_share") or reg.get("memory_share")
     if word in ("compute-bound", "memory-bound", "mixed") and shares:
-        return word, f"matmul+attn {reg.get('compute_share', 0):.0%}, memory {reg.get('memory_share', 0):.0%}"
+        return word, (f"matmul+attn {percent(reg.get('compute_share', 0))}, "
+                      f"memory {percent(reg.get('memory_share', 0))}")
     if word in ("mixed", "device-bound"):
         return word, "no breakdown"
     return word, ""
@@ -196,12 +188,11 @@ def ladder_rows(result: LadderResult) -> list[list[str]]:
             continue
         rng = f"{rate(r.timing.low)}–{rate(r.timing.high)}" if r.timing else ""
         tok = esc(rate(r.tokens_per_s)) + small(esc(rng) + (" · did not settle" if settled(r) is False else ""))
-        ratio, word = _vs_cell(result, r)
+        vs, word = _vs_cell(result, r)
         regime, detail = _regime_cell(r)
-        tf = tflops_text(r.tflops) or "-"
-        mem = "-" if r.memory is None or r.memory.bytes is None else gib(r.memory.bytes)
-        rows.append([name, tok, esc(ratio or "–") + small(esc(word)), esc(regime) + small(esc(detail)),
-                     esc(tf) + small("" if r.mfu is None else f"{r.mfu:.1%} MFU"),
+        mem = gib(None if r.memory is None else r.memory.bytes)
+        rows.append([name, tok, esc(vs or "–") + small(esc(word)), esc(regime) + small(esc(detail)),
+                     esc(tflops(r.tflops)) + small("" if r.mfu is None else f"{percent(r.mfu, 1)} MFU"),
                      esc(mem) + small(esc(r.memory.kind) if r.memory is not None else "")])
     return rows
 
@@ -219,18 +210,16 @@ def ladder_table_html(result: LadderResult) -> str:
 
 def text_table(result: LadderResult) -> str:
     """A plain-text table of every rung (the CLI's ``table``)."""
-    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     head = (f"{'rung':<5} {'key':<18} {'what':<22} {'tokens/s':>12} {'spread':>7} {'x prev':>7} "
             f"{'verdict':<13} {'TFLOP/s':>8} {'MFU':>6}")
     lines = [f"{result.framework} on {result.device} ({result.config.get('name', '?')} config), "
              f"ratios to the rung each builds on", head, "-" * len(head)]
     for r in result.rungs:
-        spread = None if r.spread is None else 100 * r.spread
         c = call(result, r)
-        lines.append(f"{r.name:<5} {r.key[:18]:<18} {r.label[:22]:<22} {f(r.tokens_per_s, ',.0f'):>12} "
-                     f"{f(spread, '.1f'):>6}% {(c.label.replace('x', '') if c.label else '-'):>7} "
-                     f"{c.word if c.word not in ('start', 'skipped') else '-':<13} {f(r.tflops, '.3g'):>8} "
-                     f"{f(None if r.mfu is None else 100 * r.mfu, '.1f'):>6}")
+        lines.append(f"{r.name:<5} {r.key[:18]:<18} {r.label[:22]:<22} {rate(r.tokens_per_s):>12} "
+                     f"{percent(r.spread, 1):>7} {(c.label if c.bound else ratio(c.ratio)):>7} "
+                     f"{c.word if c.word not in ('start', 'skipped') else '-':<13} {tflops(r.tflops):>8} "
+                     f"{percent(r.mfu, 1):>6}")
     if result.learning is not None:
         lines.append(str(result.learning))
     return "\n".join(lines)

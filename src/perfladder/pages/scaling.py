@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from perfladder.multigpu import costmodel
-from perfladder.pages.claims import rate
+from perfladder.pages.words import rate
 
 FRAMEWORK_NAMES = {"torch": "PyTorch", "jax": "JAX"}
 FORM_NAMES = {"seed": "the chapter's form", "chapter": "the chapter's form", "fast": "fastest recipe"}

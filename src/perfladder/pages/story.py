@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from perfladder.pages.claims import against, call, ceiling, gib, rate, regime_of
+from perfladder.pages.claims import against, call, ceiling, regime_of
+from perfladder.pages.words import gib, percent, rate, ratio, seconds
+from perfladder.pages.words import ms as words_ms
 from perfladder.results.record import LadderResult, RungResult
 
 Test = Callable[[LadderResult], tuple[bool, str]]
@@ -44,23 +46,6 @@ class Check:
         """What the page prints after the sentence: nothing, or the warning with the evidence."""
         holds, evidence = self.judge(result)
         return "" if holds else f" **[{NOT_SUPPORTED}: {evidence}]**"
-
-
-# -- words -------------------------------------------------------------------------------------
-def ratio(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}×"
-
-
-def pct(x: float | None) -> str:
-    return "–" if x is None else f"{x:.0%}"
-
-
-def secs(x: float | None) -> str:
-    return "–" if x is None else (f"{x:.0f} s" if x >= 10 else f"{x:.1f} s")
-
-
-def ms(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1f} ms"
 
 
 def _rung(result: LadderResult, name: str) -> RungResult:
@@ -220,6 +205,10 @@ def ratio_of(a: str, b: str) -> Callable[[LadderResult], str]:
     return lambda result: ratio(_rung(result, a).tokens_per_s / _rung(result, b).tokens_per_s)
 
 
+def _ms(milliseconds: float | None) -> str:
+    return words_ms(None if milliseconds is None else milliseconds / 1e3, 1)
+
+
 def rung_numbers(result: LadderResult, r: RungResult) -> dict[str, str]:
     """The glue values of one rung (``–`` where it recorded nothing)."""
     n, reg = r.name, r.regime or {}
@@ -227,12 +216,12 @@ def rung_numbers(result: LadderResult, r: RungResult) -> dict[str, str]:
     out = {"rate": rate(r.tokens_per_s) if r.measured else "–",
            "ratio": ratio(r.tokens_per_s / before.tokens_per_s) if (r.measured and before) else "–",
            "label": r.label, "memory": gib(r.memory.bytes) if r.memory and r.memory.bytes else "–",
-           "first_call": secs(r.compile.first_call_s) if r.compile else "–",
-           "device_ms": ms(r.profile.device_ms) if r.profile else "–",
-           "host_ms": ms(r.profile.host_ms) if r.profile else "–",
-           "step_ms": ms(reg.get("step_ms")), "busy": pct(reg.get("busy")),
-           "tflops": "–" if r.tflops is None else f"{r.tflops:.0f}", "mfu": pct(r.mfu),
-           "spread": pct(r.spread) if r.timing else "–",
+           "first_call": seconds(r.compile.first_call_s) if r.compile else "–",
+           "device_ms": _ms(r.profile.device_ms) if r.profile else "–",
+           "host_ms": _ms(r.profile.host_ms) if r.profile else "–",
+           "step_ms": _ms(reg.get("step_ms")), "busy": percent(reg.get("busy")),
+           "tflops": "–" if r.tflops is None else f"{r.tflops:.0f}", "mfu": percent(r.mfu),
+           "spread": percent(r.spread) if r.timing else "–",
            "windows": (f"{rate(r.timing.low)}–{rate(r.timing.high)}" if r.timing else "–"),
            "batch": "–" if r.batch_size is None else f"{r.batch_size:,}"}
     return {f"{n}_{k}": v for k, v in out.items()}
@@ -248,12 +237,12 @@ def ladder_numbers(result: LadderResult) -> dict[str, str]:
         best = result.fastest_rung()
         base = next((r for r in bars if r.name == result.baseline), None)
         out.update(fastest=best.name, fastest_label=best.label, fastest_rate=rate(best.tokens_per_s),
-                   fastest_mfu=pct(best.mfu), cumulative=ratio(best.tokens_per_s / base.tokens_per_s)
+                   fastest_mfu=percent(best.mfu), cumulative=ratio(best.tokens_per_s / base.tokens_per_s)
                    if base else "–", baseline=result.baseline)
         ceil = ceiling(result)
         out["ceiling_rate"] = rate(ceil["tokens_per_s"]) if ceil else "–"
         out["ceiling_tflops"] = f"{ceil['tflops']:.0f}" if ceil else "–"
-        out["of_ceiling"] = pct(best.tokens_per_s / ceil["tokens_per_s"]) if ceil else "–"
+        out["of_ceiling"] = percent(best.tokens_per_s / ceil["tokens_per_s"]) if ceil else "–"
     lc = result.learning
     if lc is not None:
         f3 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,16 +30,14 @@ from perfladder.measure.evidence import (
     Timing,
     _plain,
 )
+from perfladder.measure.learning import LearningCheck
+from perfladder.measure.timing import did_settle
+from perfladder.results import SCHEMA_VERSION, ResultsError
+from perfladder.results.schema import load_json, upgrade, validate
 
-SCHEMA_VERSION = 2
 FRAMEWORKS = ("torch", "jax")
 KINDS = ("rung", "control", "multi-gpu", "skipped")
 STAGES = ("seed", "beyond", "multi-gpu")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp8")
-
-
-class ResultsError(ValueError):
-    """A results file does not follow the schema."""
 
 
 _SLOTS = {"timing": Timing, "memory": Memory, "compile": Compile, "receipt": Receipt,
@@ -142,80 +139,6 @@ class RungResult:
 
 
 @dataclass
-class LearningCheck:
-    """A short training run of the fastest configuration (see ``perfladder.measure.learning``)."""
-    steps: int
-    first: float          # mean training loss of the first `window` steps
-    last: float           # mean training loss of the last `window` steps
-    window: int
-    losses: list[float] = field(default_factory=list)
-    val_before: float | None = None
-    val_after: float | None = None
-    threshold: float | None = None      # val_after must be below this
-    evaluated_with: str = ""
-    configuration: str = ""             # which rung's configuration was trained
-
-    @property
-    def passed(self) -> bool:
-        # a diverged run's non-finite losses are written as null: it never passes (nor does NaN)
-        falls = self.first is not None and self.last is not None and self.last < self.first
-        if self.threshold is None:
-            return falls
-        return (falls and self.val_after is not None and self.val_before is not None
-                and self.val_after < self.val_before and self.val_after <= self.threshold)
-
-    @classmethod
-    def of(cls, check) -> "LearningCheck":
-        """The stored record of a ``perfladder.measure.learning.LearningCheck`` (passed or failed)."""
-        return cls(steps=check.steps, first=check.train_first, last=check.train_last,
-                   window=check.window, losses=list(check.losses), val_before=check.val_before,
-                   val_after=check.val_after, threshold=check.threshold,
-                   evaluated_with=check.evaluated_with)
-
-    def to_dict(self) -> dict:
-        d = _plain({k: getattr(self, k) for k in self.__dataclass_fields__})
-        for k in ("first", "last", "val_before", "val_after"):
-            d[k] = _finite_or_none(d[k])
-        d["losses"] = [_finite_or_none(x) for x in d["losses"]]
-        d["passed"] = self.passed
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict | None):
-        if d is None:
-            return None
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-
-    def __str__(self) -> str:
-        f = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
-        s = (f"training loss over {self.steps} steps: first {self.window} {f(self.first)} -> "
-             f"last {self.window} {f(self.last)}")
-        if self.threshold is not None:
-            s += (f"; validation loss {f(self.val_before)} -> {f(self.val_after)} "
-                  f"(must be < {self.threshold:.3f})")
-        return s + (" -- passed" if self.passed else " -- FAILED")
-
-
-def _finite_or_none(x):
-    """JSON holds finite numbers only: a diverged loss (NaN, inf) is written as null."""
-    return None if isinstance(x, float) and not math.isfinite(x) else x
-
-
-def smoothed_check(losses, window: int = 20) -> LearningCheck:
-    """First-``window`` mean vs last-``window`` mean of a loss curve; raises if it did not fall."""
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"window={window!r} must be a positive integer")
-    losses = [float(x) for x in losses]
-    if len(losses) < 2 * window:
-        raise ValueError(f"need at least {2 * window} losses for window={window}, got {len(losses)}")
-    check = LearningCheck(steps=len(losses), first=sum(losses[:window]) / window,
-                          last=sum(losses[-window:]) / window, window=window, losses=losses)
-    if not check.passed:
-        raise AssertionError(f"speed that breaks the model is not speed: {check}")
-    return check
-
-
-@dataclass
 class LadderResult:
     framework: str
     device: str
@@ -257,7 +180,7 @@ class LadderResult:
         chain = self.waterfall()
         if not chain:
             raise ValueError(f"no measured waterfall rung in this {self.framework} ladder")
-        settled = [r for r in chain if r.stable is not False]
+        settled = [r for r in chain if did_settle(r.timing) is not False]
         return max(settled or chain, key=lambda r: r.tokens_per_s)
 
     def fastest_rung(self) -> RungResult:
@@ -266,6 +189,9 @@ class LadderResult:
         carries the kernel report, else ``best()``."""
         if self.fastest is not None:
             return self.rung(self.fastest)
+        kept = [r for r in self.rungs if r.stage == "beyond" and r.kept and r.measured]
+        if kept:                                   # the configuration the ladder ended on
+            return kept[-1]
         with_kernels = [r for r in self.rungs if r.kernels]
         return with_kernels[-1] if with_kernels else self.best()
 
@@ -304,8 +230,6 @@ class LadderResult:
                 r.ratio_prev = r.tokens_per_s / before.tokens_per_s
                 r.verdict = _verdict.verdict(r, before)
             r.regime = _verdict.regime(r, roof_tflops=roof, copy_gbps=(self.roofs or {}).get("copy_gbps"))
-            if r.kernels:
-                r.kernels = reread_kernels(r.kernels)
         return self
 
     # -- (de)serialisation -------------------------------------------------------------------
@@ -329,7 +253,6 @@ class LadderResult:
 
     def write(self, path: str | Path) -> Path:
         from perfladder.outputs import replace_atomically
-        from perfladder.results.schema import validate
         path = Path(path)
         data = self.finalize().to_dict()
         validate(data, source=str(path))
@@ -341,7 +264,6 @@ class LadderResult:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> "LadderResult":
-        from perfladder.results.schema import upgrade, validate
         version = data.get("schema_version") if isinstance(data, dict) else None
         data = upgrade(data, source)
         validate(data, source)
@@ -357,13 +279,8 @@ class LadderResult:
 
     @classmethod
     def read(cls, path: str | Path) -> "LadderResult":
-        from perfladder.results.schema import load_json
         path = Path(path)
         return cls.from_dict(load_json(path), source=str(path))
-
-    def table(self) -> str:
-        from perfladder.pages.report import text_table
-        return text_table(self)
 
 
 def python_versions(**modules) -> dict[str, str]:
@@ -371,31 +288,5 @@ def python_versions(**modules) -> dict[str, str]:
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for name, mod in modules.items():
         out[name] = getattr(mod, "__version__", "?")
-    return out
-
-
-def reread_kernels(kb: dict) -> dict:
-    """A stored kernel report (``KernelBreakdown.to_dict()`` plus its ``roofline``) read by
-    today's taxonomy (``KernelBreakdown.recategorized``): when a named kernel moves out of
-    'other', the categories and the roofline rows are derived again from the report's own
-    workload and roofs. Returned unchanged when nothing moves."""
-    from perfladder.kernels import KernelBreakdown
-    from perfladder.kernels.roofline import Roofs, Workload, roofline
-    try:
-        old = KernelBreakdown.from_dict(kb)
-    except ValueError:               # not a full breakdown (an older file's summary): as it is
-        return kb
-    new = old.recategorized()
-    if new is old:
-        return kb
-    out = {**kb, **new.to_dict()}
-    rl = kb.get("roofline")
-    if rl and rl.get("workload") and rl.get("roofs"):
-        rf = rl["roofs"]
-        out["roofline"] = roofline(new, Workload(**rl["workload"]),
-                                   Roofs(copy_bytes_per_s=rf["copy_bytes_per_s"],
-                                         matmul_flops_per_s=rf["matmul_flops_per_s"],
-                                         source=rf.get("source", "")),
-                                   title=rl.get("title", "")).to_dict()
     return out
 

@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from perfladder.checks import check_int
 from perfladder.kernels import KernelBreakdown, breakdown, categorize
 from perfladder.measure.timing import RecompileError
 from perfladder.torch.timer import compile_count, sync
@@ -112,8 +113,7 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
     CPU operators otherwise).
     """
     for name, v, lo in (("steps", steps, 1), ("warmup", warmup, 0), ("top", top, 1)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{name}={v!r} must be an integer >= {lo}")
+        check_int(name, v, lo)
     X, Y = next(stream)
     on_gpu = X.device.type == "cuda"
     if on_gpu and os.environ.get("TEARDOWN_CUPTI") != "1":

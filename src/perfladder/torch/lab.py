@@ -20,12 +20,12 @@ from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for
 from perfladder.kernels.roofline import of_run
-from perfladder.ladder.engine import measure_settled
 from perfladder.measure.evidence import (
     Memory,
     ProfileSummary,
     Receipt,
 )
+from perfladder.measure.timing import measure_settled
 from perfladder.results.record import LadderResult
 from perfladder.torch.device import device_name, probe_roofs, versions
 from perfladder.torch.model import GPT, checkpoint_block
@@ -95,7 +95,7 @@ class TorchLab:
     # -- recipes and steps --------------------------------------------------------------------
     def seed_recipe(self) -> Recipe:
         """What R0 runs: eager fp32 (TF32 matmuls on a GPU) at the seed's batch."""
-        return Recipe(batch_size=self.config.batch_size)
+        return Recipe.seed(self.config)
 
     def recipe_from_dict(self, d: dict) -> Recipe:
         return Recipe.from_dict(d)
@@ -116,9 +116,9 @@ class TorchLab:
         r = recipe or self.seed_recipe()
         code = LIBRARY_CODE if plain_code else self.code
         torch.manual_seed(self.config.seed)
-        return GPT(self.gpt_config, attn_backend=r.attn_backend,
-                   checkpoint=code["checkpoint_block"] if r.checkpoint else False,
-                   embed=r.embed, fused=r.fused).to(self.device)
+        kw = r.model_kw()
+        kw["checkpoint"] = code["checkpoint_block"] if r.checkpoint else False
+        return GPT(self.gpt_config, **kw).to(self.device)
 
     def build_step(self, recipe: Recipe, plain_code: bool = False) -> TrainStep:
         """A fresh model, its AdamW and the training step ``recipe`` describes, built with this
@@ -128,9 +128,7 @@ class TorchLab:
         code = LIBRARY_CODE if plain_code else self.code
         model = self.make_model(recipe, plain_code)
         return make_step(model, code["make_optimizer"](model, self.config.lr, recipe.optimizer),
-                         compiled=recipe.compiled, bf16=recipe.bf16, device_type=self.device.type,
-                         mode=recipe.mode, compile_optimizer=recipe.optimizer == "compiled",
-                         code=code)
+                         device_type=self.device.type, code=code, **recipe.step_kw())
 
     def stream(self, batch_size: int, split: str = "train"):
         """A fresh stream of (batch_size, num_steps) batches (each call a new shuffle seed)."""
@@ -166,7 +164,7 @@ class TorchLab:
                               target_spread=c.target_spread, max_windows=c.max_windows,
                               budget_s=c.timing_budget_s)
 
-        t, again = measure_settled(once, c.timing_budget_s)
+        t, again = measure_settled(once, budget_s=c.timing_budget_s)
         mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak") if self.on_gpu
                else Memory(None, "n/a", "no device memory on CPU"))
         return t, again, mem
@@ -230,7 +228,6 @@ class TorchLab:
         the reference model (``perfladder.torch.evaluate``). A failed check is returned, not
         raised: the result records it and the caller decides."""
         from perfladder.measure.learning import LearningError
-        from perfladder.results.record import LearningCheck
         from perfladder.torch.evaluate import learning_check
         c = self.config
         data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
@@ -240,7 +237,7 @@ class TorchLab:
             check = learning_check(self.build_step(recipe), stream, data, steps=c.learn_steps)
         except LearningError as e:
             check = e.check
-        return LearningCheck.of(check)
+        return check
 
     def __repr__(self) -> str:
         return f"TorchLab(config={self.config.name!r}, device={self.device_name!r})"

@@ -1,16 +1,19 @@
 """``Recipe``: one PyTorch training configuration, seed or beyond (fp32 weights, fp32 loss).
 
 A rung declares how it changes the recipe it builds on (``Rung.change``); the lab builds a
-fresh model, optimizer and step from any recipe (``TorchLab.build_step``).
+fresh model, optimizer and step from any recipe (``TorchLab.build_step``), and so does every
+rank of a data-parallel launch (``perfladder.torch.parallel.worker``), from ``to_dict``'s JSON:
+``GPT(config, **recipe.model_kw())``, ``make_step(model, optimizer, **recipe.step_kw())``.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
+from perfladder.checks import check_int
 from perfladder.torch.fused import check_fused
 from perfladder.torch.model import check_attn_backend, check_embed
-from perfladder.torch.step import OPTIMIZERS
+from perfladder.torch.step import CUDAGRAPH_MODES, OPTIMIZERS, check_mode
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,7 @@ class Recipe:
     fused: tuple[str, ...] = ()      # GPT(fused=...): Triton kernels (perfladder.torch.fused)
 
     def __post_init__(self):
-        b = self.batch_size
-        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-            raise ValueError(f"batch_size={b!r} must be a positive integer")
+        check_int("batch_size", self.batch_size)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r} is not valid; valid choices: {OPTIMIZERS}")
         check_embed(self.embed)
@@ -37,6 +38,27 @@ class Recipe:
         object.__setattr__(self, "fused", check_fused(tuple(self.fused)))
         if (self.cudagraphs or self.autotune) and not self.compiled:
             raise ValueError("cudagraphs / autotune are torch.compile modes: they need compiled=True")
+
+    @classmethod
+    def seed(cls, config) -> "Recipe":
+        """R0's configuration: eager fp32 (TF32 matmuls on a GPU) at the seed's batch."""
+        return cls(batch_size=config.batch_size)
+
+    def with_mode(self, mode: str | None) -> "Recipe":
+        """This recipe compiled in ``torch.compile`` mode ``mode`` (``mode`` reads it back)."""
+        mode = None if check_mode(mode) == "default" else mode
+        return self.replace(compiled=True, cudagraphs=mode in CUDAGRAPH_MODES,
+                            autotune=mode is not None and mode.startswith("max-autotune"))
+
+    def model_kw(self) -> dict:
+        """Keyword arguments of ``GPT(config, ...)``."""
+        return dict(attn_backend=self.attn_backend, checkpoint=self.checkpoint, embed=self.embed,
+                    fused=self.fused)
+
+    def step_kw(self) -> dict:
+        """Keyword arguments of ``make_step(model, optimizer, ...)`` beyond the device."""
+        return dict(compiled=self.compiled, bf16=self.bf16, mode=self.mode,
+                    compile_optimizer=self.optimizer == "compiled")
 
     @property
     def mode(self) -> str | None:

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perfladder.measure.evidence import dtype_name
+
 # torch.compile modes a step may use (None: the default mode). The two that capture CUDA
 # graphs need a CUDA device: on CPU inductor would skip the graphs and compile the default
 # mode instead, which must not be measured under their name.
@@ -89,10 +91,6 @@ def check_mode(mode, device_type: str | None = None):
         raise ValueError(f"mode={mode!r} captures CUDA graphs and needs a CUDA device, not "
                          f"{device_type!r}; on CPU it would silently compile the default mode")
     return mode
-
-
-def _dtype(t: torch.Tensor | None) -> str | None:
-    return None if t is None else str(t.dtype).removeprefix("torch.")
 
 
 class TrainStep:
@@ -162,7 +160,8 @@ class TrainStep:
         # the logits come out of the tied output matmul (under autocast: its compute dtype);
         # the first parameter's gradient dtype says the masters stayed fp32
         grad = next(iter(self.model.parameters())).grad
-        self.receipt = {"logits": _dtype(logits), "loss": _dtype(loss), "grad": _dtype(grad),
+        self.receipt = {"logits": dtype_name(logits.dtype), "loss": dtype_name(loss.dtype),
+                        "grad": None if grad is None else dtype_name(grad.dtype),
                         "calls": self.receipt.get("calls", 0) + 1}
 
     def __call__(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,9 @@
         --process-id I --config full --form fast --out DIR                 # one process
     launch_local(2, config, 'fast')           # N processes on this machine (tests, benchmark)
 
+Every process runs the same ``perfladder.jax.recipe.Recipe`` (its ``to_dict()`` in the spec;
+``perfladder.jax.parallel.measure.recipe_for`` resolves a form).
+
 Every process calls ``jax.distributed.initialize(coordinator, num_processes, process_id)``,
 after which ``jax.devices()`` lists the devices of *all* processes and one mesh spans them.
 Each process lays out the state for its own devices (``make_array_from_callback``: every
@@ -23,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from perfladder.checks import check_int
+
 ENV_SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -30,10 +35,8 @@ ENV_SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 def initialize(coordinator: str, num_processes: int, process_id: int, local_device_ids=None) -> None:
     """``jax.distributed.initialize``; on a machine without a GPU, CPU collectives over gloo."""
     import jax
-    for name, v in (("num_processes", num_processes), ("process_id", process_id)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{name}={v!r} must be a non-negative integer")
-    if num_processes < 1 or process_id >= num_processes:
+    check_int("num_processes", num_processes)
+    if check_int("process_id", process_id, 0) >= num_processes:
         raise ValueError(f"process_id={process_id} must be in 0..{num_processes - 1} "
                          f"(num_processes={num_processes})")
     if ":" not in coordinator:
@@ -129,16 +132,13 @@ def run(spec: dict, out: Path) -> dict:
     from jax.experimental import multihost_utils
 
     from perfladder.config import LadderConfig
-    from perfladder.jax.parallel.measure import (
-        Replica,
-        allreduce_bus_bw,
-        corpus,
-        num_params,
-        peak_mem_bytes,
-    )
+    from perfladder.jax.parallel.layout import allreduce_bus_bw, peak_mem_bytes
+    from perfladder.jax.parallel.measure import Replica, corpus, num_params
+    from perfladder.jax.recipe import Recipe
     from perfladder.jax.timer import throughput
+    from perfladder.measure.evidence import Timing
 
-    cfg, recipe = LadderConfig(**spec["config"]), spec["recipe"]
+    cfg, recipe = LadderConfig(**spec["config"]), Recipe.from_dict(spec["recipe"])
     mesh = global_mesh()
     data = corpus(cfg)
     n = num_params(cfg, len(data.vocab))
@@ -147,7 +147,7 @@ def run(spec: dict, out: Path) -> dict:
     k = mesh.devices.size
     if spec.get("check_steps"):
         return _check(spec, rep, data, mesh, out)
-    stream = local_batches(data, recipe["batch_size"], mesh, seed=cfg.seed + 300)
+    stream = local_batches(data, recipe.batch_size, mesh, seed=cfg.seed + 300)
     bw = allreduce_bus_bw(mesh, n) if k > 1 else 0.0
     # every process times the same number of windows: one that stopped early (its windows
     # settled) would leave the others waiting in the step's all-reduce
@@ -158,12 +158,15 @@ def run(spec: dict, out: Path) -> dict:
     mems = peak_mem_bytes(local)
     mine = {"process_id": jax.process_index(), "host": socket.gethostname(),
             "local_devices": [str(d) for d in local], "tokens_per_s": t.tokens_per_s,
-            "windows": t.windows, "bus_bw": bw, "peak_mem_bytes": mems}
+            "windows": t.windows, "seconds": t.seconds, "bus_bw": bw, "peak_mem_bytes": mems}
     # every process times the same global steps; gather their numbers for process 0
     gathered = multihost_utils.process_allgather(
-        {"windows": np.asarray(t.windows), "bw": np.asarray(bw), "mem_kib": mem_to_kib(mems)})
+        {"windows": np.asarray(t.windows), "seconds": np.asarray(t.seconds), "bw": np.asarray(bw),
+         "mem_kib": mem_to_kib(mems)})
     summary = {"k": k, "num_processes": jax.process_count(), "num_params": n, "spec": spec,
+               "timing": Timing.of(t).to_dict(),          # process 0's: the global steps it timed
                "windows_per_process": gathered["windows"].tolist(),
+               "seconds_per_process": gathered["seconds"].tolist(),
                "bus_bw_per_process": gathered["bw"].tolist(),
                "peak_mem_bytes_per_gpu": kib_to_bytes(gathered["mem_kib"]),
                "device": jax.devices()[0].device_kind,
@@ -184,7 +187,7 @@ def _check(spec: dict, rep, data, mesh, out: Path) -> dict:
     from perfladder.jax.parallel.layout import batch_sharding
     from perfladder.jax.parallel.measure import fixed_global_batches
     sharding = batch_sharding(mesh)
-    k, B = mesh.devices.size, spec["recipe"]["batch_size"]
+    k, B = mesh.devices.size, rep.recipe.batch_size
     losses = []
     for X, Y in fixed_global_batches(data, k * B, spec["check_steps"]):      # (k*B, T) numpy each
         Xg = jax.make_array_from_callback(X.shape, sharding, lambda idx, X=X: X[idx])
@@ -196,13 +199,11 @@ def _check(spec: dict, rep, data, mesh, out: Path) -> dict:
     return summary
 
 
-def resolve_recipe(config, form: str, recipe, gpus: int) -> dict:
+def resolve_recipe(config, form: str, recipe, gpus: int):
     """``recipe_for`` without starting a jax backend here (the GPUs belong to the children):
-    the fast form's attention kernel follows ``gpus`` instead of asking jax for devices."""
-    from perfladder.jax.parallel.measure import fast_recipe, recipe_for
-    if recipe is None and form == "fast":
-        recipe = fast_recipe(config, attn_impl="cudnn" if gpus else None)
-    return recipe_for(config, form, recipe)
+    whether the fast form's GPU-only techniques apply follows ``gpus`` instead of asking jax."""
+    from perfladder.jax.parallel.measure import recipe_for
+    return recipe_for(config, form, recipe, on_gpu=bool(gpus))
 
 
 # -- launching N processes on this machine ---------------------------------------------------------
@@ -219,13 +220,13 @@ def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
     """Start ``num_processes`` OS processes of this module here (coordinator on localhost)
     and return process 0's summary. ``gpus > 0``: process i uses local GPU i (so
     ``num_processes <= gpus``); ``gpus = 0``: CPU processes, one CPU device each."""
-    if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-        raise ValueError(f"num_processes={num_processes!r} must be a positive integer")
+    check_int("num_processes", num_processes)
     if gpus and num_processes > gpus:
         raise ValueError(f"num_processes={num_processes} needs {num_processes} GPUs, {gpus} given; "
                          f"valid choices: 1..{gpus}")
     spec = {"config": config.to_dict(), "form": form,
-            "recipe": resolve_recipe(config, form, recipe, gpus), "fsdp": bool(fsdp), "warmup": config.warmup if warmup is None else warmup,
+            "recipe": resolve_recipe(config, form, recipe, gpus).to_dict(), "fsdp": bool(fsdp),
+            "warmup": config.warmup if warmup is None else warmup,
             "timed": config.timed if timed is None else timed,
             "windows": config.windows if windows is None else windows,
             "check_steps": int(check_steps)}
@@ -281,10 +282,11 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
     """
     from perfladder.data import TimeMachine
     from perfladder.jax.parallel.measure import num_params
+    from perfladder.measure.evidence import Timing
     from perfladder.multigpu import costmodel
     from perfladder.multigpu.measurement import not_measured, record
     recipe = resolve_recipe(config, form, recipe, gpus)
-    B, T = recipe["batch_size"], config.num_steps
+    B, T = recipe.batch_size, config.num_steps
     k = num_processes                      # one device per process here
     vocab = len(TimeMachine(config.batch_size, T, num_train=config.num_train,
                             num_val=config.num_val).vocab)
@@ -299,20 +301,21 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
     except (RuntimeError, subprocess.SubprocessError) as e:
         return not_measured(status="failed", reason=str(e)[-3000:], framework="jax",
                             mechanism="jax.distributed", form=form, k=k, per_rank_batch=B,
-                            seq_len=T, processes=num_processes, recipe=recipe,
+                            seq_len=T, processes=num_processes, recipe=recipe.to_dict(),
                             prediction=None if pred is None else pred.to_dict())
     notes = [f"{num_processes} OS processes, one device each, joined by jax.distributed; every "
              "process times the same global steps (windows: process 0's; all in ranks)",
              f"state {'sharded (FSDP)' if fsdp else 'replicated'}; each process feeds its own "
              "devices their own batches"]
-    ranks = [{"process_id": i, "windows": w, "bus_bw": b}
-             for i, (w, b) in enumerate(zip(s["windows_per_process"], s["bus_bw_per_process"]))]
+    ranks = [{"process_id": i, "windows": w, "seconds": sec, "bus_bw": b}
+             for i, (w, sec, b) in enumerate(zip(s["windows_per_process"], s["seconds_per_process"],
+                                                 s["bus_bw_per_process"]))]
     ranks[0]["memory_stats"] = s.get("memory_stats_process0")
     bws = [b for b in s["bus_bw_per_process"] if b]
     return record(framework="jax", mechanism="jax.distributed", form=form, k=s["k"],
-                  per_rank_batch=B, seq_len=T, windows=s["windows_per_process"][0],
+                  per_rank_batch=B, seq_len=T, timing=Timing.from_dict(s["timing"]),
                   baseline=baseline, prediction=pred, bus_bw_measured=min(bws) if bws else None,
-                  peak_mem_bytes_per_gpu=s["peak_mem_bytes_per_gpu"], recipe=recipe,
+                  peak_mem_bytes_per_gpu=s["peak_mem_bytes_per_gpu"], recipe=recipe.to_dict(),
                   processes=s["num_processes"], device=s["device"], notes=notes, ranks=ranks)
 
 
@@ -329,12 +332,17 @@ def main(argv=None) -> int:
     p.add_argument("--spec", help="spec.json written by launch_local (overrides the options below)")
     p.add_argument("--config", choices=CONFIG_NAMES, default="full")
     p.add_argument("--form", choices=FORMS, default="fast")
-    p.add_argument("--batch", type=int, help="fast form's per-device batch (default 4 x big batch)")
+    p.add_argument("--ladder", help="a JAX results JSON: the fast form is the configuration that "
+                   "ladder ended on (default: the one the rung declarations walk to on this device)")
+    p.add_argument("--batch", type=int, help="fast form's per-device batch (default: the fast form's)")
     p.add_argument("--fsdp", action="store_true", help="shard parameters and optimizer state too")
     p.add_argument("--warmup", type=int)
     p.add_argument("--timed", type=int)
     p.add_argument("--windows", type=int)
     args = p.parse_args(argv)
+    if args.form == "seed" and (args.ladder or args.batch is not None):
+        p.error(f"--{'ladder' if args.ladder else 'batch'} applies to --form fast; the seed form "
+                "runs the seed's recipe at the config's batch")
     for key, value in ENV_SAFE.items():
         os.environ.setdefault(key, value)
     ids = None if not args.local_device_ids else [int(i) for i in args.local_device_ids.split(",")]
@@ -343,9 +351,14 @@ def main(argv=None) -> int:
         spec = json.loads(Path(args.spec).read_text())
     else:
         from perfladder.jax.parallel.measure import fast_recipe, recipe_for
+        from perfladder.results.record import LadderResult
         cfg = get_config(args.config)
-        recipe = fast_recipe(cfg, batch_size=args.batch) if args.form == "fast" else None
-        spec = {"config": cfg.to_dict(), "form": args.form, "recipe": recipe_for(cfg, args.form, recipe),
+        recipe = None
+        if args.form == "fast":
+            recipe = fast_recipe(cfg, LadderResult.read(args.ladder) if args.ladder else None)
+            recipe = recipe if args.batch is None else recipe.replace(batch_size=args.batch)
+        spec = {"config": cfg.to_dict(), "form": args.form,
+                "recipe": recipe_for(cfg, args.form, recipe).to_dict(),
                 "fsdp": args.fsdp, "warmup": cfg.warmup if args.warmup is None else args.warmup,
                 "timed": cfg.timed if args.timed is None else args.timed,
                 "windows": cfg.windows if args.windows is None else args.windows}

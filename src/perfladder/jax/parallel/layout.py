@@ -6,11 +6,15 @@ all-gathers / reduce-scatters when the parameters themselves are sharded (FSDP).
 """
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from perfladder.checks import check_int
 
 AXIS = "data"
 
@@ -18,8 +22,7 @@ AXIS = "data"
 def make_data_mesh(k: int):
     """A ``('data',)`` mesh over the first ``k`` devices; a clear error if there are fewer."""
     n = jax.device_count()
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k={k!r} must be a positive integer")
+    check_int("k", k)
     if k > n:
         raise ValueError(f"k={k} devices requested but only {n} are visible "
                          f"({jax.devices()[0].platform}); valid choices: 1..{n}")
@@ -75,3 +78,32 @@ def shardings_of(node) -> dict[str, str]:
         out["/".join(map(str, path))] = str(getattr(s, "spec", s))
     return out
 
+
+# -- what the devices of a mesh measure ---------------------------------------------------------------
+def peak_mem_bytes(devices) -> list:
+    """``peak_bytes_in_use`` of each device (None where the backend does not report it)."""
+    out = []
+    for d in devices:
+        stats = d.memory_stats() if hasattr(d, "memory_stats") else None
+        out.append(int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None)
+    return out
+
+
+def allreduce_bus_bw(mesh, numel: int, iters: int = 5, warmup: int = 2) -> float:
+    """Measured all-reduce bus bandwidth (bytes/s, busbw convention) of ``numel`` fp32 values
+    per device: ``psum`` over the mesh's ``'data'`` axis, timed on the host."""
+    k = mesh.devices.size
+    sharding = NamedSharding(mesh, P(AXIS))
+    ones = np.ones((1, numel), np.float32)
+    x = jax.make_array_from_callback((k, numel), sharding, lambda idx: ones)   # (k, numel), a row each
+    reduce = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, AXIS), mesh=mesh,
+                                   in_specs=P(AXIS), out_specs=P(AXIS)))
+    for _ in range(warmup):
+        x = reduce(x) * (1.0 / k)            # keep the values bounded
+    jax.block_until_ready(x)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        x = reduce(x)
+    jax.block_until_ready(x)
+    dt = (time.perf_counter() - t0) / iters
+    return 2 * (k - 1) / k * 4 * numel / dt

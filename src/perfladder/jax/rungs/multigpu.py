@@ -16,32 +16,37 @@ import jax
 
 from perfladder.config import expected_num_params
 from perfladder.jax.lab import JaxLab
-from perfladder.jax.parallel.layout import batch_sharding, make_data_mesh, place_state
-from perfladder.jax.parallel.measure import allreduce_bus_bw, peak_mem_bytes
+from perfladder.jax.parallel.layout import (
+    allreduce_bus_bw,
+    batch_sharding,
+    make_data_mesh,
+    peak_mem_bytes,
+    place_state,
+)
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.stream import batches
 from perfladder.jax.trial import trial
 from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
 from perfladder.measure.evidence import Prediction
 from perfladder.multigpu import costmodel
-from perfladder.multigpu.measurement import baseline_from_windows, efficiency
+from perfladder.multigpu.measurement import baseline_of, efficiency
 
 STREAM_SEED_OFFSET = 100    # the sharded streams' seed, away from the single-device streams'
 
 
 def single_device_rate(lab: JaxLab, recipe: Recipe, base: str | None):
     """``(Baseline, source)``: ``recipe`` on one device, from its base's measurement when that ran
-    the same recipe, else measured here; settled or not (``multigpu.Baseline.settled``)."""
+    the same recipe, else measured here; settled or not (``perfladder.multigpu.measurement.Baseline.settled``)."""
     try:
         ran = lab.result.rung(base) if base else None
     except KeyError:
         ran = None
     if ran is not None and ran.measured and ran.timing and lab.recipe_from_dict(ran.recipe) == recipe:
-        return baseline_from_windows(ran.timing.settled_windows), base
+        return baseline_of(ran.timing), base
     step = lab.build_step(recipe)
     lab.first_call(step, *next(lab.stream(recipe.batch_size)))
     t, _ = lab.measure(step, recipe.batch_size)
-    return baseline_from_windows(t.settled_windows), "measured here on one device"
+    return baseline_of(t), "measured here on one device"
 
 
 def predict(lab: JaxLab, recipe: Recipe, base: str | None, label: str) -> tuple[Prediction, object]:

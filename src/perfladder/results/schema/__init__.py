@@ -17,7 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from perfladder.results.record import SCHEMA_VERSION, ResultsError
+from perfladder.results import SCHEMA_VERSION, ResultsError
+from perfladder.results.schema.v1 import to_v2
 
 MAX_DEPTH = 64          # results nest a handful of levels; anything deeper is not ours
 
@@ -152,7 +153,6 @@ def _rung_name(data, path) -> str | None:
 def upgrade(data: Any, source: str = "<results>") -> Any:
     """Version-1 files become version 2; anything else is returned unchanged."""
     if isinstance(data, dict) and _is_int(data.get("schema_version")) and data["schema_version"] == 1:
-        from perfladder.results.schema.v1 import to_v2
         try:
             _walk(data, "results")
         except ResultsError as e:
@@ -160,17 +160,3 @@ def upgrade(data: Any, source: str = "<results>") -> Any:
         return to_v2(data, source)
     return data
 
-
-def roofs_from_probe(path: Path) -> dict | None:
-    """The measured ceilings of ``benchmarks/device_probe.py``'s JSON, as ``LadderResult.roofs``."""
-    try:
-        probe = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    mm, copy = probe.get("bf16_matmul_tflops"), probe.get("copy_tb_per_s")
-    if not mm:
-        return None
-    return {"matmul_bf16_tflops": mm, "matmul_tf32_tflops": probe.get("tf32_matmul_tflops"),
-            "copy_gbps": None if copy is None else 1e3 * copy,
-            "source": f"{Path(path).name} (device probe of the same run)",
-            "method": probe.get("method", "")}

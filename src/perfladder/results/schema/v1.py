@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-from perfladder.results.record import ResultsError
+from perfladder.measure.evidence import dtype_name
+from perfladder.results import ResultsError
 
 # v1 rung names -> technique keys (B names differed per framework in v1).
 KEYS = {
@@ -93,7 +94,7 @@ def _rung(r: dict, framework: str, config: dict) -> dict:
                           "compilations": extra.pop("first_call_compilations", None)}
     got = extra.pop("logits_dtype", None) or extra.pop("receipt", None)
     if got and r.get("precision") == "bf16" or got == "float32" and name == "R2a":
-        observed = {"logits" if framework == "torch" else "first activation": got}
+        observed = {"logits" if framework == "torch" else "first activation": dtype_name(got)}
         out["receipt"] = {"claimed": "bf16", "observed": observed,
                           "where": "a side path (version-1 runs read the receipt outside the timed step)"}
     for k, gate in (("gate_max_abs_diff", "compiled vs eager logits"),

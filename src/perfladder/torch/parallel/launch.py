@@ -3,6 +3,10 @@
     data_parallel_tokens(k, config, form='fast', recipe=...)   # launch k ranks here, gather
     python -m perfladder.torch.parallel.launch --config full --form fast --out DIR   # one rank, under torchrun
 
+A rank runs a ``perfladder.torch.recipe.Recipe`` (its ``to_dict()`` in the spec): the seed form
+is R0's, the fast form the configuration a ladder ended on, or without a ladder the one the rung
+declarations walk to (``fast_recipe``).
+
 The rank itself lives in ``perfladder.torch.parallel.worker``; ``perfladder.torch.parallel.measure``
 turns a launch into a ``perfladder.multigpu.measurement.DataParallelMeasurement`` (prediction first).
 On several machines, start ``torchrun --nnodes N ... -m perfladder.torch.parallel.launch ...`` on each
@@ -13,17 +17,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from perfladder.checks import check_int
 from perfladder.config import CONFIG_NAMES, LadderConfig, get_config
+from perfladder.ladder.declared import declared_fastest
+from perfladder.ladder.engine import registry
+from perfladder.measure.evidence import Timing
+from perfladder.measure.timing import settles
 from perfladder.multigpu.measurement import FORMS, check_form
-from perfladder.torch.parallel.worker import PARALLELS, RECIPE_KEYS
+from perfladder.results.record import LadderResult
+from perfladder.torch.lab import TorchLab
+from perfladder.torch.model import EMBEDS
+from perfladder.torch.parallel.worker import PARALLELS
+from perfladder.torch.recipe import Recipe
+from perfladder.torch.rungs.beyond import BEYOND
+from perfladder.torch.rungs.seed import SEED
+from perfladder.torch.step import COMPILE_MODES, OPTIMIZERS
 
 BACKENDS = ("nccl", "gloo")
-FAST_BATCH_MULT = 4          # the fast form's per-rank batch: 4 x the ladder's big batch (2048 in full)
 
 # Keep NVLink multicast off in every process we start (it can take shared GPUs down).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -31,62 +47,49 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 
 
 # -- recipes: what one rank runs ------------------------------------------------------------------
-def seed_recipe(config: LadderConfig) -> dict:
-    """The seed's R5 per rank: eager, fp32 (TF32 on CUDA), batch 64, default AdamW, gather embedding."""
-    return {"batch_size": config.batch_size, "compiled": False, "bf16": False,
-            "optimizer": "default", "embed": "gather", "mode": None, "attn_backend": None,
-            "fused": []}
+# A rank runs the step its Recipe describes, minus what is not launched under DDP / FSDP2 here:
+# CUDA graphs and max-autotune (modes of their own, whose capture around the gradient hooks is
+# not what this rung measures) and activation checkpointing (it buys memory a rank does not need).
+NOT_CARRIED = ("checkpoint", "cudagraphs", "autotune")
 
 
-def fast_recipe(config: LadderConfig, *, batch_size: int | None = None, optimizer: str = "fused",
-                embed: str = "onehot", mode: str | None = None, attn_backend: str | None = None,
-                compiled: bool = True, bf16: bool = True) -> dict:
-    """The fastest single-GPU recipe per rank (compiled, bf16 autocast, fused AdamW, one-hot
-    embedding, batch ``FAST_BATCH_MULT x big_batch``); every switch is an argument."""
-    return normalize_recipe({"batch_size": batch_size or FAST_BATCH_MULT * config.big_batch,
-                             "compiled": compiled, "bf16": bf16, "optimizer": optimizer,
-                             "embed": embed, "mode": mode, "attn_backend": attn_backend})
+def rank_recipe(recipe: Recipe) -> tuple[Recipe, list[str]]:
+    """``recipe`` as a rank runs it, and the switches of ``NOT_CARRIED`` it had on (said)."""
+    dropped = [k for k in NOT_CARRIED if getattr(recipe, k)]
+    return recipe.replace(**{k: False for k in NOT_CARRIED}), dropped
 
 
-def normalize_recipe(recipe) -> dict:
-    """A recipe dict with exactly ``RECIPE_KEYS``, validated.
-
-    Accepts a dict or an object with ``to_dict()`` (``perfladder.torch.rungs.beyond.Recipe``, whose
-    ``cudagraphs`` / ``autotune`` switches are already folded into its ``mode``). A missing
-    ``compiled`` / ``bf16`` means the fast form's True.
-    """
-    from perfladder.torch.model import check_attn_backend, check_embed
-    from perfladder.torch.step import OPTIMIZERS, check_mode
-    d = dict(recipe.to_dict() if hasattr(recipe, "to_dict") else recipe)
-    folded = {"cudagraphs", "autotune", "checkpoint"} if "mode" in d else set()
-    unknown = set(d) - set(RECIPE_KEYS) - folded
-    if unknown:
-        raise ValueError(f"unknown recipe keys {sorted(unknown)}; valid keys: {RECIPE_KEYS}")
-    out = {"compiled": True, "bf16": True, "optimizer": "default", "embed": "gather", "mode": None,
-           "attn_backend": None, "fused": []}
-    out.update({k: v for k, v in d.items() if k in RECIPE_KEYS})
-    b = out.get("batch_size")
-    if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-        raise ValueError(f"batch_size={b!r} must be a positive integer")
-    if out["optimizer"] not in OPTIMIZERS:
-        raise ValueError(f"optimizer={out['optimizer']!r} is not valid; valid choices: {OPTIMIZERS}")
-    check_embed(out["embed"])
-    check_attn_backend(out["attn_backend"])
-    check_mode(out["mode"])
-    if out["mode"] is not None and not out["compiled"]:
-        raise ValueError(f"mode={out['mode']!r} needs compiled=True")
-    return out
+def fast_recipe(config: LadderConfig, ladder: LadderResult | None = None, *,
+                on_gpu: bool | None = None) -> Recipe:
+    """The fast form per rank: the configuration ``ladder`` (a PyTorch ``LadderResult``) ended on
+    (``LadderResult.fastest``); without one, the one the rung declarations walk to on this
+    device (``perfladder.ladder.declared.declared_fastest``). As a rank runs it (``rank_recipe``)."""
+    if ladder is not None:
+        if ladder.framework != "torch":
+            raise ValueError(f"ladder is a {ladder.framework!r} result; the fast form of a PyTorch "
+                             "rank comes from a 'torch' one")
+        recipe = Recipe.from_dict(ladder.fastest_rung().recipe)
+    else:
+        if on_gpu is None:
+            import torch
+            on_gpu = torch.cuda.is_available()
+        recipe = declared_fastest(registry([*SEED, *BEYOND]), Recipe.seed(config), TorchLab.seed_top,
+                                  config, on_gpu)
+    return rank_recipe(recipe)[0]
 
 
-def recipe_for(config: LadderConfig, form: str, recipe=None) -> dict:
-    """The per-rank recipe of ``form``: the seed's fixed one, or ``recipe`` (default ``fast_recipe``)."""
+def recipe_for(config: LadderConfig, form: str, recipe=None) -> Recipe:
+    """The per-rank recipe of ``form``: the seed's (R0's, fixed), or ``recipe`` (a ``Recipe`` or
+    its ``to_dict()``; default ``fast_recipe``)."""
+    if recipe is not None and not isinstance(recipe, Recipe):
+        recipe = Recipe.from_dict(recipe)
     if check_form(form) == "seed":
-        seed = seed_recipe(config)
-        if recipe is not None and normalize_recipe(recipe) != seed:
+        seed = Recipe.seed(config)
+        if recipe is not None and recipe != seed:
             raise ValueError("form='seed' is the seed chapter's fixed recipe; pass another "
                              "recipe only with form='fast'")
         return seed
-    return fast_recipe(config) if recipe is None else normalize_recipe(recipe)
+    return fast_recipe(config) if recipe is None else recipe
 
 
 def make_spec(config: LadderConfig, form: str = "fast", recipe=None, *, parallel: str = "ddp",
@@ -98,7 +101,8 @@ def make_spec(config: LadderConfig, form: str = "fast", recipe=None, *, parallel
         raise ValueError(f"parallel={parallel!r} is not valid; valid choices: {PARALLELS}")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not valid; valid choices: {BACKENDS}")
-    return {"config": config.to_dict(), "form": form, "recipe": recipe_for(config, form, recipe),
+    return {"config": config.to_dict(), "form": form,
+            "recipe": recipe_for(config, form, recipe).to_dict(),
             "parallel": parallel, "backend": backend,
             "warmup": config.warmup if warmup is None else warmup,
             "timed": config.timed if timed is None else timed,
@@ -112,8 +116,7 @@ def check_k(k: int, backend: str) -> None:
     """Refuse a process count the machine cannot back (clear error, no silent fallback)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not valid; valid choices: {BACKENDS}")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k={k!r} must be a positive integer (number of processes)")
+    check_int("k", k)
     if backend == "nccl":
         import torch
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -163,19 +166,26 @@ def launch(spec: dict, k: int, out_dir=None, timeout: float = 900.0) -> tuple[li
     return json.loads(summary.read_text()), out
 
 
-def summarize(ranks: list[dict]) -> dict:
-    """Sum the ranks' rates (weak scaling: each times its own tokens over the same steps)."""
+def summarize(ranks: list[dict], spec: dict) -> dict:
+    """Sum the ranks' rates (weak scaling: each times its own tokens over the same steps).
+
+    ``timing``: the summed windows, each as long as its slowest rank took (every step waits
+    for the all-reduce of all of them), judged by the ladder's settle rule."""
     res = {"k": len(ranks), "ranks": ranks,
            "nodes": len({r.get("host") for r in ranks}),
            "num_params": ranks[0].get("num_params")}
     bws = [r["bus_bw"] for r in ranks if r.get("bus_bw")]
     res["bus_bw_measured"] = min(bws) if bws else None
-    if all("tokens_per_s" in r for r in ranks):
-        res["windows"] = [sum(w) for w in zip(*(r["windows"] for r in ranks))]
-        res["tokens_per_s"] = sum(r["tokens_per_s"] for r in ranks)
-        res["spread"] = (max(res["windows"]) - min(res["windows"])) / res["tokens_per_s"]
-        res["step_time_s"] = max((r.get("step_time_s") or 0.0) for r in ranks) or None
-        res["stable"] = all(r.get("stable", True) for r in ranks)
+    if all("seconds" in r for r in ranks):
+        windows = [sum(w) for w in zip(*(r["windows"] for r in ranks))]
+        target = spec["config"]["target_spread"]
+        res["timing"] = Timing(windows=windows, seconds=[max(s) for s in zip(*(r["seconds"] for r in ranks))],
+                               settled=len(windows), stable=settles(windows, target),
+                               target_spread=target, steps_per_window=spec["timed"],
+                               warmup=spec["warmup"], batch_shape=list(ranks[0]["batch_shape"]))
+        res["windows"], res["tokens_per_s"] = windows, statistics.median(windows)
+        res["spread"], res["stable"] = res["timing"].spread, res["timing"].stable
+        res["step_time_s"] = res["timing"].step_time_s
         res["peak_mem_bytes_per_gpu"] = [r.get("peak_mem_bytes") for r in ranks]
         mems = [m for m in res["peak_mem_bytes_per_gpu"] if m is not None]
         res["peak_mem_bytes"] = max(mems) if mems else None
@@ -189,9 +199,10 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
                          bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0) -> dict:
     """Launch ``k`` ranks of ``form`` (``parallel`` 'ddp' | 'fsdp2' | 'none') and sum them.
 
-    Returns ``{'k', 'nodes', 'ranks', 'num_params', 'bus_bw_measured', 'tokens_per_s',
-    'windows', 'spread', 'step_time_s', 'peak_mem_bytes_per_gpu', 'peak_mem_bytes', 'spec',
-    'out_dir'}`` (timing fields absent with ``check_steps``).
+    Returns ``{'k', 'nodes', 'ranks', 'num_params', 'bus_bw_measured', 'timing' (a ``Timing``),
+    'tokens_per_s', 'windows', 'spread', 'stable', 'step_time_s', 'peak_mem_bytes_per_gpu',
+    'peak_mem_bytes', 'spec', 'out_dir'}`` (timing fields absent with ``check_steps``, and for
+    a settled single-rank baseline, whose ``Baseline`` is in its rank's record).
     """
     backend = backend or default_backend()
     check_k(k, backend)
@@ -199,19 +210,32 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
                      timed=timed, windows=windows, settle=settle, check_steps=check_steps,
                      bench_allreduce=bench_allreduce)
     ranks, out = launch(spec, k, out_dir, timeout)
-    return {**summarize(ranks), "spec": spec, "out_dir": str(out), "backend": backend}
+    return {**summarize(ranks, spec), "spec": spec, "out_dir": str(out), "backend": backend}
 
 
 # -- the rank CLI -----------------------------------------------------------------------------------
+FAST_FLAGS = ("ladder", "batch", "optimizer", "embed", "mode", "no_compile")
+
+
 def spec_from_args(args) -> dict:
-    """The spec a rank started by hand (``torchrun ... -m perfladder.torch.parallel.launch --config ...``) runs."""
+    """The spec a rank started by hand (``torchrun ... -m perfladder.torch.parallel.launch --config ...``)
+    runs: the fast form is ``fast_recipe`` (of ``--ladder``'s results when given) with the
+    switches the command line sets."""
     config = get_config(args.config)
     recipe = None
     if args.form == "fast":
-        recipe = fast_recipe(config, batch_size=args.batch, optimizer=args.optimizer,
-                             embed=args.embed, mode=args.mode, compiled=not args.no_compile)
-    elif args.batch is not None:
-        raise SystemExit("--batch applies to --form fast; the seed form runs the config's batch")
+        recipe = fast_recipe(config, LadderResult.read(args.ladder) if args.ladder else None)
+        recipe = recipe.replace(**{k: v for k, v in (("batch_size", args.batch), ("optimizer", args.optimizer),
+                                                     ("embed", args.embed)) if v is not None})
+        if args.mode is not None:
+            recipe = recipe.with_mode(args.mode)
+        if args.no_compile:
+            recipe = recipe.replace(compiled=False, cudagraphs=False, autotune=False)
+    else:
+        given = [f for f in FAST_FLAGS if getattr(args, f) not in (None, False)]
+        if given:
+            raise SystemExit(f"--{given[0].replace('_', '-')} applies to --form fast; the seed form "
+                             "runs the seed's recipe at the config's batch")
     return make_spec(config, args.form, recipe, parallel=args.parallel,
                      backend=args.backend or default_backend(), warmup=args.warmup,
                      timed=args.timed, windows=args.windows)
@@ -227,10 +251,13 @@ def main(argv=None) -> int:
     p.add_argument("--form", choices=FORMS, default="fast")
     p.add_argument("--parallel", choices=PARALLELS, default="ddp")
     p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, gloo without")
-    p.add_argument("--batch", type=int, help="fast form's per-rank batch (default 4 x big batch)")
-    p.add_argument("--optimizer", default="fused", help="fast form's AdamW: default|fused|compiled")
-    p.add_argument("--embed", default="onehot", help="fast form's embedding: gather|onehot")
-    p.add_argument("--mode", default=None, help="fast form's torch.compile mode (default: default)")
+    p.add_argument("--ladder", help="a PyTorch results JSON: the fast form is the configuration that "
+                   "ladder ended on (default: the one the rung declarations walk to on this device)")
+    p.add_argument("--batch", type=int, help="fast form's per-rank batch (default: the fast form's)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="fast form's AdamW (default: the fast form's)")
+    p.add_argument("--embed", choices=EMBEDS, help="fast form's embedding (default: the fast form's)")
+    p.add_argument("--mode", choices=[m for m in COMPILE_MODES if m],
+                   help="fast form's torch.compile mode (default: the fast form's, as a rank runs it)")
     p.add_argument("--no-compile", action="store_true", help="fast form without torch.compile")
     p.add_argument("--warmup", type=int)
     p.add_argument("--timed", type=int)

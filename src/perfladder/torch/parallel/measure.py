@@ -41,7 +41,7 @@ def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
                      timed: int | None = None, windows: int | None = None, out_dir=None,
                      timeout: float = 900.0) -> Baseline:
     """The single-device rate of ``form``: one rank, no wrapper, the same recipe; settled
-    (re-measured once in the same process if its windows spread > 5%)."""
+    (re-measured once in the same process if its windows did not settle)."""
     res = data_parallel_tokens(1, config, form, recipe, parallel="none", backend=backend,
                                warmup=warmup, timed=timed, windows=windows, settle=True,
                                bench_allreduce=False, out_dir=out_dir, timeout=timeout)
@@ -70,7 +70,7 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
         raise ValueError(f"parallel={parallel!r} is not valid; valid choices: {tuple(MECHANISM)}")
     backend = backend or default_backend()
     recipe = recipe_for(config, form, recipe)
-    B, T, n = recipe["batch_size"], config.num_steps, num_params(config)
+    B, T, n = recipe.batch_size, config.num_steps, num_params(config)
     timing = {"warmup": warmup, "timed": timed, "windows": windows}
     if baseline is None:
         baseline = measure_baseline(config, form, recipe, backend=backend, timeout=timeout, **timing)
@@ -86,7 +86,7 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
         return not_measured(status="skipped" if parallel == "fsdp2" else "failed",
                             reason=f"{what}: {str(e)[-3000:]}", framework="torch",
                             mechanism=MECHANISM[parallel], form=form, k=k, per_rank_batch=B,
-                            seq_len=T, processes=k, recipe=recipe,
+                            seq_len=T, processes=k, recipe=recipe.to_dict(),
                             prediction=None if pred is None else pred.to_dict(),
                             predicted_tokens_per_s=None if pred is None else pred.predicted_tokens_per_s,
                             baseline=baseline.to_dict())
@@ -95,8 +95,8 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
              "tokens/s summed over ranks, each rank timing its own batches",
              "bus_bw_measured: the slowest rank's timed all-reduce of a gradient-sized fp32 buffer"]
     return record(framework="torch", mechanism=MECHANISM[parallel], form=form, k=k,
-                  per_rank_batch=B, seq_len=T, windows=res["windows"], baseline=baseline,
+                  per_rank_batch=B, seq_len=T, timing=res["timing"], baseline=baseline,
                   prediction=pred, bus_bw_measured=res["bus_bw_measured"],
-                  peak_mem_bytes_per_gpu=res["peak_mem_bytes_per_gpu"], recipe=recipe,
+                  peak_mem_bytes_per_gpu=res["peak_mem_bytes_per_gpu"], recipe=recipe.to_dict(),
                   processes=k, nodes=res["nodes"], device=res["ranks"][0]["device_name"],
                   notes=notes, ranks=res["ranks"])

@@ -3,10 +3,9 @@
 ``perfladder.torch.parallel.launch`` writes the spec and launches; this module is what every rank runs.
 The spec (a dict, JSON on disk) says:
 
-* ``recipe`` -- the per-rank training configuration (``RECIPE_KEYS``): the seed form is eager
-  fp32 (TF32 on CUDA) at batch 64 with PyTorch's default AdamW; the fast form is whatever
-  single-GPU recipe the caller passes (compiled, bf16 autocast, fused AdamW, one-hot
-  embedding, big batch);
+* ``recipe`` -- the per-rank training configuration, ``perfladder.torch.recipe.Recipe.to_dict()``:
+  the seed form is R0's (eager fp32, TF32 on CUDA, at the seed batch, PyTorch's default AdamW);
+  the fast form whatever recipe the launcher resolved (``launch.fast_recipe``);
 * ``parallel`` -- ``'ddp'`` (``DistributedDataParallel``), ``'fsdp2'`` (``fully_shard`` on
   every block and the root), or ``'none'`` (the single-device baseline, one rank);
 * timing (``warmup``, ``timed``, ``windows``), ``settle`` (re-measure an unsettled
@@ -29,7 +28,6 @@ import torch
 import torch.distributed as dist
 
 PARALLELS = ("ddp", "fsdp2", "none")
-RECIPE_KEYS = ("batch_size", "compiled", "bf16", "optimizer", "embed", "mode", "attn_backend", "fused")
 
 
 def allreduce_bus_bw(numel: int, device, iters: int = 5, warmup: int = 2) -> float:
@@ -84,20 +82,19 @@ def build(spec: dict, device, rank: int):
     from perfladder.config import LadderConfig, expected_num_params
     from perfladder.data import TimeMachine
     from perfladder.torch.model import GPT
+    from perfladder.torch.recipe import Recipe
     from perfladder.torch.step import make_optimizer, make_step
     from perfladder.torch.stream import batches
 
-    cfg, recipe = LadderConfig(**spec["config"]), spec["recipe"]
+    cfg, recipe = LadderConfig(**spec["config"]), Recipe.from_dict(spec["recipe"])
     data = TimeMachine(cfg.batch_size, cfg.num_steps, num_train=cfg.num_train, num_val=cfg.num_val)
     torch.manual_seed(cfg.seed)                          # identical initial weights on every rank
     gpt_cfg = cfg.gpt(vocab_size=len(data.vocab))
-    model = GPT(gpt_cfg, attn_backend=recipe["attn_backend"], embed=recipe["embed"],
-                fused=tuple(recipe.get("fused") or ())).to(device)
+    model = GPT(gpt_cfg, **recipe.model_kw()).to(device)
     wrapped = wrap(model, spec["parallel"], device)
-    opt = make_optimizer(wrapped, cfg.lr, recipe["optimizer"])
-    step = make_step(wrapped, opt, compiled=recipe["compiled"], bf16=recipe["bf16"],
-                     device_type=device.type, mode=recipe["mode"])
-    stream = batches(data, recipe["batch_size"], device, seed=cfg.seed + 1000 + rank)  # own data
+    opt = make_optimizer(wrapped, cfg.lr, recipe.optimizer)
+    step = make_step(wrapped, opt, device_type=device.type, **recipe.step_kw())
+    stream = batches(data, recipe.batch_size, device, seed=cfg.seed + 1000 + rank)  # own data
     return model, step, stream, expected_num_params(gpt_cfg)
 
 
@@ -147,12 +144,13 @@ def worker(spec: dict, out: Path) -> None:
                                   windows=spec["windows"], max_windows=spec["windows"],
                                   target_spread=spec["config"]["target_spread"])
             if spec.get("settle"):
-                base = settle_baseline(timed)
+                base = settle_baseline(timed, spec["config"]["target_spread"])
                 info.update(tokens_per_s=base.tokens_per_s, windows=base.windows,
                             baseline=base.to_dict())
             else:
                 tput = timed()
                 info.update(tokens_per_s=tput.tokens_per_s, windows=tput.windows,
+                            seconds=tput.seconds, batch_shape=list(tput.batch_shape),
                             step_time_s=tput.step_time_s, stable=tput.stable)
             info["peak_mem_bytes"] = (int(torch.cuda.max_memory_allocated(device))
                                       if device.type == "cuda" else None)

@@ -17,24 +17,15 @@ import torch
 from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
 from perfladder.measure.evidence import Memory, Timing
 from perfladder.multigpu import costmodel
-from perfladder.multigpu.measurement import baseline_from_windows
+from perfladder.multigpu.measurement import baseline_of
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.parallel import measure as dataparallel
+from perfladder.torch.parallel.launch import rank_recipe
 
 PREDICT_KS = costmodel.PREDICT_KS
 
 
-def ddp_recipe(recipe) -> tuple[dict, list[str]]:
-    """The per-rank recipe a DDP launch runs, and what of ``recipe`` it cannot carry (said)."""
-    d = recipe.to_dict()
-    dropped = [k for k in ("checkpoint", "cudagraphs", "autotune") if d.get(k)]
-    out = {k: d[k] for k in ("batch_size", "compiled", "bf16", "optimizer", "embed", "attn_backend")}
-    out["fused"] = list(d.get("fused") or ())
-    out["mode"] = None        # CUDA-graph and autotune modes are not launched under DDP here
-    return out, dropped
-
-
-def baseline_of(lab: TorchLab, base: str | None):
+def single_device_rate(lab: TorchLab, base: str | None):
     """The single-GPU rate the prediction and the efficiency use: the base rung's windows."""
     try:
         r = lab.result.rung(base)
@@ -42,17 +33,18 @@ def baseline_of(lab: TorchLab, base: str | None):
         return None, None
     if not r.measured or r.timing is None:
         return None, None
-    return baseline_from_windows(r.timing.settled_windows), base
+    return baseline_of(r.timing), base
 
 
 def data_parallel(lab: TorchLab, given: Given, *, form: str, parallel: str) -> Evidence:
     name, recipe, base = given.rung.name, given.recipe, given.base_name
     backend = "nccl" if lab.on_gpu else "gloo"
     link = dataparallel.default_link(backend)
-    baseline, source = baseline_of(lab, base)
+    baseline, source = single_device_rate(lab, base)
+    ranked, dropped = rank_recipe(recipe)
+    per_rank = ranked if form == "fast" else None          # the seed form is R0's, fixed
     if baseline is None:
-        baseline = dataparallel.measure_baseline(lab.config, form, ddp_recipe(recipe)[0]
-                                                 if form == "fast" else None, backend=backend)
+        baseline = dataparallel.measure_baseline(lab.config, form, per_rank, backend=backend)
         source = "measured for this rung (one rank)"
     B, T = recipe.batch_size, lab.config.num_steps
     preds = costmodel.predictions(B, T, baseline.tokens_per_s, lab.num_params, link)
@@ -66,12 +58,11 @@ def data_parallel(lab: TorchLab, given: Given, *, form: str, parallel: str) -> E
     runs = []
     for k in ks:
         lab.reset_memory()                               # hand the ranks the parent's cache
-        runs.append(dataparallel.measure(k, lab.config, form, ddp_recipe(recipe)[0]
-                                         if form == "fast" else None,
-                                         parallel=parallel, baseline=baseline, link=link))
+        runs.append(dataparallel.measure(k, lab.config, form, per_rank, parallel=parallel,
+                                         baseline=baseline, link=link))
     m = runs[-1]
     details = {"runs": [r.to_dict() | {"ranks": []} for r in runs],
-               "not_carried_under_ddp": ddp_recipe(recipe)[1]}
+               "not_carried_under_ddp": dropped}
     if m.status != "measured":
         raise NotMeasured(m.reason, details=details, prediction=pred)
     pred.predicted_tokens_per_s = m.predicted_tokens_per_s
@@ -80,10 +71,7 @@ def data_parallel(lab: TorchLab, given: Given, *, form: str, parallel: str) -> E
                    efficiency_vs_linear=m.efficiency_vs_linear, efficiency_note=m.efficiency_note,
                    peak_mem_bytes_per_gpu=m.peak_mem_bytes_per_gpu,
                    predicted_at_measured_bw=m.predicted_at_measured_bw_tokens_per_s)
-    timing = Timing(windows=m.windows, seconds=[1.0] * len(m.windows), settled=len(m.windows),
-                    stable=m.spread is not None and m.spread <= lab.config.target_spread,
-                    target_spread=lab.config.target_spread, steps_per_window=lab.config.timed,
-                    warmup=lab.config.warmup, batch_shape=[B, T])
+    timing = Timing.from_dict(m.timing)
     mems = [x for x in m.peak_mem_bytes_per_gpu if x is not None]
     details["mechanism"] = f"{name_label(parallel)} x{m.k}"
     return Evidence(timing=timing, prediction=pred, details=details, devices=m.k,

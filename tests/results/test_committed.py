@@ -1,0 +1,76 @@
+"""perfladder.results.committed: the committed runs, read the one way every page reads them."""
+from __future__ import annotations
+
+import pytest
+from _ladders import H200, ROOT
+
+from perfladder.results.committed import multi_gpu_run, read_run, reference_run
+
+
+def test_reference_run_reads_the_committed_pointer(tmp_path):
+    for fw in ("torch", "jax"):
+        assert (reference_run(framework=fw) / f"{fw}.json").is_file()
+        assert reference_run(ROOT, fw).name in (ROOT / "benchmarks/results/reference.txt").read_text().split()
+    pointer = tmp_path / "benchmarks" / "results"
+    (pointer / "run-a").mkdir(parents=True)
+    (pointer / "reference.txt").write_text("# comment\n\nrun-b\n")
+    with pytest.raises(ValueError, match=r"names 'run-b', which is not a run folder; valid choices: run-a"):
+        reference_run(tmp_path)
+    (pointer / "reference.txt").write_text("run-a\n")
+    assert reference_run(tmp_path) == pointer / "run-a"
+    # one framework can move to a newer run: its own line wins, the other takes the default
+    (pointer / "run-c").mkdir()
+    (pointer / "reference.txt").write_text("run-a\njax run-c\n")
+    assert reference_run(tmp_path, "jax").name == "run-c" and reference_run(tmp_path, "torch").name == "run-a"
+    assert reference_run(tmp_path).name == "run-a"
+    (pointer / "reference.txt").write_text("jax run-c\n")
+    with pytest.raises(ValueError, match="names no run folder for torch"):
+        reference_run(tmp_path, "torch")
+    with pytest.raises(ValueError, match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
+        reference_run(tmp_path, "mxnet")
+    (pointer / "reference.txt").write_text("numpy run-c\n")
+    with pytest.raises(ValueError, match=r"line 'numpy run-c' is not 'FOLDER' or 'FRAMEWORK FOLDER'"):
+        reference_run(tmp_path, "jax")
+    (pointer / "reference.txt").unlink()
+    with pytest.raises(FileNotFoundError, match="reference.txt is missing"):
+        reference_run(tmp_path)
+
+
+def test_read_run_takes_roofs_from_the_same_runs_probe(tmp_path):
+    r = read_run(H200 / "jax.json")
+    assert r.roofs["matmul_bf16_tflops"] == pytest.approx(785.73, abs=0.01)
+    lone = tmp_path / "jax.json"
+    lone.write_text((H200 / "jax.json").read_text())
+    assert read_run(lone).roofs is None
+
+
+def test_read_run_rereads_kernel_reports_once_and_a_plain_read_keeps_them(tmp_path):
+    """``LadderResult.read`` gives the file as written; ``read_run`` the same run with its kernel
+    reports read by today's taxonomy, and ``finalize`` (every ``add``) leaves them alone."""
+    import json
+
+    from perfladder.results.record import LadderResult
+    path = tmp_path / "torch.json"
+    data = json.loads((ROOT / "benchmarks/results/h200x2-book/torch.json").read_text())
+    with_kernels = [r for r in data["rungs"] if r.get("kernels")]
+    assert with_kernels
+    kb = with_kernels[0]["kernels"]
+    moved = next(k for k in kb["top"] if k["category"] != "other")
+    kb["category_us"][moved["category"]] -= moved["total_us"]     # as an older taxonomy sorted it
+    kb["category_us"]["other"] += moved["total_us"]
+    moved["category"] = "other"
+    path.write_text(json.dumps(data))
+    plain = LadderResult.read(path)
+    stored = plain.rung(with_kernels[0]["name"]).kernels
+    assert stored["category_us"] == kb["category_us"]
+    assert plain.finalize().rung(with_kernels[0]["name"]).kernels is stored
+    reread = read_run(path).rung(with_kernels[0]["name"]).kernels
+    assert reread["category_us"]["other"] < kb["category_us"]["other"]
+
+
+def test_multi_gpu_run_is_the_committed_r5_or_nothing(tmp_path):
+    r5 = multi_gpu_run()
+    assert r5 is not None and r5["measurements"] and "torch:seed" in r5["baselines"]
+    assert multi_gpu_run(tmp_path) is None
+    (tmp_path / "r5.json").write_text("{not json")
+    assert multi_gpu_run(tmp_path) is None

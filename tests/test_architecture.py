@@ -1,0 +1,181 @@
+"""The floor plan, checked from the source: every ``import`` of every module (module level and
+inside functions, parsed with ``ast``, nothing executed) forms a graph in which
+
+* no perfladder modules import each other in a circle;
+* nothing in ``measure/``, ``ladder/`` or ``results/`` imports ``pages/`` or ``book/``, directly
+  or through other modules (data flows one way: the record never reaches up into what shows it);
+* the framework-free modules import neither framework (nor a framework side of perfladder), and
+  each framework side imports only its own framework.
+
+The checker is run on the package and on a small planted tree, where it must find each kind
+of violation. Importing ``a.b.c`` also runs the package ``a.b``'s ``__init__``; that implicit
+edge is left out, so a package whose ``__init__`` imports its own modules is not a circle.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "perfladder"
+LOWER = ("measure", "ladder", "results")          # may not import UPPER
+UPPER = ("pages", "book")
+FRAMEWORKS = {"torch": ("torch", "triton"), "jax": ("jax", "jaxlib", "flax", "optax")}
+# modules that choose a framework on purpose: the package's own entry point (``ladder()``
+# imports the side asked for) and the cross-framework parity check
+BOTH_SIDES = ("", "parity")
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """``{dotted name: file}`` of the package at ``root``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imported(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """Every module name ``name`` imports (perfladder modules resolved to the module, others
+    to their top-level package)."""
+    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            head = ".".join([*base[:len(base) - node.level + 1], node.module or ""] if node.level
+                            else [node.module]).strip(".")
+            out.update(f"{head}.{a.name}" if f"{head}.{a.name}" in mods else head for a in node.names)
+    resolved = set()
+    for target in out:
+        mod = target
+        while mod and mod not in mods:
+            mod = mod.rpartition(".")[0]
+        resolved.add(mod or target.split(".")[0])
+    return resolved - {name}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                found.append(sorted(comp))
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def reached(graph: dict[str, set[str]], start: str, stop=lambda m: False) -> dict[str, list[str]]:
+    """Every module ``start`` imports, directly or through others (not through a module ``stop``
+    says to stop at): ``{module: the modules in between}`` (the shortest chain)."""
+    via, todo = {start: []}, [start]
+    while todo:
+        m = todo.pop(0)
+        if m != start and stop(m):
+            continue
+        for t in sorted(graph[m]):
+            if t not in via:
+                via[t] = via[m] + ([m] if m != start else [])
+                todo.append(t)
+    del via[start]
+    return via
+
+
+def violations(root: Path) -> list[str]:
+    """What in the package at ``root`` breaks the floor plan (see the module docstring)."""
+    pkg, mods = root.name, modules(root)
+    graph = {m: {t for t in imported(m, p, mods) if t in mods} for m, p in mods.items()}
+    found = [f"import circle among {', '.join(c)}" for c in circles(graph)]
+
+    def area(m: str) -> str:
+        return m.split(".")[1] if "." in m else ""
+    for m, path in mods.items():
+        targets = imported(m, path, mods)
+        if area(m) in LOWER:
+            for t, via in sorted(reached(graph, m, stop=lambda t: area(t) in UPPER).items()):
+                if area(t) in UPPER:
+                    chain = f" (through {' -> '.join(via)})" if via else ""
+                    found.append(f"{m} imports {t}{chain}: {area(m)}/ may not import {area(t)}/")
+        if m.removeprefix(pkg).lstrip(".") in BOTH_SIDES:
+            continue
+        side = area(m) if area(m) in FRAMEWORKS else None
+        for t in sorted(targets):
+            fw = next((f for f, tops in FRAMEWORKS.items() if t.split(".")[0] in tops
+                       or t in mods and area(t) == f), None)
+            if fw is not None and fw != side:
+                found.append(f"{m} imports {t}: {side or 'framework-free'} code may not import {fw}")
+    return found
+
+
+def test_the_package_follows_the_floor_plan():
+    assert violations(SRC) == []
+
+
+def plant(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_the_checker_finds_each_planted_violation(tmp_path):
+    pkg = plant(tmp_path / "pkg", {
+        "__init__.py": "",
+        "measure/__init__.py": "", "pages/__init__.py": "", "ladder/__init__.py": "",
+        "torch/__init__.py": "", "jax/__init__.py": "",
+        # an upward import that closes a circle through a page module
+        "measure/timing.py": "from pkg.pages.words import rate\n",
+        "pages/words.py": "from ..measure import timing\n",
+        # a framework imported inside a function of framework-free code
+        "ladder/engine.py": "def run():\n    import torch\n    return torch\n",
+        # a framework side reaching into the other framework, and free code into a side
+        "torch/lab.py": "import torch\nfrom flax import nnx\n",
+        "jax/lab.py": "import jax\n",
+        "ladder/rungs.py": "from pkg.jax import lab\n",
+        # an upward import through a module outside the lower folders
+        "results/__init__.py": "", "multigpu/__init__.py": "",
+        "results/record.py": "from pkg.multigpu import cost\n",
+        "multigpu/cost.py": "from pkg.pages import words\n",
+    })
+    got = violations(pkg)
+    assert "import circle among pkg.measure.timing, pkg.pages.words" in got
+    assert "pkg.measure.timing imports pkg.pages.words: measure/ may not import pages/" in got
+    assert "pkg.ladder.engine imports torch: framework-free code may not import torch" in got
+    assert "pkg.torch.lab imports flax: torch code may not import jax" in got
+    assert "pkg.ladder.rungs imports pkg.jax.lab: framework-free code may not import jax" in got
+    assert ("pkg.results.record imports pkg.pages.words (through pkg.multigpu.cost): results/ may not "
+            "import pages/") in got
+    assert len(got) == 6, got
+    (pkg / "pages/words.py").write_text("RATE = 1\n")                 # the circle broken ...
+    (pkg / "measure/timing.py").write_text("import json\n")           # ... and the upward import
+    assert len(violations(pkg)) == 4
+
+
+def test_relative_imports_resolve_to_the_module_they_name(tmp_path):
+    pkg = plant(tmp_path / "pkg", {"__init__.py": "", "results/__init__.py": "from . import record\n",
+                                   "results/record.py": "from .schema import v1\n",
+                                   "results/schema/__init__.py": "", "results/schema/v1.py": ""})
+    mods = modules(pkg)
+    assert imported("pkg.results", mods["pkg.results"], mods) == {"pkg.results.record"}
+    assert imported("pkg.results.record", mods["pkg.results.record"], mods) == {"pkg.results.schema.v1"}
+    assert violations(pkg) == []
