@@ -47,7 +47,8 @@ def test_perfladder_package_does_not_import_parity():
 @pytest.mark.parametrize("pkg, allowed", [
     ("perfladder.torch", ["torch"]),
     ("perfladder.jax", ["flax", "jax", "jaxlib", "optax"]),
-    ("perfladder.torch.fused.rope perfladder.torch.fused.add_layer_norm perfladder.torch.fused.gelu",
+    ("perfladder.torch.fused.rope perfladder.torch.fused.add_layer_norm perfladder.torch.fused.gelu "
+     "perfladder.torch.fused.attention",
      ["torch"]),
     ("perfladder.jax.fused.add_layer_norm", ["flax", "jax", "jaxlib", "optax"]),
 ])

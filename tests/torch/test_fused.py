@@ -63,3 +63,53 @@ else:
         assert not bad, f"{case}:\n" + "\n".join(m[-4000:] for m in bad)
         if all(o == "skipped" for o, _ in results):
             pytest.skip(results[0][1].strip().splitlines()[0] if results[0][1].strip() else "skipped")
+
+
+# -- the attention kernels compiled for an H200 (sm_90a), here on CPU -------------------------
+def _signature(kernel, dtype: str, consts: dict) -> dict:
+    """Triton signature of ``kernel``: pointers of ``dtype`` (the lse/cos/sin ones fp32), int32
+    sizes and strides, fp32 scales, the constexprs."""
+    sig = {}
+    for name in kernel.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = "*fp32" if name in ("lse_ptr", "cos_ptr", "sin_ptr") else f"*{dtype}"
+        else:
+            sig[name] = "fp32" if name.endswith("scale") else "i32"
+    return sig
+
+
+@pytest.mark.parametrize("which", ["fwd", "bwd"])
+def test_attention_kernel_compiles_for_sm90_without_spills(which):
+    """Triton compiles to an sm_90a cubin without a GPU (its bundled ptxas): the fused attention
+    kernels at the model's shapes (T=128, 8 heads of 64, bf16) with the default launch
+    configuration build, and keep everything in registers (no local-memory stack: a spill
+    would turn the register-resident dQ accumulator into memory traffic)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from perfladder.torch.fused import attention as fattn
+    kernel = fattn._fwd_kernel if which == "fwd" else fattn._bwd_kernel
+    if not isinstance(kernel, triton.runtime.jit.JITFunction):
+        pytest.skip("triton was imported under TRITON_INTERPRET=1 in this process")
+    cfg = fattn.FWD if which == "fwd" else fattn.BWD
+    consts = dict(HEADS=8, HALF=32, BLOCK_T=128, BLOCK_N=cfg["block_n"], PREC="tf32", UPCAST=False)
+    src = triton.compiler.ASTSource(fn=kernel, signature=_signature(kernel, "bf16", consts),
+                                    constexprs=consts)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+    assert compiled.asm["cubin"]
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip(f"no cuobjdump at {cuobjdump} to read the register use")
+    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"perfladder_attn_{which}_{os.getpid()}.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    try:
+        usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True,
+                               text=True, timeout=60).stdout
+    finally:
+        cubin.unlink()
+    line = next(ln for ln in usage.splitlines() if "REG:" in ln)
+    fields = dict(f.split(":") for f in line.split() if ":" in f)
+    assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, line
