@@ -144,7 +144,8 @@ def test_rope_attention_bf16_as_accurate_as_the_reference(monkeypatch):
     RoPE backward of dq and dk starts from their bf16 rounding). Measured in the interpreter,
     which rounds fp32 -> bf16 toward zero (twice the error of rounding to nearest, and biased):
     forward 0.0069 vs the reference's 0.0039, backward 0.0131 vs 0.0071; hence the factor 2
-    on CPU, 1.25 on a GPU."""
+    on CPU; 1.5 on a GPU (rounding to nearest there; the reference is flash attention, which
+    rounds dS to bf16 as this kernel does)."""
     monkeypatch.setitem(fattn.FWD, "block_n", 16)
     monkeypatch.setitem(fattn.BWD, "block_n", 16)
     qkv, exact_in, cos, sin, g = _attention_case(torch.bfloat16, T=40, H=2, Dh=32, padded=False)
@@ -160,9 +161,25 @@ def test_rope_attention_bf16_as_accurate_as_the_reference(monkeypatch):
     e_fwd, r_fwd = _rel(y, exact), _rel(ref, exact)
     e_bwd, r_bwd = _rel(qkv.grad, exact_in.grad), _rel(ref_in.grad, exact_in.grad)
     print(f"forward {e_fwd:.4f} vs {r_fwd:.4f}, backward {e_bwd:.4f} vs {r_bwd:.4f}")
-    factor = 1.25 if _ON_GPU else 2.0
+    factor = 1.5 if _ON_GPU else 2.0
     assert e_fwd < factor * r_fwd + 1e-3 and e_fwd < 1e-2, (e_fwd, r_fwd)
     assert e_bwd < factor * r_bwd + 1e-3 and e_bwd < 2e-2, (e_bwd, r_bwd)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU")
+def test_rope_attention_full_shape_on_gpu_bf16():
+    """The compiled kernels at the model's shape (T=128, 8 heads of 64, bf16, default launch
+    configurations) against float64, about as accurate as the model's ops (flash SDPA) are."""
+    qkv, exact_in, cos, sin, g = _attention_case(torch.bfloat16, T=128, H=8, Dh=64, padded=False, B=16)
+    ref_in = qkv.detach().clone().requires_grad_()
+    y, ref = rope_attention(qkv, cos, sin, 8), _reference_attention(ref_in, cos, sin, 8)
+    exact = _reference_attention(exact_in, cos.double(), sin.double(), 8)
+    gb = g.to(torch.bfloat16)
+    for out, grad in ((y, gb), (ref, gb), (exact, gb.double())):
+        out.backward(grad)
+    assert _rel(y, exact) < 1.5 * _rel(ref, exact) + 1e-3
+    assert _rel(qkv.grad, exact_in.grad) < 1.5 * _rel(ref_in.grad, exact_in.grad) + 1e-3
 
 
 def test_rope_attention_rejects_bad_shapes():
@@ -324,8 +341,20 @@ def test_fused_model_under_bf16_autocast_and_checkpointing(fused):
         assert (gf[n] - gr[n]).abs().max().item() <= 3e-2 * scale + 1e-6, n
 
 
-@pytest.mark.parametrize("fused", [ALL_ROPE, ALL_ATTN])
-@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_model_with_a_bf16_stream():
+    """residual='bf16' composes with the kernels: the fused add+LayerNorm then reads and writes a
+    bf16 stream; against the unfused bf16-stream model to bf16 precision."""
+    ref, model = _pair(ALL_ATTN, residual="bf16")
+    X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
+    lr, gr = _loss_and_grads(ref, X, autocast=True)
+    lf, gf = _loss_and_grads(model, X, autocast=True)
+    torch.testing.assert_close(lf.float(), lr.float(), atol=3e-2, rtol=3e-2)
+    for n in gr:
+        scale = gr[n].abs().max().item()
+        assert (gf[n] - gr[n]).abs().max().item() <= 3e-2 * scale + 1e-6, n
+
+
+@pytest.mark.parametrize("autocast,fused", [(False, ALL_ROPE), (True, ALL_ROPE), (True, ALL_ATTN)])
 def test_fused_model_compiles_without_graph_breaks(autocast, fused):
     """dynamo + AOTAutograd trace the autograd.Functions and their custom ops, under bf16
     autocast too (fullgraph: a graph break would raise); the compiled model computes what the
