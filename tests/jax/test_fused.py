@@ -259,3 +259,18 @@ def test_rope_attention_full_shape_on_gpu_bf16():
     dqkv, rdqkv = vjp(gb)[0], rvjp(gb)[0]
     assert _rel(y, ey) < 1.5 * _rel(ry, ey) + 1e-3
     assert _rel(dqkv, edqkv) < 1.5 * _rel(rdqkv, edqkv) + 1e-3
+
+
+def test_rope_attention_lowers_for_cuda_at_the_model_shape():
+    """Pallas's Triton lowering -- what a GPU runs, with its power-of-two and dot-shape rules --
+    accepts the forward and the backward kernel at the model's shape (T=128, 8 heads of 64,
+    bf16), lowered here on CPU for the CUDA platform (no GPU needed to lower)."""
+    H, Dh, T = 8, 64, 128
+    cos, sin = rope_tables(T, Dh)
+
+    def loss(x):
+        return fattn.rope_attention(x, cos, sin, H, interpret=False).astype(jnp.float32).sum()
+
+    x = jax.ShapeDtypeStruct((4, T, 3 * H * Dh), jnp.bfloat16)
+    text = jax.jit(jax.grad(loss)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call") == 2
