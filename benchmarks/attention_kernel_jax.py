@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from attention_kernel import CHECK_BATCH, STEP_COST_S, attention_bytes, best_of
-from fused_kernels import GATE_STEPS, gate, median_ms
+from fused_kernels import gate, median_ms
 
 JAX_STEPS = {    # name: GPT keywords (on top of bf16 compute and the fp32 embedding lookup)
     "base": dict(attn_impl="cudnn"),                                   # today's fastest (B4/B5)
@@ -134,7 +134,7 @@ def run_jax(args, res) -> None:
 
     # 3. training steps
     stream = batches(data, B, seed=cfg.seed + 1)
-    fixed = [next(stream) for _ in range(GATE_STEPS)]
+    fixed = [next(stream) for _ in range(args.gate_steps)]
     ref_losses = None
     for name in args.jax_configs:
         if res.time_left() < (STEP_COST_S["jax"] if on_gpu else 5):

@@ -47,6 +47,9 @@ ALL_ATTN = ("addnorm", "gelu", "attention")        # every option, RoPE inside a
 # Triton's dots need K >= 16 on a GPU, and the attention kernel splits a head in halves: there the
 # attention cases use heads of 32 (the smoke model: one head), in the interpreter the smoke's 16
 SMALL_DH = 32 if _ON_GPU else 16
+# fp32 attention against float64, ||diff|| / ||ref||: measured ~2e-7 in the interpreter; a GPU's
+# exp2 and log2 are approximations (a few ulp), hence 1e-5 there
+FP32_REL = 1e-5 if _ON_GPU else 1e-6
 FP32 = dict(atol=2e-6, rtol=1e-5)
 BF16 = dict(atol=1e-2, rtol=1.6e-2)
 
@@ -127,14 +130,14 @@ def test_rope_attention_fp32_matches_float64(monkeypatch, block_n):
     y = rope_attention(qkv, cos, sin, 3)
     ref = _reference_attention(ref_in, cos.double(), sin.double(), 3)
     assert y.shape == ref.shape and y.dtype == torch.float32
-    assert _rel(y, ref) < 1e-6
+    assert _rel(y, ref) < FP32_REL
     y.backward(g)
     ref.backward(g.double())
     assert qkv.grad.shape == qkv.shape and qkv.grad.is_contiguous()
-    assert _rel(qkv.grad, ref_in.grad) < 1e-6
+    assert _rel(qkv.grad, ref_in.grad) < FP32_REL
     for part in range(3):                        # q, k and v columns each (a wrong rotation shows)
         cols = slice(part * 3 * Dh, (part + 1) * 3 * Dh)
-        assert _rel(qkv.grad[..., cols], ref_in.grad[..., cols]) < 1e-6, part
+        assert _rel(qkv.grad[..., cols], ref_in.grad[..., cols]) < FP32_REL, part
     _, lse = rope_attention_fwd(qkv.detach(), cos, sin, 3)           # (B, H, T), base 2
     q, k, _ = (u.transpose(1, 2) for u in _reference_rope(ref_in.detach(), cos.double(), sin.double(), 3))
     s = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)

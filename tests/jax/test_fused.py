@@ -33,6 +33,9 @@ ON_GPU = jax.default_backend() == "gpu"
 # the attention kernel splits a head in halves and Triton's dots need K >= 16 on a GPU: there
 # the attention cases use heads of 32 (the smoke model: one head), in the interpreter 16
 SMALL_DH = 32 if ON_GPU else 16
+# fp32 attention against float64, ||diff|| / ||ref||: ~2e-7 in the interpreter; a GPU's exp2 and
+# log2 are approximations (a few ulp), hence 1e-5 there
+FP32_REL = 1e-5 if ON_GPU else 1e-6
 FP32 = dict(atol=2e-6, rtol=1e-5)
 BF16 = dict(atol=1e-2, rtol=1.6e-2)
 
@@ -166,27 +169,28 @@ def _float64(f, *args):
         return np.asarray(out), np.asarray(vjp(jnp.asarray(np.asarray(args[-1], np.float64)))[0])
 
 
-@pytest.mark.parametrize("block_n", [8, 64])
-def test_rope_attention_fp32_matches_float64(monkeypatch, block_n):
-    """fp32 against the model's ops in float64, forward, logsumexp and d(qkv); T=16 in key
-    blocks of 8 (two: the online softmax across them, one block wholly masked for half the
-    rows) or in one block."""
-    monkeypatch.setitem(fattn.FWD, "block_n", block_n)
-    monkeypatch.setitem(fattn.BWD, "block_n", block_n)
-    H, Dh, T = 2, SMALL_DH, 16
+def test_rope_attention_fp32_matches_float64(monkeypatch, blocks=2):
+    """fp32 against the model's ops in float64, forward, logsumexp and d(qkv); the sequence in
+    two key blocks (the online softmax across them, the second wholly masked for half the rows;
+    one block: the model tests). T=16 in the interpreter; 32 on a GPU, whose dots need blocks of
+    16 or more."""
+    T = 32 if ON_GPU else 16
+    monkeypatch.setitem(fattn.FWD, "block_n", T // blocks)
+    monkeypatch.setitem(fattn.BWD, "block_n", T // blocks)
+    H, Dh = 2, SMALL_DH
     qkv, g, (cos, sin) = _attention_case(jnp.float32, T, H, Dh)
     y, vjp = jax.vjp(lambda x: fattn.rope_attention(x, cos, sin, H), qkv)
     (dqkv,) = vjp(g)
     ry, rdqkv = _float64(lambda x: _reference_attention(x, H), qkv, g)
     assert y.dtype == dqkv.dtype == jnp.float32 and dqkv.shape == qkv.shape
-    assert _rel(y, ry) < 1e-6
+    assert _rel(y, ry) < FP32_REL
     for part in range(3):                        # q, k and v columns each (a wrong rotation shows)
         cols = slice(part * H * Dh, (part + 1) * H * Dh)
-        assert _rel(dqkv[..., cols], rdqkv[..., cols]) < 1e-6, part
+        assert _rel(dqkv[..., cols], rdqkv[..., cols]) < FP32_REL, part
     _, lse = fattn.forward_with_lse(qkv, cos, sin, H)                      # (B, H, T), base 2
     with jax.enable_x64(True):
         x = jnp.asarray(np.asarray(qkv, np.float64))
-        q, k, _ = (u.reshape(1, T, H, Dh) for u in jnp.split(x, 3, axis=-1))
+        q, k, _ = (u.reshape(1, T, H, Dh) for u in jnp.split(x, 3, axis=-1))      # (1, T, H, Dh)
         s = jnp.einsum("bthd,bshd->bhts", rope(q), rope(k)) / math.sqrt(Dh)
         s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -jnp.inf)
         want = np.asarray(jax.nn.logsumexp(s, axis=-1) / math.log(2))
