@@ -55,7 +55,7 @@ TORCH_DEFAULT = ("base", "attention+bf16res", "attention", "bf16res")
 # launch configurations tried after the default (keys per step, warps, stages)
 TORCH_FWD_SWEEP = [dict(block_n=32, num_warps=8, num_stages=1), dict(block_n=64, num_warps=4, num_stages=1),
                    dict(block_n=128, num_warps=8, num_stages=1)]
-TORCH_BWD_SWEEP = [dict(block_n=64, num_warps=8, num_stages=1), dict(block_n=32, num_warps=8, num_stages=2)]
+TORCH_BWD_SWEEP = [dict(block_n=64, num_warps=8, num_stages=1), dict(block_n=128, num_warps=8, num_stages=1)]
 STEP_COST_S = {"torch": 60, "jax": 40}   # a step configuration's compile + gate + timing on a GPU
 CHECK_BATCH = 64          # sequences in the float64 correctness check
 

@@ -29,6 +29,7 @@ from perfladder.config import GPTConfig, get_config  # noqa: E402
 from perfladder.torch import GPT  # noqa: E402
 from perfladder.torch.fused import attention as fattn  # noqa: E402
 from perfladder.torch.fused import check_fused  # noqa: E402
+from perfladder.torch.fused import mlp as fmlp  # noqa: E402
 from perfladder.torch.fused._launch import (  # noqa: E402
     bf16_round_to_nearest,
     check_device,
@@ -44,6 +45,7 @@ DEV = "cuda" if _ON_GPU else "cpu"
 SMOKE = get_config("smoke").gpt()
 ALL_ROPE = ("rope", "addnorm", "gelu")             # every option, RoPE by its own kernel
 ALL_ATTN = ("addnorm", "gelu", "attention")        # every option, RoPE inside attention
+ALL_EPI = ("addnorm", "attention", "mlp")          # every option, GELU inside the FFN's GEMMs
 # Triton's dots need K >= 16 on a GPU, and the attention kernel splits a head in halves: there the
 # attention cases use heads of 32 (the smoke model: one head), in the interpreter the smoke's 16
 SMALL_DH = 32 if _ON_GPU else 16
@@ -201,6 +203,87 @@ def test_rope_attention_rejects_bad_shapes():
         rope_attention(torch.randn(1, 129, 3 * 32, device=DEV), long_cos, long_sin, 2)
 
 
+# -- the FFN with GELU in its GEMMs' epilogues -------------------------------------------------
+def _ffn_case(N, D, F_, seed=5):
+    torch.manual_seed(seed)
+    d1, d2 = torch.nn.Linear(D, F_).to(DEV), torch.nn.Linear(F_, D).to(DEV)
+    with torch.no_grad():
+        for lin in (d1, d2):
+            lin.bias.normal_(0.0, 0.5)                 # GELU's curved part, and a bias gradient
+    ref1, ref2 = (torch.nn.Linear(lin.in_features, lin.out_features).to(DEV) for lin in (d1, d2))
+    ref1.load_state_dict(d1.state_dict())
+    ref2.load_state_dict(d2.state_dict())
+    x = (2 * torch.randn(N, D, device=DEV)).requires_grad_()
+    return (x, d1, d2), (x.detach().clone().requires_grad_(), ref1, ref2)
+
+
+def _ffn_grads(x, d1, d2, g, fused, autocast=False):
+    with torch.autocast(DEV, dtype=torch.bfloat16, enabled=autocast):
+        y = fmlp.fused_ffn(x, d1, d2) if fused else d2(F.gelu(d1(x), approximate="tanh"))
+    y.backward(g)
+    return [y, x.grad, d1.weight.grad, d1.bias.grad, d2.weight.grad, d2.bias.grad]
+
+
+@pytest.mark.parametrize("N,D,F_", [(40, 48, 80), (64, 32, 128)])   # ragged tiles; whole tiles
+def test_mlp_fp32_matches_the_ffn(monkeypatch, N, D, F_):
+    """fp32: output and every gradient (x, W1, b1, W2, b2) against the model's FFN ops; 32 x 32 x
+    16 tiles: several row, column and K tiles, the first shape with partial ones (masked loads,
+    masked epilogue, bias-gradient partials of a partial row block)."""
+    monkeypatch.setitem(fmlp.GEMM, "block_m", 32)
+    monkeypatch.setitem(fmlp.GEMM, "block_n", 32)
+    monkeypatch.setitem(fmlp.GEMM, "block_k", 16)
+    (x, d1, d2), (xr, r1, r2) = _ffn_case(N, D, F_)
+    g = torch.randn(N, D, device=DEV)
+    got, want = _ffn_grads(x, d1, d2, g, True), _ffn_grads(xr, r1, r2, g, False)
+    for name, a, b in zip(("y", "dx", "dW1", "db1", "dW2", "db2"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert _rel(a, b) < FP32_REL, (name, _rel(a, b))
+
+
+def test_mlp_bf16_as_accurate_as_the_ffn(monkeypatch):
+    """Under bf16 autocast, against float64: as accurate as the reference's bf16 ops (the kernel
+    rounds h, g and dh where they do, and keeps dg in fp32, where the reference rounds it)."""
+    monkeypatch.setitem(fmlp.GEMM, "block_m", 32)
+    monkeypatch.setitem(fmlp.GEMM, "block_n", 32)
+    monkeypatch.setitem(fmlp.GEMM, "block_k", 16)
+    (x, d1, d2), (xr, r1, r2) = _ffn_case(48, 64, 96)
+    exact = [t.detach().double().requires_grad_() for t in (xr, r1.weight, r1.bias, r2.weight, r2.bias)]
+    ye = F.linear(F.gelu(F.linear(exact[0], exact[1], exact[2]), approximate="tanh"), exact[3], exact[4])
+    g = torch.randn(48, 64, device=DEV)
+    ye.backward(g.double())
+    with bf16_round_to_nearest():
+        got = _ffn_grads(x, d1, d2, g, True, autocast=True)
+    want = _ffn_grads(xr, r1, r2, g, False, autocast=True)
+    assert got[0].dtype == want[0].dtype == torch.bfloat16
+    assert all(a.dtype == torch.float32 for a in got[1:])           # fp32 masters' gradients
+    for name, a, b, e in zip(("y", "dx", "dW1", "db1", "dW2", "db2"), got, want, [ye] + [t.grad for t in exact]):
+        assert _rel(a, e) < 1.25 * _rel(b, e) + 2e-3, (name, _rel(a, e), _rel(b, e))
+
+
+def test_mlp_rejects_mismatched_operands():
+    with pytest.raises(ValueError, match="do not multiply"):
+        fmlp.fc1_gelu(torch.zeros(4, 8, device=DEV), torch.zeros(16, 6, device=DEV), torch.zeros(16, device=DEV))
+    with pytest.raises(ValueError, match="cast both first"):
+        fmlp.fc1_gelu(torch.zeros(4, 8, device=DEV), torch.zeros(16, 8, device=DEV, dtype=torch.bfloat16),
+                      torch.zeros(16, device=DEV))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU")
+def test_mlp_full_shape_on_gpu_bf16():
+    """The compiled GEMMs at the model's FFN shape (8192 tokens, D=512, F=2048, default tiles)
+    under bf16 autocast, against float64, about as accurate as cuBLAS + the GELU ops are."""
+    (x, d1, d2), (xr, r1, r2) = _ffn_case(8192, 512, 2048)
+    exact = [t.detach().double().requires_grad_() for t in (xr, r1.weight, r1.bias, r2.weight, r2.bias)]
+    ye = F.linear(F.gelu(F.linear(exact[0], exact[1], exact[2]), approximate="tanh"), exact[3], exact[4])
+    g = torch.randn(8192, 512, device=DEV)
+    ye.backward(g.double())
+    got = _ffn_grads(x, d1, d2, g, True, autocast=True)
+    want = _ffn_grads(xr, r1, r2, g, False, autocast=True)
+    for name, a, b, e in zip(("y", "dx", "dW1", "db1", "dW2", "db2"), got, want, [ye] + [t.grad for t in exact]):
+        assert _rel(a, e) < 1.5 * _rel(b, e) + 2e-3, (name, _rel(a, e), _rel(b, e))
+
+
 # -- residual add + LayerNorm --------------------------------------------------------------------
 CASES = [  # (stream dtype, branch dtype, output dtype, tolerance): fp32; bf16 autocast; all bf16
     (torch.float32, torch.float32, torch.float32, FP32),
@@ -280,6 +363,8 @@ def test_check_fused_names_the_choices():
         check_fused(("rope", "flash"))
     with pytest.raises(ValueError, match="subsumes 'rope'"):
         check_fused(("rope", "attention"))
+    with pytest.raises(ValueError, match="subsumes 'gelu'"):
+        check_fused(("gelu", "mlp"))
     for option in ("rope", "attention"):
         with pytest.raises(ValueError, match="pos='rope'"):
             GPT(GPTConfig(num_hiddens=32, num_blks=1, num_heads=2, pos="learned"), fused=(option,))
@@ -322,7 +407,8 @@ def _loss_and_grads(model, X, autocast=False):
                              for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("fused", [("rope",), ("addnorm",), ("gelu",), ("attention",), ALL_ROPE, ALL_ATTN])
+@pytest.mark.parametrize("fused", [("rope",), ("addnorm",), ("gelu",), ("attention",), ("mlp",),
+                                   ALL_ROPE, ALL_ATTN, ALL_EPI])
 def test_fused_model_matches_reference_fp32(fused):
     ref, model = _pair(fused)
     X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
@@ -334,7 +420,7 @@ def test_fused_model_matches_reference_fp32(fused):
         torch.testing.assert_close(gf[n], gr[n], atol=1e-5, rtol=1e-4, msg=n)
 
 
-@pytest.mark.parametrize("fused", [ALL_ROPE, ALL_ATTN])
+@pytest.mark.parametrize("fused", [ALL_ROPE, ALL_ATTN, ALL_EPI])
 def test_fused_model_under_bf16_autocast_and_checkpointing(fused):
     ref, model = _pair(fused, checkpoint=True)
     X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
@@ -360,7 +446,7 @@ def test_fused_model_with_a_bf16_stream():
         assert (gf[n] - gr[n]).abs().max().item() <= 3e-2 * scale + 1e-6, n
 
 
-@pytest.mark.parametrize("autocast,fused", [(False, ALL_ROPE), (True, ALL_ROPE), (True, ALL_ATTN)])
+@pytest.mark.parametrize("autocast,fused", [(False, ALL_ROPE), (True, ALL_ROPE), (True, ALL_EPI)])
 def test_fused_model_compiles_without_graph_breaks(autocast, fused):
     """dynamo + AOTAutograd trace the autograd.Functions and their custom ops, under bf16
     autocast too (fullgraph: a graph break would raise); the compiled model computes what the
@@ -380,7 +466,7 @@ def test_fused_model_compiles_without_graph_breaks(autocast, fused):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("fused", [ALL_ROPE, ALL_ATTN])
+@pytest.mark.parametrize("fused", [ALL_ROPE, ALL_ATTN, ALL_EPI])
 def test_fused_full_width_model_on_gpu_bf16(fused):
     """The full-width model, bf16 autocast, compiled: fused vs reference logits and gradients."""
     torch.manual_seed(0)

@@ -48,7 +48,7 @@ def test_perfladder_package_does_not_import_parity():
     ("perfladder.torch", ["torch"]),
     ("perfladder.jax", ["flax", "jax", "jaxlib", "optax"]),
     ("perfladder.torch.fused.rope perfladder.torch.fused.add_layer_norm perfladder.torch.fused.gelu "
-     "perfladder.torch.fused.attention",
+     "perfladder.torch.fused.attention perfladder.torch.fused.mlp",
      ["torch"]),
     ("perfladder.jax.fused.add_layer_norm perfladder.jax.fused.attention", ["flax", "jax", "jaxlib", "optax"]),
 ])

@@ -174,16 +174,21 @@ class CausalAttention(nn.Module):
 
 # -- 3. feed-forward -----------------------------------------------------------------------
 class FFN(nn.Module):
-    """``fused_gelu``: the tanh GELU and its derivative as Triton kernels (``fused.gelu``)."""
+    """``fused_gelu``: the tanh GELU and its derivative as Triton kernels (``fused.gelu``).
+    ``fused_mlp``: GELU in the GEMMs' epilogues (``fused.mlp``): FC1 + bias + GELU in one Triton
+    GEMM, FC2's input gradient + dGELU + FC1's bias gradient in another."""
 
-    def __init__(self, config: GPTConfig, fused_gelu: bool = False):
+    def __init__(self, config: GPTConfig, fused_gelu: bool = False, fused_mlp: bool = False):
         super().__init__()
         D, m = config.num_hiddens, config.ffn_mult
-        self.fused_gelu = bool(fused_gelu)
+        self.fused_gelu, self.fused_mlp = bool(fused_gelu), bool(fused_mlp)
         self.dense1 = nn.Linear(D, m * D, bias=True)
         self.dense2 = nn.Linear(m * D, D, bias=True)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if self.fused_mlp:
+            from perfladder.torch.fused.mlp import fused_ffn
+            return fused_ffn(X, self.dense1, self.dense2)                # (B, T, D)
         if self.fused_gelu:
             from perfladder.torch.fused.gelu import gelu_tanh
             return self.dense2(gelu_tanh(self.dense1(X)))        # (B, T, D)
@@ -216,7 +221,7 @@ class Block(nn.Module):
         self.attn = CausalAttention(config, attn_backend, fused_rope="rope" in fused,
                                     fused_attention="attention" in fused)
         self.norm2 = nn.LayerNorm(D, eps=config.ln_eps)
-        self.ffn = FFN(config, fused_gelu="gelu" in fused)
+        self.ffn = FFN(config, fused_gelu="gelu" in fused, fused_mlp="mlp" in fused)
         self.residual = residual
 
     def _norm(self, norm: nn.LayerNorm, H: torch.Tensor) -> torch.Tensor:
@@ -258,8 +263,9 @@ class GPT(nn.Module):
     ``'rope'`` (q/k rotation straight from the QKV projection), ``'addnorm'`` (each residual
     add fused with the LayerNorm after it, one-pass backward), ``'gelu'`` and ``'attention'``
     (split + RoPE + causal attention + merge, one kernel each way; not with ``'rope'``, which
-    it subsumes, nor with a pinned ``attn_backend``); the default ``()`` runs the reference
-    ops. The parameters and the math are the same either way.
+    it subsumes, nor with a pinned ``attn_backend``) and ``'mlp'`` (GELU and its derivative in
+    the FFN's GEMM epilogues; not with ``'gelu'``); the default ``()`` runs the reference ops.
+    The parameters and the math are the same either way.
     ``residual``: the dtype of the residual stream H between blocks. ``'fp32'`` (default):
     under bf16 autocast H stays fp32 (the embedding is fp32, and fp32 + bf16 adds promote).
     ``'bf16'`` -- **a numerics change**, not only a speed one: H is rounded to bf16 after the

@@ -8,6 +8,7 @@
 | 'addnorm'  | ``fused.add_layer_norm``| residual add + LayerNorm, forward and backward       |
 | 'gelu'     | ``fused.gelu``         | tanh GELU and its derivative                          |
 | 'attention'| ``fused.attention``    | QKV split + RoPE + causal SDPA + output merge, forward and backward (subsumes 'rope') |
+| 'mlp'      | ``fused.mlp``          | FC1 + bias + GELU in one GEMM, FC2's input gradient + dGELU + db1 in one (subsumes 'gelu') |
 
 Each is a ``torch.autograd.Function`` whose forward and backward launch Triton kernels through
 ``torch.library.custom_op`` operators (``perfladder::...``) with fake (shape) implementations,
@@ -23,10 +24,11 @@ from __future__ import annotations
 
 from perfladder.checks import check_options
 
-FUSED = ("rope", "addnorm", "gelu", "attention")
+FUSED = ("rope", "addnorm", "gelu", "attention", "mlp")
 # pairs that cannot be combined, and why
 EXCLUSIVE = {("rope", "attention"): "fused 'attention' rotates q and k itself (it subsumes 'rope'); "
-                                    "use one of them"}
+                                    "use one of them",
+             ("gelu", "mlp"): "fused 'mlp' computes GELU in its GEMMs (it subsumes 'gelu'); use one of them"}
 
 
 def check_fused(fused) -> tuple[str, ...]:

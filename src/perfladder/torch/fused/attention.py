@@ -46,9 +46,10 @@ from perfladder.torch.fused._launch import (
 
 MAX_T = 128             # one program holds the whole sequence: (T, Dh) tiles and (T, BLOCK_N) scores
 # Launch configurations (keys per inner step, warps, software-pipeline stages), read at each
-# call (the benchmark tries others). Compiled for sm_90 at T=128, Dh=64 (ptxas, no GPU needed):
-# forward 112 registers a thread, no spills (two programs an SM); backward 240, no spills (one
-# program of 8 warps an SM; 4 warps, or 16, or BLOCK_N 32 or 128 spill).
+# call (the benchmark tries others). Compiled for sm_90a at T=128, Dh=64 as the JIT specialises
+# them (ptxas, no GPU needed; tests/torch/test_fused.py): forward 117 registers a thread, no
+# spills (two programs an SM); backward 214, no spills (one program of 8 warps an SM; with 4
+# warps it spills, as with BLOCK_N=32; BLOCK_N=128, one key block, fits at 252).
 FWD = dict(block_n=64, num_warps=8, num_stages=1)
 BWD = dict(block_n=64, num_warps=8, num_stages=2)
 LOG2E = 1.4426950408889634
