@@ -23,7 +23,7 @@ def _run(tmp_path, *args, timeout=900):
 def test_smoke_both_frameworks(tmp_path):
     pytest.importorskip("triton")
     pytest.importorskip("jax")
-    proc = _run(tmp_path, "--smoke", "--no-sweep", "--torch-configs", "attention+bf16res",
+    proc = _run(tmp_path, "--smoke", "--no-sweep", "--torch-configs", "attention+mlp+bf16res",
                 "--jax-configs", "attention")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     out = json.loads((tmp_path / "attention.json").read_text())
@@ -35,9 +35,12 @@ def test_smoke_both_frameworks(tmp_path):
         assert all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in part["kernels"].values())
         (step,) = part["steps"].values()
         assert step["gate"]["passed"] and step["tokens_per_s"] > 0, fw
-    assert out["parts"]["torch"]["steps"]["attention+bf16res"]["residual"] == "bf16"
+    torch_part = out["parts"]["torch"]
+    assert torch_part["steps"]["attention+mlp+bf16res"]["residual"] == "bf16"
+    assert {"ffn_inductor+cublas", "ffn_fused"} <= set(torch_part["kernels"])
+    assert torch_part["mlp_configs"]["default"]["matches_reference"]
     table = proc.stdout[proc.stdout.rindex("part "):]
-    assert "step attention+bf16res" in table and "check attention" in table and "FAILED" not in table
+    assert "step attention+mlp+bf16res" in table and "check attention" in table and "FAILED" not in table
 
 
 def test_bad_configs_are_refused(tmp_path):
