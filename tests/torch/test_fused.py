@@ -1,4 +1,5 @@
-"""perfladder.torch.fused: the cases of tests/_torch_fused_cases.py.
+"""perfladder.torch.fused: the cases of tests/_torch_fused_cases.py and
+tests/_torch_fused_attention_cases.py.
 
 On a CUDA GPU they are imported and run here, natively. Without one, the Triton kernels can
 only run in Triton's CPU interpreter, and ``TRITON_INTERPRET=1`` must be in the environment
@@ -21,12 +22,15 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 import torch  # noqa: E402
 
-CASES_FILE = Path(__file__).resolve().parents[1] / "_torch_fused_cases.py"
-CASE_NAMES = [n.name for n in ast.parse(CASES_FILE.read_text()).body
+CASES_FILES = [Path(__file__).resolve().parents[1] / name
+               for name in ("_torch_fused_cases.py", "_torch_fused_attention_cases.py")]
+CASE_NAMES = [n.name for f in CASES_FILES for n in ast.parse(f.read_text()).body
               if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+assert len(set(CASE_NAMES)) == len(CASE_NAMES), "case names must be unique across the files"
 
 if torch.cuda.is_available():
-    sys.path.insert(0, str(CASES_FILE.parent))
+    sys.path.insert(0, str(CASES_FILES[0].parent))
+    from _torch_fused_attention_cases import *  # noqa: F401,F403,E402
     from _torch_fused_cases import *  # noqa: F401,F403,E402
 else:
     @pytest.fixture(scope="module")
@@ -35,8 +39,8 @@ else:
         xml = tmp_path_factory.mktemp("fused") / "cases.xml"
         env = {**os.environ, "TRITON_INTERPRET": "1"}
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-               "--junitxml", str(xml), str(CASES_FILE)]
-        proc = subprocess.run(cmd, cwd=CASES_FILE.parents[1], env=env, capture_output=True,
+               "--junitxml", str(xml), *map(str, CASES_FILES)]
+        proc = subprocess.run(cmd, cwd=CASES_FILES[0].parents[1], env=env, capture_output=True,
                               text=True, timeout=1800)
         if not xml.exists():
             pytest.fail(f"the interpreter run wrote no report (exit {proc.returncode}):\n"
