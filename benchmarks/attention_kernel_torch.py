@@ -57,10 +57,13 @@ def ffn_part(args, res, torch, cuda: bool, dev, g, N: int, sync) -> callable:
                "fwd_bwd_ms": median_ms(lambda: torch.autograd.grad(f(x), params, dy), sync, args.reps, args.warm)}
         return {**out, "bwd_ms": out["fwd_bwd_ms"] - out["fwd_ms"]}
 
+    want = []                            # the reference's y and gradients, computed once
+
     def check() -> dict:
-        gf, gr = torch.autograd.grad(fused(x), params, dy), torch.autograd.grad(ref(x), params, dy)
-        errs = {name: rel(a, b) for name, a, b in zip(("dx", "dW1", "db1", "dW2", "db2"), gf, gr)}
-        errs["y"] = rel(fused(x), ref(x))
+        if not want:
+            want.extend([ref(x).detach(), *torch.autograd.grad(ref(x), params, dy)])
+        got = [fused(x).detach(), *torch.autograd.grad(fused(x), params, dy)]
+        errs = {name: rel(a, b) for name, a, b in zip(("y", "dx", "dW1", "db1", "dW2", "db2"), got, want)}
         return {"rel_vs_ref": errs, "matches_reference": max(errs.values()) < 0.05}
 
     try:
@@ -191,18 +194,25 @@ def run_torch(args, res) -> None:
     except Exception as e:
         res.error("check attention", e)
 
-    # 2. kernels
+    # 2. kernels (references computed once, for every launch configuration's check)
     cc = (lambda f: torch.compile(f)) if cuda else (lambda f: f)    # CPU smoke: eager references
-    refs = {f"inductor_rope+{n}": (lambda b=b: cc(reference(b))) for n, b in backends.items()}
     last = list(backends)[-1]
-    refs[f"rope_kernel+{last}"] = lambda: reference(backends[last], rope_kernel=True)
-    for name, make in refs.items():
-        try:
-            res.put("kernels", name, timings(make()))
-        except Exception as e:
-            res.error(f"kernel {name}", e)
+    eager_refs = {f"rope_kernel+{last}": lambda: reference(backends[last], rope_kernel=True)}
+    compiled_refs = {f"inductor_rope+{n}": (lambda b=b: cc(reference(b))) for n, b in backends.items()}
+
+    def time_refs(refs: dict) -> None:
+        for name, make in refs.items():
+            if res.time_left() < 15:
+                res.skip(f"kernel {name}")
+                continue
+            try:
+                res.put("kernels", name, timings(make()))
+            except Exception as e:
+                res.error(f"kernel {name}", e)
     default_fwd, default_bwd = dict(fattn.FWD), dict(fattn.BWD)
     rows = {}
+    y_ref = ref(qkv).detach()
+    g_ref = torch.autograd.grad(ref(qkv), qkv, dy)[0]
 
     def try_configs(tried) -> None:
         """Time the fused kernels under each (label, forward config, backward config), each
@@ -216,7 +226,7 @@ def run_torch(args, res) -> None:
             try:
                 y = fused(qkv)
                 gq = torch.autograd.grad(y, qkv, dy)[0]            # compiles both kernels
-                ok = rel(y, ref(qkv)) < 0.05 and rel(gq, torch.autograd.grad(ref(qkv), qkv, dy)[0]) < 0.05
+                ok = rel(y, y_ref) < 0.05 and rel(gq, g_ref) < 0.05
                 row = {"fwd": dict(fcfg), "bwd": dict(bcfg), "matches_reference": ok, **timings(fused)}
                 row["fwd_gbps"] = fwd_bytes / row["fwd_ms"] / 1e6
                 row["bwd_gbps"] = bwd_bytes / max(row["bwd_ms"], 1e-9) / 1e6
@@ -230,21 +240,22 @@ def run_torch(args, res) -> None:
         best_of(res, rows)
 
     try_configs([("default", default_fwd, default_bwd)])
-    if cuda:
-        torch.cuda.empty_cache()
-
-    ffn_sweep = ffn_part(args, res, torch, cuda, dev, g, B * T, sync)
-    if cuda:
-        torch.cuda.empty_cache()
+    time_refs(eager_refs)
 
     # 3. training steps
     stream = batches(data, B, dev, seed=cfg.seed + 1)
     fixed = [next(stream) for _ in range(args.gate_steps)]
     ref_losses = None
-    for name in args.torch_configs:
-        if res.time_left() < (STEP_COST_S["torch"] if cuda else 5):
-            res.skip(f"step {name}")
-            continue
+
+    def run_steps(names) -> None:
+        for name in names:
+            if res.time_left() < (STEP_COST_S["torch"] if cuda else 5):
+                res.skip(f"step {name}")
+                continue
+            run_step(name)
+
+    def run_step(name: str) -> None:
+        nonlocal ref_losses
         step = None
         try:
             torch.manual_seed(cfg.seed)
@@ -271,7 +282,14 @@ def run_torch(args, res) -> None:
             if cuda:
                 torch.cuda.empty_cache()
 
-    # 4. the other launch configurations, when there is time
+    # in priority order: the base and the headline configuration, the compiled references, the
+    # FFN, the other steps, the other launch configurations -- what the budget cuts is the tail
+    run_steps(args.torch_configs[:2])
+    time_refs(compiled_refs)
+    ffn_sweep = ffn_part(args, res, torch, cuda, dev, g, B * T, sync)
+    if cuda:
+        torch.cuda.empty_cache()
+    run_steps(args.torch_configs[2:])
     if not args.no_sweep:
         try_configs([(f"fwd {c}", c, default_bwd) for c in TORCH_FWD_SWEEP]
                     + [(f"bwd {c}", default_fwd, c) for c in TORCH_BWD_SWEEP])
