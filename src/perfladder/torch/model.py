@@ -261,7 +261,7 @@ class GPT(nn.Module):
     builds the same model as ``GPT(GPTConfig(vocab_size=..., num_hiddens=512, num_blks=6))``.
     ``fused``: Triton kernels for the memory-bound ops (``perfladder.torch.fused``), any of
     ``'rope'`` (q/k rotation straight from the QKV projection), ``'addnorm'`` (each residual
-    add fused with the LayerNorm after it, one-pass backward), ``'gelu'`` and ``'attention'``
+    add fused with the LayerNorm after it, one-pass backward), ``'gelu'``, ``'attention'``
     (split + RoPE + causal attention + merge, one kernel each way; not with ``'rope'``, which
     it subsumes, nor with a pinned ``attn_backend``) and ``'mlp'`` (GELU and its derivative in
     the FFN's GEMM epilogues; not with ``'gelu'``); the default ``()`` runs the reference ops.
