@@ -1,4 +1,5 @@
-"""The fused-kernel test cases (run by tests/test_torch_fused.py; see there for how).
+"""The fused-kernel test cases (run by tests/torch/test_fused.py; see there for how); the
+attention and FFN-epilogue kernels' own cases are in tests/_torch_fused_attention_cases.py.
 
 Each Triton kernel against the reference op, forward and backward, the model options, and
 torch.compile over them. On a CUDA GPU they run natively; without one, in Triton's CPU
@@ -12,6 +13,7 @@ one step away); tests use rtol 1.6e-2 there.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -25,8 +27,11 @@ if not _ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
 
 from perfladder.config import GPTConfig, get_config  # noqa: E402
 from perfladder.torch import GPT  # noqa: E402
-from perfladder.torch.fused import FUSED, check_fused  # noqa: E402
-from perfladder.torch.fused._launch import check_device, interpreted  # noqa: E402
+from perfladder.torch.fused import check_fused  # noqa: E402
+from perfladder.torch.fused._launch import (  # noqa: E402
+    check_device,
+    interpreted,
+)
 from perfladder.torch.fused.add_layer_norm import add_layer_norm, layer_norm  # noqa: E402
 from perfladder.torch.fused.gelu import gelu_tanh  # noqa: E402
 from perfladder.torch.fused.rope import _rope_fwd_kernel, rope_qkv  # noqa: E402
@@ -34,6 +39,11 @@ from perfladder.torch.model import rope_angles, rotate  # noqa: E402
 
 DEV = "cuda" if _ON_GPU else "cpu"
 SMOKE = get_config("smoke").gpt()
+ALL_ROPE = ("rope", "addnorm", "gelu")             # every option, RoPE by its own kernel
+ALL_EPI = ("addnorm", "attention", "mlp")          # every option, GELU inside the FFN's GEMMs
+# Triton's dots need K >= 16 on a GPU, and the attention kernel splits a head in halves: there the
+# attention cases use heads of 32 (the smoke model: one head), in the interpreter the smoke's 16
+SMALL_DH = 32 if _ON_GPU else 16
 FP32 = dict(atol=2e-6, rtol=1e-5)
 BF16 = dict(atol=1e-2, rtol=1.6e-2)
 
@@ -150,10 +160,18 @@ def test_gelu_matches_reference(dtype, tol):
 def test_check_fused_names_the_choices():
     assert check_fused(()) == () and check_fused("rope") == ("rope",)
     assert check_fused(("gelu", "rope")) == ("rope", "gelu")        # canonical order
+    assert check_fused(("attention", "addnorm")) == ("addnorm", "attention")
     with pytest.raises(ValueError, match="valid choices"):
         check_fused(("rope", "flash"))
-    with pytest.raises(ValueError, match="pos='rope'"):
-        GPT(GPTConfig(num_hiddens=32, num_blks=1, num_heads=2, pos="learned"), fused=("rope",))
+    with pytest.raises(ValueError, match="subsumes 'rope'"):
+        check_fused(("rope", "attention"))
+    with pytest.raises(ValueError, match="subsumes 'gelu'"):
+        check_fused(("gelu", "mlp"))
+    for option in ("rope", "attention"):
+        with pytest.raises(ValueError, match="pos='rope'"):
+            GPT(GPTConfig(num_hiddens=32, num_blks=1, num_heads=2, pos="learned"), fused=(option,))
+    with pytest.raises(ValueError, match="attn_backend must be None"):
+        GPT(SMOKE, fused=("attention",), attn_backend="math")
 
 
 def test_uninterpreted_kernel_refuses_cpu_tensors():
@@ -171,9 +189,12 @@ def test_uninterpreted_kernel_refuses_cpu_tensors():
 
 # -- the model ---------------------------------------------------------------------------------
 def _pair(fused, **kw):
+    cfg = SMOKE
+    if "attention" in fused and _ON_GPU:
+        cfg = dataclasses.replace(SMOKE, num_heads=SMOKE.num_hiddens // SMALL_DH)
     torch.manual_seed(0)
-    ref = GPT(SMOKE, **kw).to(DEV)
-    model = GPT(SMOKE, fused=fused, **kw).to(DEV)
+    ref = GPT(cfg, **kw).to(DEV)
+    model = GPT(cfg, fused=fused, **kw).to(DEV)
     model.load_state_dict(ref.state_dict())
     return ref, model
 
@@ -188,7 +209,8 @@ def _loss_and_grads(model, X, autocast=False):
                              for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("fused", [("rope",), ("addnorm",), ("gelu",), FUSED])
+@pytest.mark.parametrize("fused", [("rope",), ("addnorm",), ("gelu",), ("attention",), ("mlp",),
+                                   ALL_ROPE, ALL_EPI])
 def test_fused_model_matches_reference_fp32(fused):
     ref, model = _pair(fused)
     X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
@@ -200,8 +222,9 @@ def test_fused_model_matches_reference_fp32(fused):
         torch.testing.assert_close(gf[n], gr[n], atol=1e-5, rtol=1e-4, msg=n)
 
 
-def test_fused_model_under_bf16_autocast_and_checkpointing():
-    ref, model = _pair(FUSED, checkpoint=True)
+@pytest.mark.parametrize("fused", [ALL_ROPE, ALL_EPI])
+def test_fused_model_under_bf16_autocast_and_checkpointing(fused):
+    ref, model = _pair(fused, checkpoint=True)
     X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
     lr, gr = _loss_and_grads(ref, X, autocast=True)
     lf, gf = _loss_and_grads(model, X, autocast=True)
@@ -212,13 +235,26 @@ def test_fused_model_under_bf16_autocast_and_checkpointing():
         assert (gf[n] - gr[n]).abs().max().item() <= 3e-2 * scale + 1e-6, n
 
 
-@pytest.mark.parametrize("autocast", [False, True])
-def test_fused_model_compiles_without_graph_breaks(autocast):
+def test_fused_model_with_a_bf16_stream():
+    """residual='bf16' composes with the kernels: the fused add+LayerNorm then reads and writes a
+    bf16 stream; against the unfused bf16-stream model to bf16 precision."""
+    ref, model = _pair(ALL_EPI, residual="bf16")
+    X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
+    lr, gr = _loss_and_grads(ref, X, autocast=True)
+    lf, gf = _loss_and_grads(model, X, autocast=True)
+    torch.testing.assert_close(lf.float(), lr.float(), atol=3e-2, rtol=3e-2)
+    for n in gr:
+        scale = gr[n].abs().max().item()
+        assert (gf[n] - gr[n]).abs().max().item() <= 3e-2 * scale + 1e-6, n
+
+
+@pytest.mark.parametrize("autocast,fused", [(False, ALL_ROPE), (True, ALL_EPI)])
+def test_fused_model_compiles_without_graph_breaks(autocast, fused):
     """dynamo + AOTAutograd trace the autograd.Functions and their custom ops, under bf16
     autocast too (fullgraph: a graph break would raise); the compiled model computes what the
     eager one does (inductor on a GPU may reorder bf16 arithmetic: bf16 tolerance there)."""
     torch._dynamo.reset()
-    _, model = _pair(FUSED)
+    _, model = _pair(fused)
     X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
     le, ge = _loss_and_grads(model, X, autocast=autocast)
     backend = "inductor" if _ON_GPU else "aot_eager"
@@ -232,12 +268,13 @@ def test_fused_model_compiles_without_graph_breaks(autocast):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU")
-def test_fused_full_width_model_on_gpu_bf16():
+@pytest.mark.parametrize("fused", [ALL_ROPE, ALL_EPI])
+def test_fused_full_width_model_on_gpu_bf16(fused):
     """The full-width model, bf16 autocast, compiled: fused vs reference logits and gradients."""
     torch.manual_seed(0)
     cfg = GPTConfig()
     ref = GPT(cfg).cuda()
-    model = GPT(cfg, fused=FUSED).cuda()
+    model = GPT(cfg, fused=fused).cuda()
     model.load_state_dict(ref.state_dict())
     X = torch.randint(0, cfg.vocab_size, (8, 128), device="cuda")
     lr, gr = _loss_and_grads(torch.compile(ref), X, autocast=True)

@@ -49,9 +49,10 @@ def test_perfladder_package_does_not_import_parity():
 @pytest.mark.parametrize("pkg, allowed", [
     ("perfladder.torch", ["torch"]),
     ("perfladder.jax", ["flax", "jax", "jaxlib", "optax"]),
-    ("perfladder.torch.fused.rope perfladder.torch.fused.add_layer_norm perfladder.torch.fused.gelu",
+    ("perfladder.torch.fused.rope perfladder.torch.fused.add_layer_norm perfladder.torch.fused.gelu "
+     "perfladder.torch.fused.attention perfladder.torch.fused.mlp",
      ["torch"]),
-    ("perfladder.jax.fused.add_layer_norm", ["flax", "jax", "jaxlib", "optax"]),
+    ("perfladder.jax.fused.add_layer_norm perfladder.jax.fused.attention", ["flax", "jax", "jaxlib", "optax"]),
 ])
 def test_framework_subpackage_imports_only_its_own(pkg, allowed):
     loaded = loaded_after(*pkg.split())

@@ -29,6 +29,7 @@ from perfladder.jax.fused import check_fused
 
 ATTN_IMPLS = (None, "xla", "cudnn")
 EMBEDS = ("gather", "onehot")   # how the token embedding is looked up (see GPT.embed)
+RESIDUALS = (None, "fp32", "bf16")   # the residual stream's dtype (see GPT); None: the compute dtype
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 _init = nnx.initializers.normal(stddev=0.02)   # kernels and embeddings
@@ -112,19 +113,33 @@ def rope(x: jax.Array, base: float = 10000.0) -> jax.Array:
 
 # -- 2. causal self-attention ----------------------------------------------------------------
 class CausalAttention(nnx.Module):
-    """Fused QKV projection, RoPE on q and k, causal scaled-dot-product attention."""
+    """Fused QKV projection, RoPE on q and k, causal scaled-dot-product attention.
 
-    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, attn_impl=None):
+    ``fused_attention``: the split, RoPE, attention and the merge of the heads in one Pallas
+    kernel each way (``fused.attention``), from the (B, T, 3D) projection to ``W_o``'s input."""
+
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, attn_impl=None,
+                 fused_attention: bool = False):
         D = cfg.num_hiddens
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.use_rope, self.rope_base = cfg.pos == "rope", cfg.rope_base
         self.attn_impl = attn_impl
+        if fused_attention and not self.use_rope:
+            raise ValueError(f"fused 'attention' needs pos='rope'; this config has pos={cfg.pos!r}")
+        if fused_attention and attn_impl is not None:
+            raise ValueError(f"fused 'attention' replaces jax.nn.dot_product_attention, so "
+                             f"attn_impl must be None; got attn_impl={attn_impl!r}")
+        self.fused_attention = bool(fused_attention)
         self.W_qkv = _linear(D, 3 * D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.W_o = _linear(D, D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         B, T, D = x.shape
         qkv = self.W_qkv(x)                                           # (B, T, 3D)
+        if self.fused_attention:
+            from perfladder.jax.fused.attention import rope_attention
+            cos, sin = rope_tables(T, self.head_dim, float(self.rope_base))   # (T, Dh) each
+            return self.W_o(rope_attention(qkv, cos, sin, self.num_heads))   # (B, T, D)
         heads = (B, T, self.num_heads, self.head_dim)
         q, k, v = (part.reshape(heads)                                # 3 x (B, T, H, Dh)
                    for part in jnp.split(qkv, 3, axis=-1))            # 3 x (B, T, D)
@@ -151,10 +166,11 @@ class FFN(nnx.Module):
 
 # -- 4. pre-norm transformer block -----------------------------------------------------------
 class Block(nnx.Module):
-    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, attn_impl=None):
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, attn_impl=None,
+                 fused: tuple = ()):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm1 = _layer_norm(cfg.num_hiddens, cfg.ln_eps, **kw)
-        self.attn = CausalAttention(cfg, attn_impl=attn_impl, **kw)
+        self.attn = CausalAttention(cfg, attn_impl=attn_impl, fused_attention="attention" in fused, **kw)
         self.norm2 = _layer_norm(cfg.num_hiddens, cfg.ln_eps, **kw)
         self.ffn = FFN(cfg, **kw)
 
@@ -242,13 +258,25 @@ class GPT(nnx.Module):
     ``GPT(vocab_size, num_hiddens=512, num_blks=6, rngs=...)`` (any ``GPTConfig`` field as a
     keyword) builds the same model as ``GPT(GPTConfig(vocab_size=..., ...), rngs=...)``.
     ``fused``: Pallas kernels for memory-bound ops (``perfladder.jax.fused``): ``'addnorm'``
-    fuses each residual add into the LayerNorm after it, forward and backward. The default
-    ``()`` runs the reference ops; the parameters and the math are the same either way.
+    fuses each residual add into the LayerNorm after it, forward and backward; ``'attention'``
+    runs the QKV split, RoPE, causal attention and the head merge as one kernel each way (not
+    with a pinned ``attn_impl``). The default ``()`` runs the reference ops; the parameters and
+    the math are the same either way.
+    ``residual``: the dtype of the residual stream H between blocks. ``None`` (default): the
+    compute dtype -- under ``dtype=bfloat16`` the stream is already bf16 here (every add of two
+    bf16 arrays is bf16; flax's LayerNorm computes its statistics in fp32 and returns
+    ``dtype``), unlike PyTorch's autocast, which keeps it fp32. ``'fp32'``: the stream in fp32
+    whatever ``dtype`` (the embedding rows and every residual add in fp32; the branches still
+    compute in ``dtype``): PyTorch's layout, and the reference a bf16 stream is measured
+    against. ``'bf16'``: a bf16 stream, which needs ``dtype=bfloat16`` (there it is what
+    ``None`` gives). A bf16 stream is **a numerics change**: the adds and their gradients round
+    to bf16.
     """
 
     def __init__(self, config: GPTConfig | int, *, rngs: nnx.Rngs, dtype=jnp.float32,
                  param_dtype=jnp.float32, attn_impl=None, checkpoint: bool = False,
-                 embed_fp32: bool = False, embed: str = "gather", fused: tuple = (), **arch):
+                 embed_fp32: bool = False, embed: str = "gather", fused: tuple = (),
+                 residual: str | None = None, **arch):
         config = gpt_config(config, **arch)   # GPT(cfg) or the chapter's GPT(vocab_size, num_hiddens=...)
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl={attn_impl!r} is not valid; valid choices: {ATTN_IMPLS}")
@@ -258,6 +286,10 @@ class GPT(nnx.Module):
         for name, dt in (("dtype", dtype), ("param_dtype", param_dtype)):
             if not jnp.issubdtype(dt, jnp.floating):
                 raise ValueError(f"{name}={dt} must be a floating dtype (e.g. float32, bfloat16)")
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual={residual!r} is not valid; valid choices: {RESIDUALS}")
+        if residual == "bf16" and dtype != jnp.bfloat16:
+            raise ValueError(f"residual='bf16' needs dtype=bfloat16 (bf16 compute); got dtype={dtype}")
         if attn_impl == "cudnn" and dtype not in _HALF:
             raise ValueError(f"attn_impl='cudnn' needs a half-precision compute dtype "
                              f"(bfloat16 or float16); got dtype={dtype}")
@@ -267,12 +299,13 @@ class GPT(nnx.Module):
         self.attn_impl, self.embed_fp32 = attn_impl, bool(embed_fp32)
         self.embed_impl = embed   # not ``self.embed``: that is the method below
         self.fused = check_fused(fused)
+        self.residual = residual
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         D = config.num_hiddens
         self.token_emb = nnx.Embed(config.vocab_size, D, embedding_init=_init, **kw)
         if config.pos == "learned":
             self.pos_emb = nnx.Embed(config.max_len, D, embedding_init=_init, **kw)
-        self.blks = nnx.List([Block(config, attn_impl=attn_impl, **kw)
+        self.blks = nnx.List([Block(config, attn_impl=attn_impl, fused=self.fused, **kw)
                               for _ in range(config.num_blks)])
         self.norm = _layer_norm(D, config.ln_eps, **kw)
 
@@ -331,6 +364,8 @@ class GPT(nnx.Module):
         H = self.embed(X)                                                  # (B, T, D)
         if observe is not None:
             observe["first_activation"] = str(jnp.result_type(H))
+        if self.residual is not None:                                      # the stream's dtype
+            H = H.astype(jnp.float32 if self.residual == "fp32" else jnp.bfloat16)
         if "addnorm" in self.fused:
             pending = None                                                 # the stream is H + pending
             for blk in self.blks:

@@ -79,6 +79,14 @@ def check_token_ids(X, vocab_size: int) -> None:
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"token id {lo if lo < 0 else hi} is out of range: valid ids are "
                              f"0 to {vocab_size - 1} (vocab_size={vocab_size})")
+# The dtype of the residual stream H between blocks (see GPT).
+RESIDUALS = ("fp32", "bf16")
+
+
+def check_residual(name) -> str:
+    if name not in RESIDUALS:
+        raise ValueError(f"residual={name!r} is not valid; valid choices: {RESIDUALS}")
+    return name
 
 
 # -- 1. rotary position embedding ----------------------------------------------------------
@@ -144,13 +152,20 @@ class RoPE(nn.Module):
 # -- 2. causal self-attention --------------------------------------------------------------
 class CausalAttention(nn.Module):
     """``fused_rope``: split the projection into heads and rotate q and k in one Triton kernel
-    each way (``fused.rope``) instead of the split + ``RoPE`` ops."""
+    each way (``fused.rope``) instead of the split + ``RoPE`` ops. ``fused_attention``: the
+    split, RoPE, SDPA and the merge of the heads in one Triton kernel each way
+    (``fused.attention``), from the projection's (B, T, 3D) output to ``W_o``'s (B, T, D) input."""
 
-    def __init__(self, config: GPTConfig, attn_backend=None, fused_rope: bool = False):
+    def __init__(self, config: GPTConfig, attn_backend=None, fused_rope: bool = False,
+                 fused_attention: bool = False):
         super().__init__()
-        if fused_rope and config.pos != "rope":
-            raise ValueError(f"fused 'rope' needs pos='rope'; this config has pos={config.pos!r}")
-        self.fused_rope = bool(fused_rope)
+        for name, on in (("rope", fused_rope), ("attention", fused_attention)):
+            if on and config.pos != "rope":
+                raise ValueError(f"fused {name!r} needs pos='rope'; this config has pos={config.pos!r}")
+        if fused_attention and attn_backend is not None:
+            raise ValueError(f"fused 'attention' replaces SDPA, so attn_backend must be None; "
+                             f"got attn_backend={attn_backend!r}")
+        self.fused_rope, self.fused_attention = bool(fused_rope), bool(fused_attention)
         D = config.num_hiddens
         self.num_heads = config.num_heads
         self.rope = (RoPE(config.head_dim, config.max_len, config.rope_base)
@@ -162,6 +177,10 @@ class CausalAttention(nn.Module):
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         B, T, D = X.shape
         H = self.num_heads
+        if self.fused_attention:
+            from perfladder.torch.fused.attention import rope_attention
+            cos, sin = self.rope.tables(T, X.device)              # (T, Dh) fp32 each
+            return self.W_o(rope_attention(self.W_qkv(X), cos, sin, H))  # (B, T, 3D) -> (B, T, D)
         if self.fused_rope:
             from perfladder.torch.fused.rope import rope_qkv
             cos, sin = self.rope.tables(T, X.device)              # (T, Dh) fp32 each
@@ -184,16 +203,21 @@ class CausalAttention(nn.Module):
 
 # -- 3. feed-forward -----------------------------------------------------------------------
 class FFN(nn.Module):
-    """``fused_gelu``: the tanh GELU and its derivative as Triton kernels (``fused.gelu``)."""
+    """``fused_gelu``: the tanh GELU and its derivative as Triton kernels (``fused.gelu``).
+    ``fused_mlp``: GELU in the GEMMs' epilogues (``fused.mlp``): FC1 + bias + GELU in one Triton
+    GEMM, FC2's input gradient + dGELU + FC1's bias gradient in another."""
 
-    def __init__(self, config: GPTConfig, fused_gelu: bool = False):
+    def __init__(self, config: GPTConfig, fused_gelu: bool = False, fused_mlp: bool = False):
         super().__init__()
         D, m = config.num_hiddens, config.ffn_mult
-        self.fused_gelu = bool(fused_gelu)
+        self.fused_gelu, self.fused_mlp = bool(fused_gelu), bool(fused_mlp)
         self.dense1 = nn.Linear(D, m * D, bias=True)
         self.dense2 = nn.Linear(m * D, D, bias=True)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if self.fused_mlp:
+            from perfladder.torch.fused.mlp import fused_ffn
+            return fused_ffn(X, self.dense1, self.dense2)                # (B, T, D)
         if self.fused_gelu:
             from perfladder.torch.fused.gelu import gelu_tanh
             return self.dense2(gelu_tanh(self.dense1(X)))        # (B, T, D)
@@ -218,17 +242,26 @@ def fused_norm(norm: nn.LayerNorm, H: torch.Tensor, pending: torch.Tensor | None
 
 # -- 4. one pre-norm block -----------------------------------------------------------------
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, attn_backend=None, fused: tuple = ()):
+    def __init__(self, config: GPTConfig, attn_backend=None, fused: tuple = (),
+                 residual: str = "fp32"):
         super().__init__()
         D = config.num_hiddens
         self.norm1 = nn.LayerNorm(D, eps=config.ln_eps)
-        self.attn = CausalAttention(config, attn_backend, fused_rope="rope" in fused)
+        self.attn = CausalAttention(config, attn_backend, fused_rope="rope" in fused,
+                                    fused_attention="attention" in fused)
         self.norm2 = nn.LayerNorm(D, eps=config.ln_eps)
-        self.ffn = FFN(config, fused_gelu="gelu" in fused)
+        self.ffn = FFN(config, fused_gelu="gelu" in fused, fused_mlp="mlp" in fused)
+        self.residual = residual
+
+    def _norm(self, norm: nn.LayerNorm, H: torch.Tensor) -> torch.Tensor:
+        # bf16 stream: autocast runs LayerNorm in fp32 and returns fp32; its output is rounded
+        # to the stream's bf16 here (the next matmul would round it so anyway)
+        y = norm(H)
+        return y.to(H.dtype) if self.residual == "bf16" else y
 
     def forward(self, H: torch.Tensor) -> torch.Tensor:
-        H = H + self.attn(self.norm1(H))                          # (B, T, D)
-        return H + self.ffn(self.norm2(H))                        # (B, T, D)
+        H = H + self.attn(self._norm(self.norm1, H))              # (B, T, D)
+        return H + self.ffn(self._norm(self.norm2, H))            # (B, T, D)
 
     def forward_addnorm(self, H: torch.Tensor, pending: torch.Tensor | None):
         """The same block with each residual add fused into the LayerNorm after it.
@@ -263,12 +296,21 @@ class GPT(nn.Module):
     builds the same model as ``GPT(GPTConfig(vocab_size=..., num_hiddens=512, num_blks=6))``.
     ``fused``: Triton kernels for the memory-bound ops (``perfladder.torch.fused``), any of
     ``'rope'`` (q/k rotation straight from the QKV projection), ``'addnorm'`` (each residual
-    add fused with the LayerNorm after it, one-pass backward) and ``'gelu'``; the default
-    ``()`` runs the reference ops. The parameters and the math are the same either way.
+    add fused with the LayerNorm after it, one-pass backward), ``'gelu'``, ``'attention'``
+    (split + RoPE + causal attention + merge, one kernel each way; not with ``'rope'``, which
+    it subsumes, nor with a pinned ``attn_backend``) and ``'mlp'`` (GELU and its derivative in
+    the FFN's GEMM epilogues; not with ``'gelu'``); the default ``()`` runs the reference ops.
+    The parameters and the math are the same either way.
+    ``residual``: the dtype of the residual stream H between blocks. ``'fp32'`` (default):
+    under bf16 autocast H stays fp32 (the embedding is fp32, and fp32 + bf16 adds promote).
+    ``'bf16'`` -- **a numerics change**, not only a speed one: H is rounded to bf16 after the
+    embedding and every residual add rounds to bf16 (as does its gradient in the backward
+    pass); LayerNorm still computes its statistics in fp32 and writes bf16. It halves the
+    stream's bytes in the adds and the norms and needs bf16 autocast around the forward.
     """
 
     def __init__(self, config: GPTConfig | int, attn_backend=None, checkpoint: bool = False,
-                 embed: str = "gather", fused: tuple = (), **arch):
+                 embed: str = "gather", fused: tuple = (), residual: str = "fp32", **arch):
         super().__init__()
         config = gpt_config(config, **arch)   # GPT(cfg) or the chapter's GPT(vocab_size, num_hiddens=...)
         check_attn_backend(attn_backend)
@@ -282,6 +324,7 @@ class GPT(nn.Module):
                              "run_block(block, *inputs)")
         self.embed = check_embed(embed)
         self.fused = check_fused(fused)
+        self.residual = check_residual(residual)
         if self.fused:
             from perfladder.torch import fused as _kernels  # noqa: F401  (ImportError naming triton if it is missing)
         self.pos = config.pos
@@ -289,7 +332,7 @@ class GPT(nn.Module):
         self.token_emb = nn.Embedding(config.vocab_size, D)
         if config.pos == "learned":
             self.pos_emb = nn.Embedding(config.max_len, D)
-        self.blks = nn.ModuleList(Block(config, attn_backend, self.fused)
+        self.blks = nn.ModuleList(Block(config, attn_backend, self.fused, self.residual)
                                   for _ in range(config.num_blks))
         self.norm = nn.LayerNorm(D, eps=config.ln_eps)
         self.apply(self._init_weights)
@@ -330,11 +373,21 @@ class GPT(nn.Module):
             if T > self.config.max_len:
                 raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
             H = H + self.pos_emb(torch.arange(T, device=X.device))  # (B, T, D) + (T, D)
+        if self.residual == "bf16":
+            H = self._bf16_stream(H)                              # (B, T, D) bf16
         if "addnorm" in self.fused:
             return self._forward_addnorm(H)
         for blk in self.blks:
             H = blk(H) if self.run_block is None else self.run_block(blk, H)   # (B, T, D)
         return F.linear(self.norm(H), self.token_emb.weight)      # (B, T, D) @ (D, V) -> (B, T, V)
+
+    @staticmethod
+    def _bf16_stream(H: torch.Tensor) -> torch.Tensor:
+        dev = H.device.type
+        if not (torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16):
+            raise RuntimeError("residual='bf16' needs bf16 autocast around the forward "
+                               "(torch.autocast(device_type, dtype=torch.bfloat16)); it is off here")
+        return H.to(torch.bfloat16)
 
     def _forward_addnorm(self, H: torch.Tensor) -> torch.Tensor:
         """The blocks and the final norm with the residual adds fused into the LayerNorms."""

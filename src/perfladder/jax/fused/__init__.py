@@ -5,6 +5,7 @@
 | option     | module                   | replaces                                          |
 |------------|--------------------------|---------------------------------------------------|
 | 'addnorm'  | ``fused.add_layer_norm`` | residual add + LayerNorm, forward and backward    |
+| 'attention'| ``fused.attention``      | QKV split + RoPE + causal attention + head merge, forward and backward |
 
 The names match ``perfladder.torch.fused.FUSED`` where the kernels do the same job.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from perfladder.checks import check_options
 
-FUSED = ("addnorm",)
+FUSED = ("addnorm", "attention")
 
 
 def check_fused(fused) -> tuple[str, ...]:

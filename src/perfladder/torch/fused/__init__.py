@@ -7,6 +7,8 @@
 | 'rope'     | ``fused.rope``         | RoPE on q and k (and the QKV split's backward concat) |
 | 'addnorm'  | ``fused.add_layer_norm``| residual add + LayerNorm, forward and backward       |
 | 'gelu'     | ``fused.gelu``         | tanh GELU and its derivative                          |
+| 'attention'| ``fused.attention``    | QKV split + RoPE + causal SDPA + output merge, forward and backward (subsumes 'rope') |
+| 'mlp'      | ``fused.mlp``          | FC1 + bias + GELU in one GEMM, FC2's input gradient + dGELU + db1 in one (subsumes 'gelu') |
 
 Each is a ``torch.autograd.Function`` whose forward and backward launch Triton kernels through
 ``torch.library.custom_op`` operators (``perfladder::...``) with fake (shape) implementations,
@@ -22,9 +24,17 @@ from __future__ import annotations
 
 from perfladder.checks import check_options
 
-FUSED = ("rope", "addnorm", "gelu")
+FUSED = ("rope", "addnorm", "gelu", "attention", "mlp")
+# pairs that cannot be combined, and why
+EXCLUSIVE = {("rope", "attention"): "fused 'attention' rotates q and k itself (it subsumes 'rope'); "
+                                    "use one of them",
+             ("gelu", "mlp"): "fused 'mlp' computes GELU in its GEMMs (it subsumes 'gelu'); use one of them"}
 
 
 def check_fused(fused) -> tuple[str, ...]:
     """``fused`` as a tuple of known option names; a clear error for anything else."""
-    return check_options("fused", fused, FUSED)
+    names = check_options("fused", fused, FUSED)
+    for pair, why in EXCLUSIVE.items():
+        if set(pair) <= set(names):
+            raise ValueError(f"fused={names!r}: {why}")
+    return names
