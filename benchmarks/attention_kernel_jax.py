@@ -21,7 +21,8 @@ JAX_BWD_SWEEP = [dict(block_n=32, num_warps=8), dict(block_n=64, num_warps=4)]
 
 
 def run_jax(args, res) -> None:
-    from perfladder.jax.timer import fast_cpu_compiles, has_gpu
+    from perfladder.jax.device import has_gpu
+    from perfladder.jax.timer import fast_cpu_compiles
     if not has_gpu():
         fast_cpu_compiles()
     import jax
@@ -34,7 +35,8 @@ def run_jax(args, res) -> None:
     from perfladder.jax.fused import attention as fattn
     from perfladder.jax.model import rope, rope_tables
     from perfladder.jax.step import make_optimizer, make_split_step
-    from perfladder.jax.timer import device_name, throughput, versions
+    from perfladder.jax.device import device_name, versions
+    from perfladder.jax.timer import throughput
 
     on_gpu = jax.default_backend() == "gpu"
     impl = "cudnn" if on_gpu else "xla"          # cuDNN attention exists only on a GPU

@@ -110,7 +110,8 @@ def run_torch(args, res) -> None:
     from perfladder.torch.fused.rope import rope_qkv
     from perfladder.torch.model import rope_angles, rotate
     from perfladder.torch.step import make_optimizer, make_step
-    from perfladder.torch.timer import sync, throughput, versions
+    from perfladder.torch.device import versions
+    from perfladder.torch.timer import sync, throughput
 
     cfg = args.config
     cuda = torch.cuda.is_available()

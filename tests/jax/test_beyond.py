@@ -27,11 +27,12 @@ from perfladder.kernels import KernelBreakdown  # noqa: E402
 from perfladder.ladder.engine import keeps  # noqa: E402
 
 CFG = get_config("smoke")
-B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
+B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8"]
 # what each B rung changes in the recipe it builds on
 CHANGES = {"B1": {"embed_fp32": True}, "B2": {"embed": "onehot"}, "B3": {"jit": "split"},
            "B4": {"attn_impl": "cudnn"}, "B5": {"batch_size": 2 * CFG.big_batch},
-           "B6": {"batch_size": 4 * CFG.big_batch}, "B7": {"fused": ["addnorm"]}}
+           "B6": {"batch_size": 4 * CFG.big_batch}, "B7": {"fused": ["addnorm"]},
+           "B8": lambda base: {"fused": [*base["fused"], "attention"], "attn_impl": None}}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_b_rungs_follow_the_seed_and_are_well_formed(run):
     assert names[names.index("R4") + 1:names.index("R5")] == B_NAMES
     for r in _b(res):
         assert r.stage == "beyond" and r.section == RUNGS[r.name].section
-        if r.name in ("B4", "B7") and not has_gpu():
+        if r.name in ("B4", "B7", "B8") and not has_gpu():
             assert r.kind == "skipped" and r.tokens_per_s is None and r.kept is False
             assert "not applicable on CPU" in r.error
             assert ("cuDNN" if r.name == "B4" else "interpreter") in r.error
@@ -77,7 +78,8 @@ def test_each_rung_changes_one_thing_and_builds_on_the_winner_so_far(run):
     best, recipe = "R3", res.rung("R3").recipe
     for r in _b(res):
         assert r.builds_on == best, r.name
-        assert r.recipe == {**recipe, **CHANGES[r.name]}, r.name
+        change = CHANGES[r.name]
+        assert r.recipe == {**recipe, **(change(recipe) if callable(change) else change)}, r.name
         if r.kind == "skipped":
             continue
         assert r.ratio_prev == pytest.approx(r.tokens_per_s / res.rung(best).tokens_per_s)
@@ -173,7 +175,7 @@ def test_bad_embed_and_recipe_inputs_are_clear_errors():
     assert Ladder(CFG).chain.recipe_of("R3") == Recipe(batch_size=CFG.big_batch, dtype="bfloat16")
     with pytest.raises(TypeError, match="recipe must be a perfladder.jax.Recipe"):
         lab.build_step({"batch_size": 8})
-    with pytest.raises(ValueError, match=r"'B9'.*valid choices: .*B5, B6, B7, R5"):
+    with pytest.raises(ValueError, match=r"'B9'.*valid choices: .*B5, B6, B7, B8, R5"):
         run_ladder(CFG, rungs=["B1", "B9"])
     with pytest.raises(ValueError, match="at least one"):
         step_stats([])

@@ -33,8 +33,9 @@ def test_the_launcher_resolves_the_attention_kernel_from_its_gpu_count():
     from perfladder.config import get_config
     from perfladder.jax.parallel.launch import resolve_recipe
     cfg = get_config("smoke")
-    assert resolve_recipe(cfg, "fast", None, gpus=2).attn_impl == "cudnn"
-    assert resolve_recipe(cfg, "fast", None, gpus=0).attn_impl is None
+    on_gpu = resolve_recipe(cfg, "fast", None, gpus=2)   # the fused kernel replaces cuDNN's
+    assert on_gpu.attn_impl is None and on_gpu.fused == ("addnorm", "attention")
+    assert resolve_recipe(cfg, "fast", None, gpus=0).fused == ()
     assert resolve_recipe(cfg, "seed", None, gpus=2).dtype == "float32"
     with pytest.raises(ValueError, match="has no field.*'mode'"):
         resolve_recipe(cfg, "fast", {"batch_size": 8, "mode": "reduce-overhead"}, gpus=0)
@@ -51,7 +52,7 @@ def test_the_fast_form_is_the_fastest_configuration_not_a_list():
     cfg = get_config("smoke")
     walked = fast_recipe(cfg, on_gpu=False)
     assert walked == Recipe(batch_size=4 * cfg.big_batch, jit="split", dtype="bfloat16", embed_fp32=True)
-    assert fast_recipe(cfg, on_gpu=True) == walked.replace(attn_impl="cudnn", fused=("addnorm",))
+    assert fast_recipe(cfg, on_gpu=True) == walked.replace(fused=("addnorm", "attention"))
     ran = LadderResult(framework="jax", device="cpu", config=cfg.to_dict(), baseline="R1")
     kept = walked.replace(jit="nnx")
     ran.add(RungResult(name="B3", key="split_jit", label="split", tokens_per_s=100.0, stage="beyond",

@@ -45,8 +45,8 @@ def test_the_walkthrough_adds_a_rung_to_both_frameworks_touching_only_what_it_na
     for rel, code in blocks:
         with open(tree / rel, "a") as f:
             f.write("\n\n" + code)
-    add_cell(tree / NAMED[3], 'page.run("B12")', before='page.run("R5")')
-    add_cell(tree / NAMED[4], 'page.run("B8")', before='page.run("R5")')
+    add_cell(tree / NAMED[3], 'page.run("B15")', before='page.run("R5")')
+    add_cell(tree / NAMED[4], 'page.run("B9")', before='page.run("R5")')
     touched = {str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and p.read_bytes() != before.get(p)}
     assert touched == set(NAMED)
 
@@ -67,7 +67,7 @@ from perfladder.ladder.techniques import S_ROOF
 
 
 def test_the_toy_rung_is_declared_in_both_frameworks():
-    t, j = pt.RUNGS["B12"], pj.RUNGS["B8"]
+    t, j = pt.RUNGS["B15"], pj.RUNGS["B9"]
     assert t.key == j.key == "batch_x8" and t.section == j.section == S_ROOF, (t, j)
-    assert t.stage == j.stage == "beyond" and list(pt.RUNGS).index("B12") < list(pt.RUNGS).index("R5")
+    assert t.stage == j.stage == "beyond" and list(pt.RUNGS).index("B15") < list(pt.RUNGS).index("R5")
 """

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from perfladder.book.paths import reference_run
 from perfladder.pages.chapter import checks_for, numbers_for
-from perfladder.pages.ladder import read_run
 from perfladder.pages.story import NOT_SUPPORTED, Check, glue_values, verdict
+from perfladder.results.committed import read_run, reference_run
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = {"torch": "01_pytorch_ladder.ipynb", "jax": "02_jax_ladder.ipynb"}

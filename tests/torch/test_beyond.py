@@ -29,7 +29,8 @@ CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()
 BEYOND = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
 FUSED = ["B8", "B9", "B10"]
-MEASURED = ["B1", "B2", "B4", "B5", "B6"] + (["B3", *FUSED] if ON_GPU else [])
+KERNELS = ["B12", "B13"]          # after the optional B11 (not in the smoke run)
+MEASURED = ["B1", "B2", "B4", "B5", "B6", "B14"] + (["B3", *FUSED, *KERNELS] if ON_GPU else [])
 
 
 def timed_steps(config, batch_size):
@@ -55,7 +56,7 @@ def lab():
 # -- the rungs of the smoke run ------------------------------------------------------------------
 def test_beyond_rungs_follow_the_seed(res):
     names = [r.name for r in res.rungs]
-    assert names[names.index("R4") + 1:names.index("R5")] == BEYOND + FUSED
+    assert names[names.index("R4") + 1:names.index("R5")] == BEYOND + FUSED + KERNELS + ["B14"]
     assert "B11" in RUNGS and "B11" not in check_rungs(RUNGS) and RUNGS["B11"].optional
     assert "B11" in check_rungs(RUNGS, optional=True)
     assert check_rungs(RUNGS, ["B11", "R0"]) == ["R0", "B11"]      # named: runs, in ladder order
@@ -111,7 +112,7 @@ def test_fused_kernel_rungs_say_so_on_cpu(res):
 def test_each_rung_changes_one_thing_of_the_fastest_so_far(res):
     """Every rung's recipe is the fastest-so-far recipe with one switch changed; the smoke policy
     keeps every added technique and neither B2 nor B7 (choices between implementations), so B4
-    builds on B1 (or B3 on a GPU) and the fastest configuration is B6's."""
+    builds on B1 (or B3 on a GPU), and on CPU B14 builds on B6 and ends the chain."""
     expected = res.rung("R3").recipe
     assert expected["compiled"] and expected["bf16"] and expected["batch_size"] == CFG.big_batch
     changes = {"B1": {"optimizer": "fused"}, "B2": {"optimizer": "compiled"},
@@ -129,7 +130,12 @@ def test_each_rung_changes_one_thing_of_the_fastest_so_far(res):
     assert res.rung("B2").ratio_prev == pytest.approx(res.rung("B2").tokens_per_s
                                                       / res.rung("B1").tokens_per_s)
     assert res.rung("B4").recipe["optimizer"] == "fused"                # B2 was not kept
-    assert prev == "B6" and res.rung("B6").kernels is not None          # the fastest
+    assert prev == "B6"
+    b14 = res.rung("B14")                 # B8-B13 need a GPU: on CPU B14 builds on B6
+    if not ON_GPU:
+        assert b14.builds_on == "B6" and b14.recipe == {**expected, "residual": "bf16"}
+    last = b14.name if b14.kept else b14.builds_on
+    assert res.fastest == last and res.rung(last).kernels is not None    # the fastest
 
 
 def test_loss_gates_match_the_seed_recipe(res):

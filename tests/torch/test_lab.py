@@ -23,9 +23,11 @@ ON_GPU = torch.cuda.is_available()
 SEED = ["R0", "R1", "R2", "R3c", "R3", "R4"]
 BEYOND = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
 FUSED = ["B8", "B9", "B10"]               # Triton kernels: GPU rungs
+KERNELS = ["B12", "B13"]                  # bigger Triton kernels: GPU rungs, after the optional B11
+LATE = KERNELS + ["B14"]                  # B14: the bf16 residual stream (any device)
 MULTI = ["R5", "R5x", "R5f"]
-COMPILED = ["R1", "R2", "R3", "R4"] + ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
-BF16 = ["R2", "R3", "R4"] + BEYOND
+COMPILED = ["R1", "R2", "R3", "R4"] + ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B14"]
+BF16 = ["R2", "R3", "R4"] + BEYOND + FUSED + LATE
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,7 @@ def measured(res):
 
 # -- the declarations ------------------------------------------------------------------------------
 def test_rung_declarations():
-    assert list(RUNGS) == SEED + BEYOND + FUSED + ["B11"] + MULTI
+    assert list(RUNGS) == SEED + BEYOND + FUSED + ["B11"] + LATE + MULTI
     assert [n for n, r in RUNGS.items() if r.optional] == ["B11"]
     for name, r in RUNGS.items():
         assert r.name == name and r.key and r.label and r.section and r.gate, name
@@ -61,16 +63,17 @@ def test_rung_declarations():
         "eager", "compile", "bf16", "batch_up", "checkpoint"}
     assert RUNGS["R3c"].kind == "control" and RUNGS["R3c"].builds_on == "R1"   # R3 without bf16
     assert [RUNGS[n].builds_on for n in ("R1", "R2", "R3", "R4")] == ["R0", "R1", "R2", "R3"]
-    assert all(RUNGS[n].stage == "beyond" for n in BEYOND + FUSED + ["B11"])
+    assert all(RUNGS[n].stage == "beyond" for n in BEYOND + FUSED + ["B11"] + LATE)
     assert {n for n, r in RUNGS.items() if r.alternative} == {"B2", "B7"}
-    assert {n for n, r in RUNGS.items() if r.needs_gpu} == {"B3", *FUSED, "B11"}
+    assert {n for n, r in RUNGS.items() if r.needs_gpu} == {"B3", *FUSED, "B11", *KERNELS}
     assert {RUNGS[n].key for n in FUSED} == {"fused_rope", "fused_gelu", "fused_addnorm"}
+    assert [RUNGS[n].key for n in LATE] == ["fused_attention", "fused_mlp", "bf16_residual"]
 
 
 # -- the run ---------------------------------------------------------------------------------------------
 def test_rungs_in_order_and_progress_events(ladder_run, small_run):
     default = check_rungs(RUNGS)
-    assert default == SEED + BEYOND + FUSED + MULTI                  # B11 only when named
+    assert default == SEED + BEYOND + FUSED + LATE + MULTI           # B11 only when named
     assert [r.name for r in ladder_run.result.rungs] == default
     result, events = small_run
     names = ["R0", "R3c", "B1", "R5", "learning"]                    # ladder order, not the caller's

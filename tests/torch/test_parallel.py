@@ -143,9 +143,10 @@ def test_the_fast_form_is_the_fastest_configuration_not_a_list():
     runs it: no CUDA graphs); with one, the rung it kept last; the seed form is what R5 builds on."""
     walked = ddp.fast_recipe(CFG, on_gpu=False)
     assert walked == Recipe(batch_size=4 * CFG.big_batch, compiled=True, bf16=True, optimizer="fused",
-                            embed="onehot")
+                            embed="onehot", residual="bf16")
     on_gpu = ddp.fast_recipe(CFG, on_gpu=True)
-    assert set(on_gpu.fused) == {"rope", "gelu", "addnorm"} and not on_gpu.cudagraphs
+    # the fused attention and FFN kernels replace the fused RoPE and GELU they subsume
+    assert set(on_gpu.fused) == {"attention", "mlp", "addnorm"} and not on_gpu.cudagraphs
     ran = LadderResult(framework="torch", device="cpu", config=CFG.to_dict(), baseline="R0")
     kept = walked.replace(batch_size=CFG.big_batch, embed="gather")
     for name, key, recipe, was_kept in (("B1", "fused_adamw", kept, True), ("B4", "onehot_embedding", walked, False)):

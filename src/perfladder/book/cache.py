@@ -50,7 +50,7 @@ def source_hash(src: str | Path | None = None) -> str:
 
 def results_dir() -> Path | None:
     """``benchmarks/results`` of the book root above the working directory, else above this
-    package (None: neither is in a book tree), as ``perfladder.book.paths.reference_run`` finds it."""
+    package (None: neither is in a book tree), as ``perfladder.results.committed.reference_run`` finds it."""
     from perfladder.book.paths import repo_root
     root = repo_root() or repo_root(Path(__file__).parent)
     return None if root is None else root / "benchmarks" / "results"

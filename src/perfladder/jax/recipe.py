@@ -50,6 +50,9 @@ class Recipe:
         if self.naive_cast and self.dtype != "float32":
             raise ValueError(f"Recipe naive_cast=True casts the fp32 model; dtype={self.dtype!r} "
                              "must be 'float32'")
+        if "attention" in self.fused and self.attn_impl is not None:
+            raise ValueError(f"Recipe fused 'attention' replaces jax.nn.dot_product_attention: "
+                             f"attn_impl must be None, got {self.attn_impl!r}")
         if self.attn_impl == "cudnn" and self.dtype != "bfloat16":
             raise ValueError(f"Recipe attn_impl='cudnn' needs dtype='bfloat16', got {self.dtype!r}")
 

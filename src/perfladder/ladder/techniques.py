@@ -97,6 +97,11 @@ TECHNIQUES: dict[str, Technique] = {
                                  "projection directly and rotates q and k on load", (MEMORY,),
                                  S_KERNEL, "attention's copies and the RoPE passes around it",
                                  (ATTN, "elementwise: RoPE", "copies")),
+    "fused_mlp": Technique("computes FC1's bias and GELU inside its GEMM, and GELU's derivative "
+                           "inside FC2's input-gradient GEMM, so the hidden activation's "
+                           "elementwise passes never go through memory", (MEMORY,), S_KERNEL,
+                           "GELU and bias passes over the 4D-wide hidden activation",
+                           ("elementwise: GELU", E_REST)),
     "bf16_residual": Technique("keeps the residual stream between blocks in bf16 (a numerics "
                                "change)", (MEMORY,), S_PRECISION,
                                "the bytes of the residual stream and its casts", (NORM, E_REST)),

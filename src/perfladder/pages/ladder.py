@@ -28,7 +28,7 @@ from perfladder.pages.report import box_html, display_html, esc, paragraphs_html
 from perfladder.pages.story import glue_values
 from perfladder.pages.words import rate
 from perfladder.results import ResultsError
-from perfladder.results.committed import read_run, reference_run
+from perfladder.results.committed import MULTI_GPU_RUN, read_run, reference_run
 from perfladder.results.record import FRAMEWORKS, LadderResult
 
 
@@ -163,7 +163,7 @@ class LadderPage:
         if not rows:
             return
         text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
-                f"(benchmarks/results/{multigpu.MULTI_GPU_RUN}), each prediction written before "
+                f"(benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
                 "its launch:")
         display_html(paragraphs_html([text]) + multigpu.table_html(rows),
                      text + "\n" + multigpu.table_text(rows))

@@ -7,11 +7,11 @@ eight GPUs should do; the table puts each committed measurement beside its predi
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
 from perfladder.multigpu import costmodel
 from perfladder.pages.words import rate
+from perfladder.results.committed import MULTI_GPU_RUN, RESULTS, multi_gpu_run
 
 FRAMEWORK_NAMES = {"torch": "PyTorch", "jax": "JAX"}
 FORM_NAMES = {"seed": "the chapter's form", "chapter": "the chapter's form", "fast": "fastest recipe"}
@@ -29,12 +29,9 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def read_r5(root: Path | None) -> dict | None:
-    """``benchmarks/results/h200x2-r5/r5.json`` under the book root ``root``, or None."""
-    from perfladder.pages.multigpu import MULTI_GPU_RUN
-    path = None if root is None else Path(root) / "benchmarks" / "results" / MULTI_GPU_RUN / "r5.json"
-    if path is None or not path.is_file():
-        return None
-    return json.loads(path.read_text())
+    """The committed R5 run (``results.committed.multi_gpu_run``) under the book root ``root``,
+    or None."""
+    return None if root is None else multi_gpu_run(Path(root) / RESULTS / MULTI_GPU_RUN)
 
 
 def fast_rows(r5: dict) -> list[dict]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from perfladder.checks import check_int
 from perfladder.torch.fused import check_fused
-from perfladder.torch.model import check_attn_backend, check_embed
+from perfladder.torch.model import check_attn_backend, check_embed, check_residual
 from perfladder.torch.step import CUDAGRAPH_MODES, OPTIMIZERS, check_mode
 
 
@@ -28,6 +28,7 @@ class Recipe:
     attn_backend: str | None = None  # GPT(attn_backend=...): None lets PyTorch choose
     autotune: bool = False           # torch.compile(mode='max-autotune[-no-cudagraphs]')
     fused: tuple[str, ...] = ()      # GPT(fused=...): Triton kernels (perfladder.torch.fused)
+    residual: str = "fp32"           # GPT(residual=...): the stream's dtype between blocks
 
     def __post_init__(self):
         check_int("batch_size", self.batch_size)
@@ -36,6 +37,10 @@ class Recipe:
         check_embed(self.embed)
         check_attn_backend(self.attn_backend)
         object.__setattr__(self, "fused", check_fused(tuple(self.fused)))
+        check_residual(self.residual)
+        if self.residual == "bf16" and not self.bf16:
+            raise ValueError("residual='bf16' rounds the stream to bf16 under bf16 autocast: it "
+                             "needs bf16=True")
         if (self.cudagraphs or self.autotune) and not self.compiled:
             raise ValueError("cudagraphs / autotune are torch.compile modes: they need compiled=True")
 
@@ -53,7 +58,7 @@ class Recipe:
     def model_kw(self) -> dict:
         """Keyword arguments of ``GPT(config, ...)``."""
         return dict(attn_backend=self.attn_backend, checkpoint=self.checkpoint, embed=self.embed,
-                    fused=self.fused)
+                    fused=self.fused, residual=self.residual)
 
     def step_kw(self) -> dict:
         """Keyword arguments of ``make_step(model, optimizer, ...)`` beyond the device."""
@@ -92,4 +97,5 @@ class Recipe:
                 + (", checkpointed" if self.checkpoint else "")
                 + f", {self.optimizer} AdamW, {self.embed} embedding, "
                 f"{self.attn_backend or 'default'} attention"
-                + (f", fused {'+'.join(self.fused)}" if self.fused else ""))
+                + (f", fused {'+'.join(self.fused)}" if self.fused else "")
+                + (f", {self.residual} residual stream" if self.residual != "fp32" else ""))

@@ -1,4 +1,4 @@
-"""Rungs past the seed: ``B1`` ... ``B6`` continue the JAX waterfall from R3.
+"""Rungs past the seed: ``B1`` ... ``B8`` continue the JAX waterfall from R3.
 
     B1  embedding gradient in fp32 (look up in the fp32 table, cast after)
     B2  scatter-free embedding: one_hot(X) @ table, whose gradient is a matmul
@@ -7,6 +7,7 @@
     B5  batch x2
     B6  batch x4
     B7  residual add fused into the LayerNorm after it (a Pallas kernel under custom_vjp)
+    B8  split + RoPE + causal attention + head merge in one Pallas kernel each way (GPU only)
 
 Each builds on the fastest configuration so far (the engine's chain), changes one field of
 its recipe, and is gated against its base: the losses of the first steps from the same
@@ -133,8 +134,8 @@ def b4_attention_kernel(lab: JaxLab, given: Given) -> Evidence:
     return trial(lab, given, check=parity, loss_gate_=True, inspect=calls)
 
 
-def b7_fused_addnorm(lab: JaxLab, given: Given) -> Evidence:
-    """Each residual add fused into the LayerNorm after it: a Pallas kernel under custom_vjp."""
+def kernel_rung(lab: JaxLab, given: Given) -> Evidence:
+    """A Pallas kernel (under custom_vjp) in place of the ops it replaces: the loss gate."""
     return trial(lab, given, loss_gate_=True)
 
 
@@ -173,9 +174,15 @@ B5 = Rung("B5", "batch_x2", "+batch x2", batch_rung, **STAGE,
 B6 = Rung("B6", "batch_x4", "+batch x4", batch_rung, **STAGE,
           change=lambda r, c: r.replace(batch_size=4 * c.big_batch), gate="its base's step; only the batch changes")
 
-B7 = Rung("B7", "fused_addnorm", "+fused add+LayerNorm", b7_fused_addnorm, **STAGE,
+B7 = Rung("B7", "fused_addnorm", "+fused add+LayerNorm", kernel_rung, **STAGE,
           change=lambda r, c: r.replace(fused=(*r.fused, "addnorm")), gate=LOSS_GATE,
           needs_gpu="Pallas kernels compile for a GPU; on CPU they run only through Pallas's "
-                    "interpreter, in tests/test_jax_fused.py")
+                    "interpreter, in tests/jax/test_fused.py")
 
-BEYOND = [B1, B2, B3, B4, B5, B6, B7]
+# The fused attention kernel replaces jax.nn.dot_product_attention (so no implementation is
+# chosen) and rotates q and k itself, reading the QKV projection directly.
+B8 = Rung("B8", "fused_attention", "+fused attention", kernel_rung, **STAGE,
+          change=lambda r, c: r.replace(fused=(*r.fused, "attention"), attn_impl=None),
+          gate=LOSS_GATE, needs_gpu=B7.needs_gpu)
+
+BEYOND = [B1, B2, B3, B4, B5, B6, B7, B8]

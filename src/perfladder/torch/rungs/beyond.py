@@ -10,6 +10,9 @@
     B9  GELU and its derivative as Triton kernels          elementwise; GPU
     B10 residual add fused into LayerNorm (Triton)         norm traffic; GPU
     B11 ``max-autotune`` GEMM templates                    optional (minutes of compiling); GPU
+    B12 attention as one Triton kernel (split, RoPE, SDPA)  attention and its copies; GPU
+    B13 FC1+GELU and FC2's dgrad+dGELU as Triton GEMMs      the FFN's elementwise passes; GPU
+    B14 the residual stream between blocks in bf16         the stream's bytes (numerics change)
 
 The engine (``perfladder.ladder.engine``) hands each rung the fastest configuration so far with
 the rung's change applied; ``perfladder.torch.trial.trial`` gates it (logits and every
@@ -48,8 +51,9 @@ def b7_attention_kernel(lab, given: Given) -> Evidence:
     return trial(lab, given, recipe=pinned, loss_gate_=True, details=details)
 
 
-def _fuse(name: str):
-    return lambda r, c: r.replace(fused=(*r.fused, name))
+def _fuse(name: str, replaces: str | None = None, **also):
+    """Add fused option ``name`` (dropping ``replaces``, the option it subsumes)."""
+    return lambda r, c: r.replace(fused=(*(f for f in r.fused if f != replaces), name), **also)
 
 
 TRITON_ON_CPU = ("Triton compiles for a GPU; on CPU its kernels run only through the Triton "
@@ -89,4 +93,13 @@ BEYOND = [
     Rung("B11", "max_autotune", "+max-autotune", gated(), **BEYOND_,
          change=lambda r, c: r.replace(autotune=True), optional=True, gate=GATE,
          needs_gpu="the Triton GEMM templates it tunes are GPU kernels"),
+    # The fused attention kernel replaces SDPA (so no backend is pinned) and rotates q and k
+    # itself; the fused FFN computes GELU inside its GEMMs.
+    Rung("B12", "fused_attention", "+fused attention", gated(), **BEYOND_,
+         change=_fuse("attention", replaces="rope", attn_backend=None),
+         needs_gpu=TRITON_ON_CPU, gate=GATE),
+    Rung("B13", "fused_mlp", "+fused FFN GEMMs", gated(), **BEYOND_,
+         change=_fuse("mlp", replaces="gelu"), needs_gpu=TRITON_ON_CPU, gate=GATE),
+    Rung("B14", "bf16_residual", "+bf16 residual stream", gated(), **BEYOND_,
+         change=lambda r, c: r.replace(residual="bf16"), gate=GATE),
 ]
