@@ -8,8 +8,8 @@
 # The job: the device probe (matmul and copy ceilings) and `make book` (scripts/setup.sh
 # installs the book's wheels from .whl/ offline; build_book.sh picks the full config because a
 # GPU is present). With two or more GPUs the build runs the two ladder notebooks side by side,
-# one GPU and half the physical cores each (PERFLADDER_BOOK_PARALLEL=1), and the GPU-only tests
-# run after it; with one GPU, one notebook after another and no GPU tests. ANOMALY=1 adds the
+# one GPU and half the physical cores each (PERFLADDER_BOOK_PARALLEL=1); with one GPU, one
+# notebook after another. The GPU-only tests run after the build (GPU_TESTS_S seconds at most). ANOMALY=1 adds the
 # JAX bf16 anomaly diagnostics first. It runs detached (setsid), so it survives the shell or
 # ssh connection that started it; `wait` can be called again from a later one. Everything
 # lands in /tmp/perfladder-job. `start` refuses while a job is still running (it would wipe
@@ -57,10 +57,9 @@ case "${1:-}" in
       echo "book exit $?" >> '"$JOB"'/status
       date +%s > '"$JOB"'/t_book
       cp -r _build/side_by_side '"$JOB"'/ 2>/dev/null
-      if [ "$ngpu" -ge 2 ]; then
-        timeout 240 .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider tests > '"$JOB"'/gpu_tests.log 2>&1
-        echo "gpu tests exit $?" >> '"$JOB"'/status
-      fi
+      # the GPU-only tests after the build, never beside a ladder (they would disturb its timing)
+      timeout ${GPU_TESTS_S:-300} .venv/bin/python -m pytest -v -m gpu -p no:cacheprovider --durations=0 tests > '"$JOB"'/gpu_tests.log 2>&1
+      echo "gpu tests exit $?" >> '"$JOB"'/status
       date +%s > '"$JOB"'/t1
     ' > /dev/null 2>&1 < /dev/null &
     [ -f "$JOB/pid" ] || echo $! > "$JOB/pid"   # until the job writes its own PID

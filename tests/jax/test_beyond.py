@@ -249,3 +249,17 @@ def test_cudnn_attention_matches_xla_attention_on_gpu():
     graphdef, state = nnx.split(cud)
     text = jax.jit(lambda s, X: nnx.merge(graphdef, s)(X)).lower(state, X).compile().as_text()
     assert "__cudnn$fmha" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_gpu(), reason="the Pallas kernels compile for a CUDA GPU")
+def test_kernel_rungs_on_gpu():
+    """The Pallas rungs build, pass every gate and are timed on a GPU; the fused attention
+    kernel replaces the attention implementation (none is chosen)."""
+    run = Ladder(CFG)
+    for name in ("B7", "B8"):
+        r = run.run(name)
+        assert r.kind == "rung", (name, r.error)
+        assert r.gates and all(g.passed for g in r.gates) and r.receipt.ok, name
+        assert r.tokens_per_s > 0 and r.precision == "bf16", name
+    assert run.result.rung("B8").recipe["attn_impl"] is None

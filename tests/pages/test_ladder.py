@@ -63,7 +63,8 @@ def test_gpu_only_rung_is_skipped_with_its_reason(capsys, reference):
     assert "R5 (data parallel) did not run here: not applicable on CPU: needs at least 2 GPUs" in out
 
 
-def test_full_page_shows_its_own_numbers_and_reads_the_plan(capsys):
+def test_full_page_shows_its_own_numbers_and_reads_the_plan(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PERFLADDER_RESULTS_DIR", str(tmp_path))
     page = LadderPage("torch", get_config("full"), module=FakeModule(device="NVIDIA H200"))
     assert "Full configuration on NVIDIA H200" in capsys.readouterr().out
     assert page.shown is page.live and page.reference is None
@@ -74,6 +75,8 @@ def test_full_page_shows_its_own_numbers_and_reads_the_plan(capsys):
     assert "1 of 1 passed: compiled vs eager logits (max_abs_diff 1e-05)" in out
     assert "read as host-bound" in out
     assert "smoke check" not in out
+    partial = LadderResult.read(tmp_path / "torch.partial.json")     # kept after every rung
+    assert [r.name for r in partial.rungs] == ["R0", "R1"]
 
 
 def test_page_cells_after_the_rungs(capsys, reference, tmp_path):

@@ -349,3 +349,18 @@ def test_a_failing_kernel_report_does_not_end_the_ladder(monkeypatch, capsys):
     assert any(n.startswith("kernel breakdown of R3 failed: RuntimeError") and "planted" in n
                for n in run.result.notes)
     assert "perfladder: kernel breakdown of R3 failed" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="the Triton kernels compile for a CUDA GPU")
+def test_kernel_rungs_on_cuda():
+    """Every Triton-kernel rung builds, passes every gate and is timed on a GPU, one after
+    another on the same chain (B12 drops the fused RoPE that B8 added, B13 the fused GELU)."""
+    run = Ladder(CFG)
+    for name in ("B8", "B9", "B10", "B12", "B13", "B14"):
+        r = run.run(name)
+        assert r.kind == "rung", (name, r.error)
+        assert r.gates and all(g.passed for g in r.gates) and r.receipt.ok, name
+        assert r.tokens_per_s > 0 and r.precision == "bf16", name
+    assert "rope" not in run.result.rung("B12").recipe["fused"]
+    assert "gelu" not in run.result.rung("B13").recipe["fused"]

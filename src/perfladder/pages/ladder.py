@@ -133,7 +133,14 @@ class LadderPage:
         """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show
         the shown ladder's result for it (this build's own is ``page.live.rung(name)``)."""
         res = self.ladder.run(name, **code)
+        self._keep_partial()
         self.show(name, res)
+
+    def _keep_partial(self) -> None:
+        """On a full build, the ladder so far in ``<framework>.partial.json`` after every rung: a
+        build stopped part-way (a time limit, a crash) still leaves the rungs it measured."""
+        if not self.config.is_smoke:
+            self.live.write(build_results_dir() / f"{self.framework}.partial.json")
 
     def show(self, name: str, res=None) -> None:
         """The shown ladder's result for rung ``name`` (after the smoke check of ``res``)."""
