@@ -1,0 +1,129 @@
+"""Cheap runtime checks of what a measurement counts (no framework imports).
+
+A rate is tokens over seconds, and an MFU is that rate times FLOPs per token over a peak; the
+gates prove the model is the same, these prove the arithmetic around it:
+
+* ``check_tokens(timing)`` -- every window's tokens (its rate times its seconds) equal the
+  batch shape times the steps in the window (a miscount in ``num_tokens`` or in the loop);
+* ``check_flops(formula, counted, ...)`` -- the FLOPs-per-token formula the ladder reports
+  MFU with (``perfladder.config.flops_per_token``) against an independent counter of the
+  model's matmuls, run once when a ladder starts (``FlopCounterMode`` / the jaxpr's dots);
+* ``check_distinct(digests)`` -- data-parallel ranks or devices were fed different batches;
+* ``check_global_rate(...)`` -- a multi-process throughput equals the global tokens over the
+  elapsed time of each window.
+
+Each raises a ``CountError`` (a ``GateError``: the rung or the ladder is refused) naming the
+numbers; their tolerances are stated where they are defined, below.
+"""
+from __future__ import annotations
+
+import math
+
+from perfladder.measure.gates import GateError
+
+# rate * seconds recovers the count to float rounding (the rate is count / seconds)
+TOKENS_RTOL = 1e-9
+# The counters count exactly what the formula describes once the parameters that take part in
+# no matmul (biases, norm scales: ``vector_params``) are set aside; measured: equal to the
+# FLOP, smoke and full, both frameworks. Planted miscounts: the backward left out (2N for 6N)
+# is 0.67 off; attention's 12 L T D halved is 0.5 off in the T-proportional part.
+FLOPS_RTOL = 1e-6
+# Per window, the summed per-rank rates against the global tokens over the slowest rank's
+# seconds: ranks step in lockstep (every step waits in the all-reduce), but each closes its
+# own window on its own clock, a few percent apart on a loaded 2-core host. Planted: one
+# rank's tokens counted k times, or once for k ranks: 0.5 off at k = 2, 2x over.
+GLOBAL_RATE_RTOL = 0.25
+
+
+class CountError(GateError):
+    """A measurement's own arithmetic (tokens, FLOPs, data per rank) does not add up."""
+
+
+def check_tokens(timing, what: str = "the timed step") -> int:
+    """Every window of ``timing`` (a ``Throughput`` or ``evidence.Timing``) counted
+    batch shape x steps tokens; returns that count. ``CountError`` otherwise."""
+    shape = list(timing.batch_shape)
+    if len(shape) < 2:
+        raise CountError(f"{what}: batch_shape={shape!r} must be (batch, seq_len): the tokens of "
+                         "a window cannot be checked without it", gate="token count")
+    want = math.prod(shape) * timing.steps_per_window
+    for w, (rate, secs) in enumerate(zip(timing.windows, timing.seconds)):
+        got = rate * secs
+        if not abs(got - want) <= TOKENS_RTOL * want:
+            raise CountError(f"{what}: window {w + 1} counted {got:,.1f} tokens, but "
+                             f"{timing.steps_per_window} steps of batch shape {tuple(shape)} are "
+                             f"{want:,} tokens: its rate would be off by {got / want:.3g}x",
+                             gate="token count")
+    return want
+
+
+def split_flops(per_token_at_T: float, per_token_at_half: float, T: int) -> tuple[float, float]:
+    """Per-token FLOPs counted at sequence lengths ``T`` and ``T // 2`` -> ``(constant part,
+    part per unit of T)``: a count linear in T, ``a + b T``, separates the parameters' share
+    (``6N``) from attention's (``12 L D`` per unit of T)."""
+    half = T // 2
+    if T < 2 or 2 * half != T:
+        raise ValueError(f"T={T!r} must be an even sequence length >= 2")
+    b = (per_token_at_T - per_token_at_half) / (T - half)
+    return per_token_at_T - b * T, b
+
+
+def check_flops(*, num_params: int, vector_params: int, num_blks: int, num_hiddens: int,
+                seq_len: int, formula: float, counted: tuple[float, float], counter: str) -> dict:
+    """The formula's FLOPs per token at ``seq_len`` against ``counted`` (per-token counts at
+    ``seq_len`` and ``seq_len // 2``, by ``counter``), part by part: the counted constant part
+    plus ``6 * vector_params`` (no matmul) must be ``6 N``, the counted T-part ``12 L D``, and
+    the formula their sum. Returns what was compared; ``CountError`` otherwise."""
+    a, b = split_flops(*counted, seq_len)
+    parts = {"6N": (a + 6 * vector_params, 6 * num_params),
+             "12LD": (b, 12 * num_blks * num_hiddens),
+             "formula": (a + 6 * vector_params + b * seq_len, formula)}
+    for name, (got, want) in parts.items():
+        if not abs(got - want) <= FLOPS_RTOL * abs(want):
+            raise CountError(f"FLOPs per token at T={seq_len}: {counter} counts {got:,.0f} for "
+                             f"the {name} term, the formula {want:,.0f} ({got / want:.4g}x): the "
+                             "MFU and TFLOP/s of every rung would be off", gate="flop count")
+    return {"counter": counter, "seq_len": seq_len, "formula": formula,
+            "counted_matmul_flops": counted[0], "vector_params": vector_params,
+            "rtol": FLOPS_RTOL}
+
+
+def check_distinct(digests, what: str = "ranks") -> list:
+    """Data-parallel ``digests`` (one per rank or device, of the batch it was fed) all
+    differ; ``CountError`` naming the ones that share a batch otherwise."""
+    digests = list(digests)
+    if len(digests) < 2:
+        raise ValueError(f"check_distinct needs the digests of at least 2 {what}, got {len(digests)}")
+    seen: dict = {}
+    for i, d in enumerate(digests):
+        seen.setdefault(d, []).append(i)
+    same = [ids for ids in seen.values() if len(ids) > 1]
+    if same:
+        raise CountError(f"{what} {same} were fed the same batch: data parallelism would count "
+                         f"{len(digests)} x the tokens of fewer distinct batches",
+                         gate="distinct batches")
+    return digests
+
+
+def check_global_rate(windows, tokens, seconds, what: str = "the ranks") -> list[float]:
+    """A multi-process rate, window by window: ``windows[w]`` (what is reported) must equal
+    the global tokens ``sum_r tokens[r]`` over the elapsed ``max_r seconds[r][w]``.
+
+    ``tokens``: each rank's tokens per window; ``seconds``: each rank's window seconds.
+    Returns the global rates; ``CountError`` beyond ``GLOBAL_RATE_RTOL``."""
+    per_rank = [list(s) for s in seconds]
+    if len(per_rank) != len(tokens) or any(len(s) != len(windows) for s in per_rank):
+        raise ValueError(f"{len(tokens)} token counts, {len(per_rank)} lists of window seconds "
+                         f"and {len(windows)} windows do not line up")
+    total = float(sum(tokens))
+    out = []
+    for w, reported in enumerate(windows):
+        elapsed = max(s[w] for s in per_rank)
+        want = total / elapsed
+        if not abs(reported - want) <= GLOBAL_RATE_RTOL * want:
+            raise CountError(f"{what}: window {w + 1} reports {reported:,.0f} tokens/s, but "
+                             f"{total:,.0f} global tokens over the slowest rank's {elapsed:.4g} s "
+                             f"are {want:,.0f} tokens/s ({reported / want:.3g}x)",
+                             gate="global rate")
+        out.append(want)
+    return out
