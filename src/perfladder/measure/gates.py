@@ -105,7 +105,7 @@ MIRROR_ATOL = 1e-6
 #   FORWARD_TOL["bf16"]; a wrong attention scale (1/Dh for 1/sqrt(Dh)) is 0.2 at probe
 #   weights -- and passes at the initial weights, where attention is a uniform average.
 # R4 (remat mirror, both forwards in one program): measured 0.0.
-PARITY_TOL = {"float32": 1e-2, "bfloat16": FORWARD_TOL["bf16"]}
+PARITY_TOL = {"float32": 1e-2, "bfloat16": 5e-2}
 MIRROR_TOL = {"float32": 1e-5, "bfloat16": 1e-2}
 # One-hot vs gathered embedding rows, ||diff|| / ||rows||, in the precision the one-hot
 #   matmul runs in (it is fp32 by design, also inside autocast): exact in fp32 (every
