@@ -90,10 +90,7 @@ def _grads(model, X, Y, view):
 _grads_jit = nnx.jit(_grads, static_argnums=3)
 
 
-class _Capture:
-    """Stands in for the optimizer a step function is handed: keeps the gradients the step
-    computed instead of applying them (the step's own loss and gradients, no update)."""
-
+class _Capture:       # the optimizer a step is handed: keeps its gradients, applies nothing
     def update(self, model, grads):
         self.grads = grads
 
@@ -391,10 +388,10 @@ def check_receipt(step, expect: str = "bf16", *, model=None, X=None,
 
     ``step``: a ``SplitStep`` (the program of its last call), or a jitted step of
     ``make_train_step`` with the ``model`` it steps and a batch ``X`` of the timed shape. The
-    receipt was written by that very step object while it traced the program
-    (``steps.record_receipt``), so it describes what is timed, not a side path; a step that
-    never compiled that program has none, and fails. ``allow_fp32_matmuls``: fp32 matmuls a
-    bf16 program may hold (1 for an fp32 one-hot lookup). Raises ``ReceiptError``.
+    receipt was written by that very step object while it traced the program (the returned
+    loss's dtype too), so it describes what is timed, not a side path; a step that never
+    compiled that program has none, and fails. ``allow_fp32_matmuls``: fp32 matmuls a bf16
+    program may hold (1 for an fp32 one-hot lookup). Raises ``ReceiptError``.
     """
     what = "the split/merge step" if isinstance(step, SplitStep) else "the nnx.jit step"
     return _check_receipt_dict(step_receipt(step, model, X), expect, what=what,
