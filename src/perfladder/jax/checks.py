@@ -103,3 +103,23 @@ def check_attention_parity(candidate, reference, X, *, tol: float | None = None)
     got, want = _two_forwards_jit(*probed(candidate, reference), X)
     return _compare(got, want, _tol(candidate.dtype, PARITY_TOL) if tol is None else tol,
                     "attention kernel parity")
+
+
+def distinct_devices(X) -> list[str]:
+    """Every device was fed other rows: the shards of the global batch ``X`` by content --
+    this process's, and with several processes every process's (gathered) -- must all differ
+    (``perfladder.measure.counts.check_distinct``; devices fed copies of one batch would count
+    k x the tokens of one). Returns the digests, device by device; ``CountError`` otherwise."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    from perfladder.measure.counts import check_distinct
+    shards = sorted(X.addressable_shards, key=lambda s: s.device.id)
+    mine = np.stack([np.frombuffer(hashlib.sha1(np.asarray(s.data).tobytes()).digest(), np.uint8)
+                     for s in shards])                                         # (local, 20)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        mine = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.shape[-1])
+    return check_distinct([row.tobytes().hex() for row in mine], what="devices")

@@ -14,12 +14,9 @@ Every phase's seconds go into the evidence (``details['seconds']``).
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Callable
 
-import numpy as np
-
-from perfladder.jax.checks import assert_fp32_masters
+from perfladder.jax.checks import assert_fp32_masters, distinct_devices
 from perfladder.jax.gates import model_gate, optimizer_gate
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.program import embedding_scatters, matmul_dtypes
@@ -28,7 +25,7 @@ from perfladder.jax.step import TrainStep, make_optimizer, scatter_add_dtypes
 from perfladder.jax.stream import batches
 from perfladder.jax.timer import compile_count
 from perfladder.ladder.rung import Evidence, Given
-from perfladder.measure.counts import check_distinct, check_tokens
+from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
 from perfladder.measure.gates import GATE_STEPS, LOSS_RTOL, ReceiptError
 from perfladder.measure.timing import Stopwatch
@@ -79,10 +76,8 @@ def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
 
 
 def distinct_shards(X) -> Gate:
-    """A data-parallel batch: every device's shard holds other rows (``check_distinct``)."""
-    digests = [hashlib.sha1(np.asarray(s.data).tobytes()).hexdigest()
-               for s in sorted(X.addressable_shards, key=lambda s: s.device.id)]
-    check_distinct(digests, what="devices")
+    """A data-parallel batch: every device's shard holds other rows (``distinct_devices``)."""
+    digests = distinct_devices(X)
     return Gate(name="distinct batches", passed=True, values={"devices": len(digests)},
                 reference="each device's shard of the first batch, by content",
                 detail={"digests": digests})

@@ -105,25 +105,23 @@ def check_distinct(digests, what: str = "ranks") -> list:
     return digests
 
 
-def check_global_rate(windows, tokens, seconds, what: str = "the ranks") -> list[float]:
+def check_global_rate(windows, global_tokens: float, seconds, what: str = "the ranks") -> list[float]:
     """A multi-process rate, window by window: ``windows[w]`` (what is reported) must equal
-    the global tokens ``sum_r tokens[r]`` over the elapsed ``max_r seconds[r][w]``.
-
-    ``tokens``: each rank's tokens per window; ``seconds``: each rank's window seconds.
+    ``global_tokens`` (every rank's batch, from the launch's shapes: k x B x T x steps) over
+    the elapsed ``max_r seconds[r][w]`` (``seconds``: each rank's window seconds).
     Returns the global rates; ``CountError`` beyond ``GLOBAL_RATE_RTOL``."""
     per_rank = [list(s) for s in seconds]
-    if len(per_rank) != len(tokens) or any(len(s) != len(windows) for s in per_rank):
-        raise ValueError(f"{len(tokens)} token counts, {len(per_rank)} lists of window seconds "
-                         f"and {len(windows)} windows do not line up")
-    total = float(sum(tokens))
+    if not per_rank or any(len(s) != len(windows) for s in per_rank):
+        raise ValueError(f"{len(per_rank)} ranks' window seconds do not line up with "
+                         f"{len(windows)} windows")
     out = []
     for w, reported in enumerate(windows):
         elapsed = max(s[w] for s in per_rank)
-        want = total / elapsed
+        want = global_tokens / elapsed
         if not abs(reported - want) <= GLOBAL_RATE_RTOL * want:
             raise CountError(f"{what}: window {w + 1} reports {reported:,.0f} tokens/s, but "
-                             f"{total:,.0f} global tokens over the slowest rank's {elapsed:.4g} s "
-                             f"are {want:,.0f} tokens/s ({reported / want:.3g}x)",
+                             f"{global_tokens:,.0f} global tokens over the slowest rank's "
+                             f"{elapsed:.4g} s are {want:,.0f} tokens/s ({reported / want:.3g}x)",
                              gate="global rate")
         out.append(want)
     return out

@@ -129,6 +129,7 @@ def run(spec: dict, out: Path) -> dict:
     from jax.experimental import multihost_utils
 
     from perfladder.config import LadderConfig
+    from perfladder.jax.checks import distinct_devices
     from perfladder.jax.parallel.measure import (
         Replica,
         allreduce_bus_bw,
@@ -137,6 +138,7 @@ def run(spec: dict, out: Path) -> dict:
         peak_mem_bytes,
     )
     from perfladder.jax.timer import throughput
+    from perfladder.measure.counts import check_global_rate
 
     cfg, recipe = LadderConfig(**spec["config"]), spec["recipe"]
     mesh = global_mesh()
@@ -148,6 +150,7 @@ def run(spec: dict, out: Path) -> dict:
     if spec.get("check_steps"):
         return _check(spec, rep, data, mesh, out)
     stream = local_batches(data, recipe["batch_size"], mesh, seed=cfg.seed + 300)
+    digests = distinct_devices(next(stream)[0]) if k > 1 else []
     bw = allreduce_bus_bw(mesh, n) if k > 1 else 0.0
     # every process times the same number of windows: one that stopped early (its windows
     # settled) would leave the others waiting in the step's all-reduce
@@ -161,9 +164,14 @@ def run(spec: dict, out: Path) -> dict:
             "windows": t.windows, "bus_bw": bw, "peak_mem_bytes": mems}
     # every process times the same global steps; gather their numbers for process 0
     gathered = multihost_utils.process_allgather(
-        {"windows": np.asarray(t.windows), "bw": np.asarray(bw), "mem_kib": mem_to_kib(mems)})
+        {"windows": np.asarray(t.windows), "seconds": np.asarray(t.seconds), "bw": np.asarray(bw),
+         "mem_kib": mem_to_kib(mems)})
+    if k > 1:      # the global batch is k x B rows of T tokens, every process timing all of it
+        check_global_rate(t.windows, k * recipe["batch_size"] * cfg.num_steps * spec["timed"],
+                          gathered["seconds"].tolist(), what=f"{jax.process_count()} processes")
     summary = {"k": k, "num_processes": jax.process_count(), "num_params": n, "spec": spec,
                "windows_per_process": gathered["windows"].tolist(),
+               "seconds_per_process": gathered["seconds"].tolist(), "device_batch_digests": digests,
                "bus_bw_per_process": gathered["bw"].tolist(),
                "peak_mem_bytes_per_gpu": kib_to_bytes(gathered["mem_kib"]),
                "device": jax.devices()[0].device_kind,
