@@ -108,8 +108,8 @@ class JaxLab:
         g, T = self.gpt_config, self.config.num_steps
         (at_T, vector), (at_half, _) = count_flops(g, T), count_flops(g, T // 2)
         self.flop_check = check_flops(
-            num_params=expected_num_params(g), vector_params=vector, num_blks=g.num_blks,
-            num_hiddens=g.num_hiddens, seq_len=T, formula=self.flops_per_token(T),
+            vector_params=vector, seq_len=T,
+            formula=(self.flops_per_token(T), self.flops_per_token(T // 2)),
             counted=(at_T, at_half), counter="the jaxpr's dot_general FLOPs (traced_flops)")
         return (f"FLOPs per token at T={T} ({self.flops_per_token(T):,}) checked against "
                 f"{self.flop_check['counter']} at start: equal")

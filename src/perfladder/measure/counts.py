@@ -68,24 +68,23 @@ def split_flops(per_token_at_T: float, per_token_at_half: float, T: int) -> tupl
     return per_token_at_T - b * T, b
 
 
-def check_flops(*, num_params: int, vector_params: int, num_blks: int, num_hiddens: int,
-                seq_len: int, formula: float, counted: tuple[float, float], counter: str) -> dict:
-    """The formula's FLOPs per token at ``seq_len`` against ``counted`` (per-token counts at
-    ``seq_len`` and ``seq_len // 2``, by ``counter``), part by part: the counted constant part
-    plus ``6 * vector_params`` (no matmul) must be ``6 N``, the counted T-part ``12 L D``, and
-    the formula their sum. Returns what was compared; ``CountError`` otherwise."""
-    a, b = split_flops(*counted, seq_len)
-    parts = {"6N": (a + 6 * vector_params, 6 * num_params),
-             "12LD": (b, 12 * num_blks * num_hiddens),
-             "formula": (a + 6 * vector_params + b * seq_len, formula)}
-    for name, (got, want) in parts.items():
+def check_flops(*, vector_params: int, seq_len: int, formula: tuple[float, float],
+                counted: tuple[float, float], counter: str) -> dict:
+    """The formula's FLOPs per token against an independent count, term by term: both given at
+    ``seq_len`` and ``seq_len // 2`` (``formula``: the ladder's ``flops_per_token``; ``counted``:
+    by ``counter``) and split into their constant part, which must be the counted matmuls
+    plus ``6 * vector_params`` (parameters in no matmul: the formula's 6N counts them), and
+    their part per unit of T (attention, 12 L D). Returns what was compared; ``CountError``
+    naming the term otherwise."""
+    fa, fb = split_flops(*formula, seq_len)
+    ca, cb = split_flops(*counted, seq_len)
+    for name, got, want in (("6N", ca + 6 * vector_params, fa), ("12LD", cb, fb)):
         if not abs(got - want) <= FLOPS_RTOL * abs(want):
-            raise CountError(f"FLOPs per token at T={seq_len}: {counter} counts {got:,.0f} for "
-                             f"the {name} term, the formula {want:,.0f} ({got / want:.4g}x): the "
-                             "MFU and TFLOP/s of every rung would be off", gate="flop count")
-    return {"counter": counter, "seq_len": seq_len, "formula": formula,
-            "counted_matmul_flops": counted[0], "vector_params": vector_params,
-            "rtol": FLOPS_RTOL}
+            raise CountError(f"FLOPs per token at T={seq_len}: {counter} counts {got:,.0f} for the "
+                             f"{name} term, the formula {want:,.0f} ({want / got:.4g}x): the MFU "
+                             "and TFLOP/s of every rung would be off", gate="flop count")
+    return {"counter": counter, "seq_len": seq_len, "formula": formula[0],
+            "counted_matmul_flops": counted[0], "vector_params": vector_params, "rtol": FLOPS_RTOL}
 
 
 def check_distinct(digests, what: str = "ranks") -> list:

@@ -85,7 +85,7 @@ class TorchLab:
         once, before any rung: ``CountError`` if they disagree; the line the result keeps."""
         from perfladder.torch.program import check_flops
         T = self.config.num_steps
-        self.flop_check = check_flops(self.gpt_config, T, self.flops_per_token(T), self.num_params)
+        self.flop_check = check_flops(self.gpt_config, T, self.flops_per_token)
         return (f"FLOPs per token at T={T} ({self.flops_per_token(T):,}) checked against "
                 f"{self.flop_check['counter']} at start: equal")
 

@@ -132,10 +132,10 @@ def count_flops(gpt_config, seq_len: int) -> tuple[float, int]:
     return counter.get_total_flops() / seq_len, vector
 
 
-def check_flops(gpt_config, seq_len: int, formula: float, num_params: int) -> dict:
-    """``perfladder.measure.counts.check_flops`` of ``formula`` (FLOPs per token at ``seq_len``)
-    against ``count_flops`` at ``seq_len`` and ``seq_len // 2``."""
+def check_flops(gpt_config, seq_len: int, flops_per_token) -> dict:
+    """``perfladder.measure.counts.check_flops`` of the formula ``flops_per_token(T)`` against
+    ``count_flops`` at ``seq_len`` and ``seq_len // 2``."""
     (at_T, vector), (at_half, _) = count_flops(gpt_config, seq_len), count_flops(gpt_config, seq_len // 2)
-    return _check_flops(num_params=num_params, vector_params=vector, num_blks=gpt_config.num_blks,
-                        num_hiddens=gpt_config.num_hiddens, seq_len=seq_len, formula=formula,
+    return _check_flops(vector_params=vector, seq_len=seq_len,
+                        formula=(flops_per_token(seq_len), flops_per_token(seq_len // 2)),
                         counted=(at_T, at_half), counter="torch.utils.flop_counter.FlopCounterMode")
