@@ -30,6 +30,7 @@ def loaded_after(*modules: str) -> list[str]:
 def test_framework_free_modules_import_neither():
     mods = ["perfladder", "perfladder.data", "perfladder.config", "perfladder.hardware",
             "perfladder.results.record", "perfladder.measure.timing", "perfladder.pages.plot", "perfladder.cli",
+            "perfladder.measure.gates", "perfladder.measure.counts",
             "perfladder.book.paths", "perfladder.pages.report", "perfladder.ladder.engine", "perfladder.measure.evidence",
             "perfladder.measure.verdict", "perfladder.results.schema", "perfladder.results.schema.v1", "perfladder.measure.learning",
             "perfladder.kernels", "perfladder.outputs", "perfladder.checks", "perfladder.idiom",

@@ -7,14 +7,23 @@ and the check of a dtype receipt.
 
 Which gate guards what:
 
-    model gate      logits and every parameter's gradient, by name, against the plain fp32
-                    model at probe weights (below), no optimizer step: compile / jit, bf16,
-                    batch (reference in chunks), checkpointing, one-hot and fp32 embedding
-                    lookups, attention kernels, CUDA graphs, max-autotune
-    optimizer gate  the candidate's optimizer fed the reference's gradients for a few steps
-                    (JAX: also its own step function, e.g. split/merge): fused / compiled AdamW,
-                    a parameter group left out
-    receipt         the dtypes recorded by the timed call itself: every step that claims bf16
+    model gate      logits, the step's own loss, every parameter's gradient by name and every
+                    matrix gradient's scale, against the plain fp32 model at probe weights
+                    (below), no optimizer step: compile / jit, bf16, batch (reference in
+                    chunks), checkpointing, one-hot and fp32 embedding lookups, attention
+                    kernels, CUDA graphs, max-autotune, fused kernels' derivatives
+    optimizer gate  every step form, OPTIMIZER_STEPS steps: torch, the candidate's optimizer
+                    step fed the reference's gradients (fused / compiled AdamW, CUDA graphs);
+                    JAX, the step form itself ('none' / 'nnx' / 'split') against the library's
+                    AdamW step, op by op in fp32: betas, a group left out, a discarded state
+    rung checks     each rung's own equivalence check, at probe weights, in the precision and
+                    code path the rung times (parity, mirror, one-hot lookup: below)
+    loss gate       the timed step's first steps against the plain bf16 recipe (below)
+    receipt         the dtypes of the timed call and of its arithmetic: every matmul's and
+                    attention kernel's operands, the loss's (``perfladder.torch.program``,
+                    the traced jaxpr): every step that claims bf16, an fp32 loss always
+    counts          ``perfladder.measure.counts``: tokens per window, FLOPs per token at the
+                    ladder's start, distinct data per rank / device, global multi-process rates
     learning check  ``perfladder.measure.learning``: held-out loss by the reference implementation
 
 The metric. Every quantity a gate compares -- the logits, the gradient of one parameter, the
