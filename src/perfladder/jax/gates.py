@@ -91,8 +91,8 @@ _grads_jit = nnx.jit(_grads, static_argnums=3)
 
 
 class _Capture:       # the optimizer a step is handed: keeps its gradients, applies nothing
-    def update(self, model, grads):
-        self.grads = grads
+    def update(self, *model_and_grads):
+        self.grads = model_and_grads[-1]
 
 
 def step_gradients(step_fn, model, X, Y, view=None):
@@ -267,7 +267,7 @@ _reference_step = make_train_step()
 
 
 def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str | None = None,
-                   jit: bool = True, same_gradients: bool = True,
+                   jit: bool = True, same_gradients: bool = True, memo: dict | None = None,
                    name: str = "optimizer gate") -> GateResult:
     """The candidate's optimizer (and step) moves every parameter as the reference AdamW does.
 
@@ -278,24 +278,21 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
       optimizers apply those same gradients (``Optimizer.update``), so only the optimizers
       can differ: a parameter group left out, another learning rate, cannot pass.
     * ``step/<parameter>`` (when ``step`` is given): the candidate's step function --
-      ``step(model, optimizer, X, Y)`` such as the ladder's shared ``nnx.jit`` step, or
-      'split' for the split/merge ``jax.jit`` step (``make_split_step``) -- runs on the
-      candidate's clones, the reference ``nnx.jit`` step on the reference's: a step that drops
-      its optimizer state or writes back stale parameters cannot pass. The two compute the same
-      gradients up to compilation (on a GPU, the order of atomic adds: ~1e-7 relative).
+      ``step(model, optimizer, X, Y)``, 'nnx.jit', 'split' (``make_split_step``), or a factory
+      marked ``step_form = True`` (``step(model, optimizer)`` -> ``run(X, Y)``, committed
+      after: a rung's ``TrainStep.of``) -- runs on the candidate's clones, the reference
+      ``nnx.jit`` step on the reference's: a step that drops its optimizer state or writes back
+      stale parameters cannot pass (on a GPU, atomics reorder sums: ~1e-7 relative).
 
-    ``step`` may also be a factory marked ``step_form = True``: ``step(model, optimizer)``
-    builds a step of a rung's form (``TrainStep.of``), called ``run(X, Y)``, committed after.
-    ``same_gradients=False`` leaves ``update/`` out. ``jit=False``: the reference's gradients
-    and steps run op by op, and so does the candidate's step (``jax.disable_jit``): the same
-    arithmetic both sides, no compile; the ladder runs it on an fp32 model (in bf16, Adam
-    turns the rounding noise of a gradient that is zero by symmetry into full-size steps of
-    random sign, and an op-by-op program rounds differently from a compiled one).
-
-    Each parameter's displacement after ``len(batches)`` steps (several: after one, Adam's
-    bias correction hides its betas) must match, ``||diff|| / ||ref||`` within
-    ``perfladder.measure.gates.OPTIMIZER_TOL``. Raises ``OptimizerGateError``; returns the
-    ``GateResult``.
+    ``same_gradients=False`` leaves ``update/`` out; ``memo`` (a dict the caller keeps for one
+    model and one set of batches) runs the reference's steps once for several candidates.
+    ``jit=False``: the reference's gradients and steps run op by op, and so does the
+    candidate's step (``jax.disable_jit``): the same arithmetic both sides, no compile; the
+    ladder runs it on an fp32 model (in bf16, Adam turns the rounding noise of a gradient that
+    is zero by symmetry into full-size steps of random sign, and op by op rounds otherwise
+    than compiled). Each parameter's displacement after ``len(batches)`` steps (several:
+    after one, Adam's bias correction hides its betas) must match, ``||diff|| / ||ref||``
+    within ``perfladder.measure.gates.OPTIMIZER_TOL``. ``OptimizerGateError`` otherwise.
     """
     batches = list(batches)
     if not batches:
@@ -313,7 +310,7 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
                                   *_same_gradients(model, optimizer, batches, lr, jit))
     if step is not None:
         measured.update(_displacements("step", start,
-                                       *_own_steps(model, optimizer, batches, lr, step, jit)))
+                                       *_own_steps(model, optimizer, batches, lr, step, jit, memo)))
     result = GateResult.judge(
         name, reference=f"AdamW(lr={lr:g}) from make_optimizer on {describe(model)}"
                         + ("" if jit else ", op by op"),
@@ -338,19 +335,24 @@ def _same_gradients(model, optimizer, batches, lr, jit: bool = True):
     return ref_model, cand_model
 
 
-def _own_steps(model, optimizer, batches, lr, step, jit: bool = True):
-    """(reference params, candidate params) after each ran its own step function."""
+def _own_steps(model, optimizer, batches, lr, step, jit: bool = True, memo: dict | None = None):
+    """(reference params, candidate params) after each ran its own step function (the
+    reference's run kept in ``memo`` for the next candidate from the same model and batches)."""
+    memo = {} if memo is None else memo
     cand_model, cand_opt = clone((model, optimizer))
-    ref_model = clone(model)
-    ref_opt = make_optimizer(ref_model, lr)
     run = _runner(step, cand_model, cand_opt)
     with contextlib.nullcontext() if jit else jax.disable_jit():
+        if "reference" not in memo:
+            ref_model = clone(model)
+            ref_opt = make_optimizer(ref_model, lr)
+            for X, Y in batches:
+                (_reference_step if jit else train_step)(ref_model, ref_opt, X, Y)
+            memo["reference"] = ref_model
         for X, Y in batches:
-            (_reference_step if jit else train_step)(ref_model, ref_opt, X, Y)
             run(X, Y)
         if hasattr(run, "commit"):
             run.commit()
-    return ref_model, cand_model
+    return memo["reference"], cand_model
 
 
 def _displacements(prefix: str, start: dict, ref_model, cand_model) -> dict:

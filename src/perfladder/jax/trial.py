@@ -14,6 +14,7 @@ Every phase's seconds go into the evidence (``details['seconds']``).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from perfladder.jax.checks import assert_fp32_masters, distinct_devices
@@ -70,9 +71,9 @@ def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
         form.step_form, form.__name__ = True, f"TrainStep(jit={recipe.jit!r})"
         rows = [(X[:GATE_ROWS], Y[:GATE_ROWS]) for X, Y in gate_batches(lab, lab.config.batch_size)]
         cache[code] = optimizer_gate(model, make_optimizer(model, lab.config.lr), rows,
-                                     lr=lab.config.lr, step=form, jit=False,
-                                     same_gradients=False).evidence()
-    return cache[code]
+                                     lr=lab.config.lr, step=form, jit=False, same_gradients=False,
+                                     memo=lab.memo.setdefault("step_form_reference", {})).evidence()
+    return dataclasses.replace(cache[code])
 
 
 def distinct_shards(X) -> Gate:
