@@ -13,26 +13,16 @@ gates prove the model is the same, these prove the arithmetic around it:
   elapsed time of each window.
 
 Each raises a ``CountError`` (a ``GateError``: the rung or the ladder is refused) naming the
-numbers; their tolerances are stated where they are defined, below.
+numbers; their tolerances, and why, are in the one table, ``perfladder.measure.gates``.
 """
 from __future__ import annotations
 
 import math
 
-from perfladder.measure.gates import GateError
+from perfladder.measure.gates import FLOPS_RTOL, GLOBAL_RATE_RTOL, TOKENS_RTOL, GateError
 
-# rate * seconds recovers the count to float rounding (the rate is count / seconds)
-TOKENS_RTOL = 1e-9
-# The counters count exactly what the formula describes once the parameters that take part in
-# no matmul (biases, norm scales: ``vector_params``) are set aside; measured: equal to the
-# FLOP, smoke and full, both frameworks. Planted miscounts: the backward left out (2N for 6N)
-# is 0.67 off; attention's 12 L T D halved is 0.5 off in the T-proportional part.
-FLOPS_RTOL = 1e-6
-# Per window, the summed per-rank rates against the global tokens over the slowest rank's
-# seconds: ranks step in lockstep (every step waits in the all-reduce), but each closes its
-# own window on its own clock, a few percent apart on a loaded 2-core host. Planted: one
-# rank's tokens counted k times, or once for k ranks: 0.5 off at k = 2, 2x over.
-GLOBAL_RATE_RTOL = 0.25
+__all__ = ["CountError", "check_tokens", "check_flops", "check_distinct", "check_global_rate",
+           "TOKENS_RTOL", "FLOPS_RTOL", "GLOBAL_RATE_RTOL"]
 
 
 class CountError(GateError):

@@ -116,7 +116,8 @@ MIRROR_ATOL = 1e-6
 #   H200). B4 (cuDNN vs XLA attention, bf16): measured 0.014 on the H200, under 2^-4 =
 #   FORWARD_TOL["bf16"]; a wrong attention scale (1/Dh for 1/sqrt(Dh)) is 0.2 at probe
 #   weights -- and passes at the initial weights, where attention is a uniform average.
-# R4 (remat mirror, both forwards in one program): measured 0.0.
+# R4 (remat mirror, both forwards in one program): measured 0.0; a mirror whose final norm
+#   scale drifted by 1.5x is 0.5 off.
 PARITY_TOL = {"float32": 1e-2, "bfloat16": 5e-2}
 MIRROR_TOL = {"float32": 1e-5, "bfloat16": 1e-2}
 # One-hot vs gathered embedding rows, ||diff|| / ||rows||, in the precision the one-hot
@@ -145,6 +146,21 @@ LOSS_ATOL = 2e-2
 #   was 3x looser than torch's for no reason the measurements gave.
 LOSS_RTOL = 1e-2
 GATE_STEPS = OPTIMIZER_STEPS
+
+# -- the counts (``perfladder.measure.counts``) ---------------------------------------------
+# A window's tokens, rate x seconds against batch shape x steps: the rate is count / seconds,
+#   so float rounding is all (1e-16); counting rows for tokens is T x off.
+TOKENS_RTOL = 1e-9
+# FLOPs per token, the formula's terms against the counter's (FlopCounterMode on the meta
+#   device; the jaxpr's dots), the parameters in no matmul (biases, norm scales) added to the
+#   counted constant part: measured equal to the FLOP, smoke and full, both frameworks.
+#   Planted: the backward left out (2N for 6N) is 3x off; attention's 12 L T D halved, 2x.
+FLOPS_RTOL = 1e-6
+# Multi-process rates per window, the reported against the global tokens over the slowest
+#   rank's seconds: ranks step in lockstep (each step waits in the all-reduce) but close their
+#   windows on their own clocks, a few percent apart on a loaded 2-core host. Planted: one of
+#   two ranks' tokens counted twice is 0.5 off: 2x over.
+GLOBAL_RATE_RTOL = 0.25
 
 # The probe weights a model gate runs at. At the initial weights (std 0.02) the attention
 # scores q.k / sqrt(Dh) have a std of D * 0.02^2 (0.2 at width 512, 0.013 at the smoke
