@@ -18,9 +18,8 @@ from _torch_gate_helpers import CFG, DATA, model, one_thread, step  # noqa: F401
 from perfladder.config import get_config
 from perfladder.measure.counts import GLOBAL_RATE_RTOL, CountError, check_distinct, check_tokens
 from perfladder.measure.learning import LearningError
-from perfladder.torch import evaluate
+from perfladder.torch import evaluate, timer
 from perfladder.torch import lab as torch_lab
-from perfladder.torch import timer
 from perfladder.torch.parallel import launch as ddp
 from perfladder.torch.parallel import worker
 from perfladder.torch.stream import batches
