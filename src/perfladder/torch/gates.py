@@ -70,8 +70,11 @@ def probed(*modules: nn.Module):
     in place; its own weights come back after. A parity check at the initial weights, where
     attention is a near-uniform average, would pass a wrong attention scale."""
     saved = []
+    # a compiled module is its original's wrapper; a plain forward function shares its model's
+    # parameters (nothing to scale twice)
+    gpts = [_module(getattr(m, "_orig_mod", m)) for m in modules if isinstance(m, nn.Module)]
     with torch.no_grad():
-        for m in {id(_module(m)): _module(m) for m in modules}.values():
+        for m in {id(m): m for m in gpts}.values():
             D = m.config.num_hiddens
             for name, W in m.named_parameters():
                 if name.endswith("attn.W_qkv.weight"):                  # (3D, D): q | k | v
@@ -93,7 +96,7 @@ def check_compiled(eager: nn.Module, compiled: nn.Module, X: torch.Tensor,
     Runs with autograd on, as in training, so the compiled module reuses its training
     graph instead of compiling a second (inference) graph just for the gate.
     """
-    with probed(eager):
+    with probed(eager, compiled):
         ref = eager(X).detach()                               # (B, T, V)
         got = compiled(X).detach()                            # (B, T, V)
     if got.shape != ref.shape:
