@@ -32,10 +32,10 @@ def run_jax(args, res) -> None:
 
     from perfladder.data import TimeMachine
     from perfladder.jax import GPT, batches
+    from perfladder.jax.device import device_name, versions
     from perfladder.jax.fused import attention as fattn
     from perfladder.jax.model import rope, rope_tables
     from perfladder.jax.step import make_optimizer, make_split_step
-    from perfladder.jax.device import device_name, versions
     from perfladder.jax.timer import throughput
 
     on_gpu = jax.default_backend() == "gpu"

@@ -105,12 +105,12 @@ def run_torch(args, res) -> None:
 
     from perfladder.data import TimeMachine
     from perfladder.torch import GPT, batches
+    from perfladder.torch.device import versions
     from perfladder.torch.fused import attention as fattn
     from perfladder.torch.fused._launch import bf16_round_to_nearest
     from perfladder.torch.fused.rope import rope_qkv
     from perfladder.torch.model import rope_angles, rotate
     from perfladder.torch.step import make_optimizer, make_step
-    from perfladder.torch.device import versions
     from perfladder.torch.timer import sync, throughput
 
     cfg = args.config

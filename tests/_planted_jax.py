@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from perfladder.jax.model import GPT, CausalAttention, rope
+from perfladder.jax.model import FFN, GPT, Block, CausalAttention, rope
 
 
 class NonCausalAttention(CausalAttention):
@@ -106,3 +106,103 @@ def as_fp32(model: GPT) -> GPT:
         if isinstance(node, nnx.Module) and hasattr(node, "dtype"):
             node.dtype = jnp.float32
     return copy
+
+
+# -- Gates II: the step's own loss, scale errors, the step form, parity at probe weights ----------
+def bf16_loss_train_step(model, optimizer, X, Y, view=None):
+    """``train_step`` with the cross entropy computed in the model's dtype (no fp32 cast)."""
+    def loss_fn(model, X, Y):
+        logits = model(X)                                                   # bf16
+        flat = logits.reshape(-1, logits.shape[-1])
+        return optax.softmax_cross_entropy_with_integer_labels(flat, Y.reshape(-1)).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model, X, Y)
+    optimizer.update(model, grads)
+    return loss
+
+
+def shifted_targets_train_step(model, optimizer, X, Y, view=None):
+    """``train_step`` whose loss reads the targets one position late (misaligned inside the
+    step): a model gate with its own loss would never see it."""
+    def loss_fn(model, X, Y):
+        logits = model(X).astype(jnp.float32)
+        flat = logits.reshape(-1, logits.shape[-1])
+        return optax.softmax_cross_entropy_with_integer_labels(
+            flat, jnp.roll(Y, 1, axis=1).reshape(-1)).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model, X, Y)
+    optimizer.update(model, grads)
+    return loss
+
+
+@jax.custom_vjp
+def _gelu_off(x):
+    return jax.nn.gelu(x, approximate=True)
+
+
+def _gelu_fwd(x):
+    return _gelu_off(x), x
+
+
+def _gelu_bwd(x, g):
+    _, vjp = jax.vjp(lambda t: jax.nn.gelu(t, approximate=True), x)
+    return (vjp(g)[0] * 1.05,)
+
+
+_gelu_off.defvjp(_gelu_fwd, _gelu_bwd)
+
+
+class GeluDerivativeOffFFN(FFN):
+    """tanh GELU whose derivative is 5% too large (a fused kernel's backward)."""
+
+    def __call__(self, x):
+        return self.dense2(_gelu_off(self.dense1(x)))
+
+
+def gelu_derivative_off(model: GPT) -> GPT:
+    for blk in model.blks:
+        blk.ffn.__class__ = GeluDerivativeOffFFN
+    return model
+
+
+class DroppedResidualBlock(Block):
+    """The attention branch's output never reaches the stream (a fused add+LayerNorm that
+    returns its input instead of the sum); the FFN still sees norm2(H + attn)."""
+
+    def __call__(self, H):
+        H2 = H + self.attn(self.norm1(H))
+        return H + self.ffn(self.norm2(H2))
+
+
+def drop_residual(model: GPT) -> GPT:
+    for blk in model.blks:
+        blk.__class__ = DroppedResidualBlock
+    return model
+
+
+class WrongScaleAttention(CausalAttention):
+    """Attention scaled by 1/Dh instead of 1/sqrt(Dh) (one backend's bug)."""
+
+    def __call__(self, x):
+        B, T, D = x.shape
+        qkv = self.W_qkv(x)
+        heads = (B, T, self.num_heads, self.head_dim)
+        q, k, v = (part.reshape(heads) for part in jnp.split(qkv, 3, axis=-1))
+        q, k = rope(q, self.rope_base), rope(k, self.rope_base)
+        out = jax.nn.dot_product_attention(q, k, v, implementation=self.attn_impl, is_causal=True,
+                                           scale=1.0 / self.head_dim)
+        return self.W_o(out.reshape(B, T, D))
+
+
+def discard_optimizer_state(monkeypatch) -> None:
+    """Every split/merge step hands back the optimizer state it was given: Adam's moments and
+    step count never advance (a fresh AdamW each step -- its first step is the true one)."""
+    from perfladder.jax import step as steps
+    real = steps._pure_step
+
+    def pure_step(graphdef, view, state, X, Y, observe=None):
+        _, before = nnx.split(nnx.merge(graphdef, state)[1])
+        before = jax.tree.map(jnp.copy, before)        # merge may share the Variables it is given
+        loss, after = real(graphdef, view, state, X, Y, observe)
+        model, optimizer = nnx.merge(graphdef, after)
+        nnx.update(optimizer, before)
+        return loss, nnx.state((model, optimizer))
+    monkeypatch.setattr(steps, "_pure_step", pure_step)

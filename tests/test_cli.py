@@ -165,3 +165,14 @@ def test_missing_subcommand_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         main([])
     assert e.value.code == 2
+
+
+def test_no_learn_says_that_the_targets_go_unchecked(monkeypatch, capsys):
+    """The learning check is the only runtime guard against misaligned targets: turning it off
+    is said on stderr, --quiet or not; a run with it says nothing of the kind."""
+    import perfladder.torch as pt
+    monkeypatch.setattr(pt, "run_ladder", FakeRun())
+    assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet"]) == 0
+    assert "--no-learn: no learning check" in capsys.readouterr().err
+    assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--quiet"]) == 0
+    assert "no learning check" not in capsys.readouterr().err

@@ -187,6 +187,9 @@ def cmd_run(args) -> int:
     files = RunFiles(json_path, figure_path, overwrite=args.overwrite, resume=resume)
     from perfladder.ladder.engine import check_rungs
     names = check_rungs(fw.RUNGS, rungs)              # optional rungs only when named
+    if args.no_learn:     # said even with --quiet: the only runtime guard of the targets is off
+        print("perfladder: --no-learn: no learning check; targets shifted against their inputs "
+              "(which every gate passes) go unchecked in this run", file=sys.stderr, flush=True)
     tracker = Tracker(None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1)))
     command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:

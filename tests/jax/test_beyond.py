@@ -239,7 +239,7 @@ def test_beyond_configurations_train_like_r3():
 @pytest.mark.gpu
 @pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")
 def test_cudnn_attention_matches_xla_attention_on_gpu():
-    from perfladder.jax.gates import PARITY_TOL, _compare
+    from perfladder.jax.checks import PARITY_TOL, _compare
     cfg = get_config("full").gpt()
     X = jax.random.randint(jax.random.key(0), (8, 128), 0, cfg.vocab_size)
     xla = GPT(cfg, rngs=nnx.Rngs(0), dtype=jnp.bfloat16)

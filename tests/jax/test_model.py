@@ -21,7 +21,7 @@ from perfladder.jax import (
     GPT,  # noqa: E402
     program,  # noqa: E402
 )
-from perfladder.jax import gates as jgates  # noqa: E402
+from perfladder.jax import checks as jchecks  # noqa: E402
 from perfladder.jax import step as steps  # noqa: E402
 from perfladder.jax.model import ATTN_IMPLS, rope  # noqa: E402
 
@@ -110,9 +110,9 @@ def test_naive_cast_computes_in_fp32_threaded_in_bf16(fp32, bf16, X):
 
 def test_fp32_masters_check_catches_bf16_state(bf16):
     opt = steps.make_optimizer(bf16)
-    jgates.assert_fp32_masters(bf16, opt)                                   # fresh: fine
+    jchecks.assert_fp32_masters(bf16, opt)                                   # fresh: fine
     with pytest.raises(AssertionError, match="fp32 masters broken"):
-        jgates.assert_fp32_masters(steps.cast_arrays(bf16), opt)
+        jchecks.assert_fp32_masters(steps.cast_arrays(bf16), opt)
 
 
 def test_embed_fp32_same_forward_fp32_scatter(bf16, X):
@@ -125,21 +125,21 @@ def test_embed_fp32_same_forward_fp32_scatter(bf16, X):
 
 
 def test_checkpoint_mirror_and_planted_drift(bf16, X):
-    mirror = jgates.with_checkpointing(bf16)
+    mirror = jchecks.with_checkpointing(bf16)
     assert mirror.checkpoint and not bf16.checkpoint
-    assert jgates.check_mirror(bf16, mirror, X) <= 1e-2
+    assert jchecks.check_mirror(bf16, mirror, X) <= 1e-2
     drifted = nnx.clone(bf16)
     drifted.norm.scale[...] = drifted.norm.scale[...] * 1.5
     with pytest.raises(AssertionError, match="checkpoint mirror"):
-        jgates.check_mirror(bf16, jgates.with_checkpointing(drifted), X)
+        jchecks.check_mirror(bf16, jchecks.with_checkpointing(drifted), X)
 
 
 def test_parity_gate_and_planted_wrong_model(fp32, X):
-    assert jgates.check_jit_parity(fp32, X) < 1e-4   # CPU: no TF32
+    assert jchecks.check_jit_parity(fp32, X) < 1e-4   # CPU: no TF32
     wrong = nnx.clone(fp32)
     wrong.blks[0].attn.W_o.kernel[...] = wrong.blks[0].attn.W_o.kernel[...] * 1.2
     with pytest.raises(AssertionError, match="jit parity gate"):
-        jgates.check_jit_parity(wrong, X, reference=fp32)
+        jchecks.check_jit_parity(wrong, X, reference=fp32)
 
 
 def test_dot_flops_counts_batch_contracted_and_free_dims():
@@ -161,5 +161,5 @@ def test_traced_flops_of_the_full_step_match_the_model_and_see_the_recompute(dty
     X = jnp.zeros((8, cfg.max_len), jnp.int32)
     plain = steps.traced_flops(model, X, X)
     assert plain / (model.flops_per_token(cfg.max_len) * X.size) == pytest.approx(1.0, abs=0.01)
-    remat = steps.traced_flops(jgates.with_checkpointing(model), X, X)
+    remat = steps.traced_flops(jchecks.with_checkpointing(model), X, X)
     assert 1.2 < remat / plain < 1.34         # each block's forward once more (not embed/head)

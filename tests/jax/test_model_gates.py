@@ -16,6 +16,7 @@ from perfladder.measure.gates import (
     BACKWARD_TOL,
     FORWARD_TOL,
     OPTIMIZER_TOL,
+    SCALE_TOL,
     ModelGateError,
     ReceiptError,
 )
@@ -39,9 +40,12 @@ def test_honest_changes_pass_the_model_gate(name):
     assert res.passed and res.gate == "model gate"
     p = "bf16" if cand.dtype == BF16 else "fp32"
     assert res.precision == {"reference": "fp32", "candidate": p}
-    assert set(res.measured) == {"logits"} | {f"grad/{k}" for k in named(nnx.state(cand, nnx.Param))}
-    assert res.tolerance["logits"] == FORWARD_TOL[p]
-    assert {v for k, v in res.tolerance.items() if k != "logits"} == {BACKWARD_TOL[p]}
+    params = named(nnx.state(cand, nnx.Param))
+    assert set(res.measured) == ({"logits", "loss"} | {f"grad/{k}" for k in params}
+                                 | {f"scale/{k}" for k, v in params.items() if v.ndim >= 2})
+    assert res.tolerance["logits"] == res.tolerance["loss"] == FORWARD_TOL[p]
+    assert {v for k, v in res.tolerance.items() if k.startswith("grad/")} == {BACKWARD_TOL[p]}
+    assert {v for k, v in res.tolerance.items() if k.startswith("scale/")} == {SCALE_TOL[p]}
     assert max(v / res.tolerance[k] for k, v in res.measured.items()) < 1 / 3, res.summary()
     if p == "fp32":
         assert max(res.measured.values()) < 1e-5

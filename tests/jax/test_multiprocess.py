@@ -8,6 +8,8 @@ from perfladder.jax.timer import fast_cpu_compiles
 if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles (the children inherit XLA_FLAGS)
     fast_cpu_compiles()
 
+import json  # noqa: E402
+
 import pytest  # noqa: E402
 
 from perfladder.config import get_config  # noqa: E402
@@ -18,6 +20,7 @@ from perfladder.jax.parallel.measure import (
     fixed_global_batches,
     seed_recipe,
 )
+from perfladder.measure.counts import check_global_rate  # noqa: E402
 from perfladder.multigpu.measurement import baseline_from_windows  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
@@ -45,4 +48,10 @@ def test_fast_form_is_predicted_then_measured(tmp_path, capsys):
     assert m.recipe["dtype"] == "bfloat16" and m.recipe["jit"] == "split" and m.per_rank_batch == 4 * CFG.big_batch
     assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and m.bus_bw_measured > 0
     assert len(m.ranks) == 2 and m.prediction["link"] == "gloo-loopback"
+    # the real per-device streams were checked distinct, and process 0's rate is the global
+    # tokens over the slowest process's seconds (run() asserted both; recomputed here)
+    s = json.loads((tmp_path / "processes.json").read_text())
+    assert len(set(s["device_batch_digests"])) == 2
+    tokens = 2 * m.per_rank_batch * CFG.num_steps * 2
+    assert check_global_rate(m.windows, tokens, s["seconds_per_process"], what="processes")
     assert m.efficiency_vs_linear == pytest.approx(m.measured_tokens_per_s / 2000.0)

@@ -243,7 +243,8 @@ def test_split_step_matches_the_nnx_jit_step():
     model, _ = split.commit()
     assert model is model_before
     assert jax.numpy.allclose(model.norm.scale[...], ref.model.norm.scale[...], atol=1e-6)
-    assert split.observed == ref.observed == {"first_activation": "float32", "logits": "float32"}
+    assert split.observed == ref.observed == {"first_activation": "float32", "logits": "float32",
+                                              "loss": "float32"}       # read from the traced step
 
 
 @pytest.mark.parametrize("kw, match", [

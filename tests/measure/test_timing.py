@@ -245,19 +245,35 @@ def test_stale_batch_by_position(monkeypatch):
         run(dev, monkeypatch, source=Positioned(stuck_after=4))   # stuck inside window 1
 
 
+def same_content():
+    while True:
+        yield Batch(content="the one batch"), Batch()
+
+
 def test_stale_batch_by_content_fingerprint_in_warmup(monkeypatch):
     """One cached batch served under new objects (no position): its content is the same; the
-    fingerprint (a host read) is taken in warm-up only, never inside a timed window."""
-    def same_content():
-        while True:
-            yield Batch(content="the one batch"), Batch()
+    fingerprint (a host read) is taken in warm-up and after the last window, never inside a
+    timed window."""
     dev = FakeDevice([0.1] * 30)
     with pytest.raises(StaleBatchError, match="same content"):
         run(dev, monkeypatch, source=same_content(), fingerprint=lambda X: X.content)
     reads = []
     dev = FakeDevice([0.1] * 30)
-    tp = run(dev, monkeypatch, warmup=4, fingerprint=lambda X: reads.append(1) or X.content)
-    assert tp.stable and len(reads) == 4                       # warm-up batches only
+    tp = run(dev, monkeypatch, warmup=4, fingerprint=lambda X: reads.append(len(dev.log)) or X.content)
+    syncs = [i for i, (kind, _) in enumerate(dev.log) if kind == "sync"]
+    assert tp.stable and len(reads) == 4 + 2                   # 4 in warm-up, the last two after
+    assert all(r <= syncs[0] or r > syncs[-1] for r in reads)  # none inside a window
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_stale_content_is_refused_whatever_the_warmup(monkeypatch, warmup):
+    """Too short a warm-up to compare two batches (JAX's un-jitted R0 warms up one step): the
+    last two batches of the measurement are compared after its last window."""
+    dev = FakeDevice([0.1] * 30)
+    with pytest.raises(StaleBatchError, match="last two batches"):
+        run(dev, monkeypatch, warmup=warmup, source=same_content(), fingerprint=lambda X: X.content)
+    dev = FakeDevice([0.1] * 30)
+    assert run(dev, monkeypatch, warmup=warmup, fingerprint=lambda X: X.content).stable
 
 
 def test_ragged_batch_inside_windows_raises(monkeypatch):

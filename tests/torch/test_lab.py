@@ -11,12 +11,12 @@ from perfladder.config import expected_num_params, get_config
 from perfladder.hardware import peak_for
 from perfladder.ladder.engine import check_rungs
 from perfladder.measure.evidence import Compile, ProfileSummary, Receipt
+from perfladder.measure.gates import MIRROR_ATOL
 from perfladder.measure.learning import LearningCheck
 from perfladder.measure.verdict import REGIMES, VERDICTS
 from perfladder.results.record import LadderResult, RungResult
 from perfladder.results.schema import validate
 from perfladder.torch import RUNGS, Ladder, run_ladder
-from perfladder.torch.gates import MIRROR_ATOL
 
 CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()
@@ -150,15 +150,23 @@ def test_every_measured_rung_carries_its_evidence(ladder_run):
 
 
 def test_every_bf16_rung_has_a_receipt_from_the_timed_call(ladder_run):
+    """The receipt reads the timed call's dtypes and the step's arithmetic: every matmul and
+    attention kernel in the rung's precision (the one-hot lookup's 2 fp32 matmuls by design),
+    the loss op in fp32."""
     res = ladder_run.result
     for r in measured(res):
-        if r.name in BF16:
-            assert isinstance(r.receipt, Receipt), r.name
-            assert r.receipt.where == "TrainStep.forward_backward" and r.receipt.claimed == "bf16", r.name
-            assert r.receipt.observed == {"logits": "bfloat16"} and r.receipt.ok, r.name
-        elif r.kind != "multi-gpu":          # an fp32 rung's receipt says fp32 (TF32 on a GPU)
-            assert r.receipt.claimed == r.precision and r.receipt.observed == {"logits": "float32"}, r.name
-            assert r.receipt.ok, r.name
+        if r.kind == "multi-gpu":
+            continue
+        want = "bfloat16" if r.name in BF16 else "float32"
+        assert isinstance(r.receipt, Receipt), r.name
+        assert r.receipt.where.startswith("TrainStep.forward_backward"), r.name
+        assert r.receipt.claimed == ("bf16" if r.name in BF16 else r.precision), r.name
+        assert r.receipt.observed == {"logits": want, "matmul_operands": want,
+                                      "attention_operands": want} and r.receipt.ok, r.name
+        arith = r.details["arithmetic"]
+        fp32_lookups = 2 if want == "bfloat16" and r.recipe["embed"] == "onehot" else 0
+        assert arith["matmul_operands"].get("float32", 0) == fp32_lookups or want == "float32", r.name
+        assert set(arith["attention_operands"]) == {want} and set(arith["loss_ops"]) == {"float32"}
 
 
 def test_ratio_prev_follows_builds_on(ladder_run):

@@ -11,6 +11,7 @@ from perfladder.measure.gates import (
     BACKWARD_TOL,
     FORWARD_TOL,
     OPTIMIZER_TOL,
+    SCALE_TOL,
     GateResult,
 )
 from perfladder.measure.learning import LearningCheck
@@ -47,9 +48,12 @@ def test_honest_changes_pass_the_model_gate(name):
     assert isinstance(res, GateResult) and res.passed and res.gate == "model gate"
     p = res.precision["candidate"]
     assert res.precision == {"reference": "fp32", "candidate": "bf16" if cand.bf16 else "fp32"}
-    assert set(res.measured) == {"logits"} | {f"grad/{k}" for k, _ in cand.model.named_parameters()}
-    assert res.tolerance["logits"] == FORWARD_TOL[p]
-    assert {v for k, v in res.tolerance.items() if k != "logits"} == {BACKWARD_TOL[p]}
+    params = dict(cand.model.named_parameters())
+    assert set(res.measured) == ({"logits", "loss"} | {f"grad/{k}" for k in params}
+                                 | {f"scale/{k}" for k, v in params.items() if v.dim() >= 2})
+    assert res.tolerance["logits"] == res.tolerance["loss"] == FORWARD_TOL[p]
+    assert {v for k, v in res.tolerance.items() if k.startswith("grad/")} == {BACKWARD_TOL[p]}
+    assert {v for k, v in res.tolerance.items() if k.startswith("scale/")} == {SCALE_TOL[p]}
     # margin: honest differences sit at least 3x under what is allowed
     assert max(v / res.tolerance[k] for k, v in res.measured.items()) < 1 / 3, res.summary()
     if not cand.bf16:

@@ -27,6 +27,7 @@ def test_gloo_two_ranks_hold_identical_parameters_after_a_step(tmp_path):
     r0, r1 = res["ranks"]
     assert (r0["rank"], r1["rank"], r0["world_size"]) == (0, 1, 2)
     assert r0["first_batch_digest"] != r1["first_batch_digest"]      # each rank saw its own data
+    assert r0["batch_digests"] == r1["batch_digests"] and len(set(r0["batch_digests"])) == 2   # checked
     assert r0["init_digest"] == r1["init_digest"]                    # same start
     assert r0["params_digest"] != r0["init_digest"]                  # and the step moved them
     p0, p1 = (torch.load(tmp_path / f"params_rank{r}.pt") for r in (0, 1))

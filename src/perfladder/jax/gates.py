@@ -1,8 +1,10 @@
 """Gates a broken rung cannot pass (JAX): the model gate, the optimizer gate, the receipt check.
 
-* ``model_gate(reference, candidate, batches)`` -- the candidate model's logits and the gradient
-  of every parameter, by name, against the reference model's (no optimizer step), at probe
-  weights where every part of the model matters (``perfladder.measure.gates``). Both models are
+* ``model_gate(reference, candidate, batches)`` -- the candidate model's logits, loss, the
+  gradient of every parameter by name and every matrix gradient's scale, against the
+  reference model's (no optimizer step), at probe weights where every part of the model
+  matters (``perfladder.measure.gates``); the candidate's loss and gradients can be its own
+  training step's (``step_fn``). Both models are
   cloned first: the models the rung goes on to time are not touched.
 * ``optimizer_gate(model, optimizer, batches, lr=..., step=...)`` -- a few steps of the
   candidate's own step function and optimizer, on clones, against the reference AdamW
@@ -11,7 +13,8 @@
 * ``check_receipt(...)`` -- the dtype receipt that the compiled step recorded while it was
   traced (``steps.record_receipt``), not one computed on the side.
 
-The metric, the tolerances and ``GateResult`` are framework-free: ``perfladder.measure.gates``.
+Each rung's own parity checks: ``perfladder.jax.checks``. The metric, the tolerances and
+``GateResult`` are framework-free: ``perfladder.measure.gates``.
 """
 from __future__ import annotations
 
@@ -24,8 +27,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from perfladder.jax.program import param_dtypes
-from perfladder.jax.step import SplitStep, make_optimizer, make_split_step, make_train_step, step_receipt
+from perfladder.jax.step import (
+    SplitStep,
+    make_optimizer,
+    make_split_step,
+    make_train_step,
+    step_receipt,
+    train_step,
+)
 from perfladder.measure.gates import (
     OPTIMIZER_TOL,
     GateResult,
@@ -34,6 +43,7 @@ from perfladder.measure.gates import (
     fail_if,
     probe_qk_std,
     rel_diff,
+    scale_error,
     tolerances,
 )
 from perfladder.measure.gates import check_receipt as _check_receipt_dict
@@ -80,23 +90,50 @@ def _grads(model, X, Y, view):
 _grads_jit = nnx.jit(_grads, static_argnums=3)
 
 
-def gradients(model, X, Y, view=None, chunks: int = 1, jit: bool = True) -> tuple[np.ndarray, dict]:
+class _Capture:       # the optimizer a step is handed: keeps its gradients, applies nothing
+    def update(self, *model_and_grads):
+        self.grads = model_and_grads[-1]
+
+
+def step_gradients(step_fn, model, X, Y, view=None):
+    """``(loss, logits, gradients)`` as ``step_fn(model, optimizer, X, Y, view)`` -- a training
+    step such as the lab's ``train_step`` technique -- computes them, op by op: its own loss,
+    its gradients caught at ``optimizer.update``; the logits from the same forward module."""
+    capture = _Capture()
+    loss = step_fn(model, capture, X, Y, view)
+    if not hasattr(capture, "grads"):
+        raise ModelGateError(f"{getattr(step_fn, '__name__', step_fn)!r} never handed its "
+                             "gradients to optimizer.update: the step applies no update",
+                             gate="model gate")
+    logits = (model if view is None else view(model))(X)
+    return loss, logits, capture.grads
+
+
+def gradients(model, X, Y, view=None, chunks: int = 1, jit: bool = True, step_fn=None,
+              with_loss: bool = False):
     """``(logits as fp32 numpy, {parameter name: gradient})`` of the mean cross entropy on
-    ``(X, Y)``, compiled (``jit``) or op by op. ``chunks`` > 1 splits the batch into that many
-    equal parts and averages their gradients: the same mean over the whole batch, computed at
-    a smaller batch."""
+    ``(X, Y)``, compiled (``jit``) or op by op; with ``with_loss``, ``(loss, logits, grads)``.
+    ``step_fn``: the loss and gradients are that training step's own (``step_gradients``, op
+    by op). ``chunks`` > 1 splits the batch into that many equal parts and averages their
+    gradients: the same mean over the whole batch, computed at a smaller batch."""
     B = X.shape[0]
     if not isinstance(chunks, int) or chunks < 1 or B % chunks:
         raise ValueError(f"chunks={chunks!r} must be a positive integer dividing the batch {B}")
     n = B // chunks
-    logits, total = [], None
+    logits, total, loss = [], None, 0.0
     run = _grads_jit if jit else _grads
     for i in range(chunks):
-        _, lg, g = run(model, X[i * n:(i + 1) * n], Y[i * n:(i + 1) * n], view)      # (n, T, V), ...
+        Xi, Yi = X[i * n:(i + 1) * n], Y[i * n:(i + 1) * n]
+        if step_fn is None:
+            lo, lg, g = run(model, Xi, Yi, view)                                # (n, T, V), ...
+        else:
+            lo, lg, g = step_gradients(step_fn, model, Xi, Yi, view)
         logits.append(np.asarray(lg.astype(jnp.float32)))
+        loss += float(lo) / chunks
         g = {k: np.asarray(v, np.float64) for k, v in named(g).items()}
         total = g if total is None else {k: total[k] + g[k] for k in total}
-    return np.concatenate(logits), {k: v / chunks for k, v in total.items()}
+    grads = {k: v / chunks for k, v in total.items()}
+    return (loss, np.concatenate(logits), grads) if with_loss else (np.concatenate(logits), grads)
 
 
 # -- probe weights -------------------------------------------------------------------------------
@@ -143,7 +180,7 @@ def _true_fp32(on: bool):
 # -- the model gate -------------------------------------------------------------------------------
 def model_gate(reference, candidate, batches, *, view: Callable | None = None,
                reference_chunks: int = 1, reference_jit: bool = False, candidate_jit: bool = True,
-               name: str = "model gate") -> GateResult:
+               step_fn: Callable | None = None, name: str = "model gate") -> GateResult:
     """The candidate computes the reference's model: forward and backward, parameter by parameter.
 
     ``reference``: the plain fp32 GPT (``Ladder.make_model()``); ``candidate``: the rung's model,
@@ -157,7 +194,11 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     by op (the plain eager model) unless ``reference_jit``; the candidate is compiled unless
     ``candidate_jit`` is False (the ladder's trial: the gate checks the model's arithmetic, and
     compiling a second program per rung for it would cost a GPU ladder seconds per rung; the
-    compiled step itself is checked by the loss gate, which runs it).
+    compiled step itself is checked by the loss gate, which runs it). ``step_fn``: the
+    candidate's loss and gradients are those of that training step function (the lab's
+    ``train_step``, op by op: ``step_gradients``), not the gate's own loss. Besides the logits,
+    the loss and every gradient, every matrix gradient's scale is compared (``scale/<name>``,
+    ``perfladder.measure.gates.SCALE_TOL``: Adam would hide a scaled gradient from the loss gate).
     Raises ``ModelGateError`` (the worst parameter and its numbers); returns the ``GateResult``.
     """
     _same_start(reference, candidate)
@@ -172,17 +213,25 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
         p_ref = "fp32"                      # run below at full precision
     tol = tolerances(p_ref, p_cand)
     measured: dict = {}
+    if step_fn is not None and candidate_jit:
+        raise ValueError("step_fn runs the candidate's step op by op: pass candidate_jit=False")
     for X, Y in batches:
         with _true_fp32(p_ref == "fp32"):
-            ref_logits, ref_grads = gradients(ref, X, Y, chunks=reference_chunks, jit=reference_jit)
-        cand_logits, cand_grads = gradients(cand, X, Y, view, jit=candidate_jit)
+            ref_loss, ref_logits, ref_grads = gradients(ref, X, Y, chunks=reference_chunks,
+                                                        jit=reference_jit, with_loss=True)
+        cand_loss, cand_logits, cand_grads = gradients(cand, X, Y, view, jit=candidate_jit,
+                                                       step_fn=step_fn, with_loss=True)
         _worse(measured, "logits", _rel(cand_logits, ref_logits))
+        _worse(measured, "loss", _rel([cand_loss], [ref_loss]))
         for k, g in ref_grads.items():
             _worse(measured, f"grad/{k}", _rel(cand_grads.get(k), g))
-    tolerance = {k: tol["forward" if k == "logits" else "backward"] for k in measured}
+            if g.ndim >= 2:
+                _worse(measured, f"scale/{k}", _scale(cand_grads.get(k), g))
+    tolerance = {k: tol[_KIND[k.split("/")[0]]] for k in measured}
     result = GateResult.judge(
         name, reference=describe(reference) + (" under jit" if reference_jit else " op by op"),
-        candidate=describe(candidate, view) + (" under jit" if candidate_jit else " op by op"),
+        candidate=describe(candidate, view) + (" under jit" if candidate_jit else " op by op")
+        + ("" if step_fn is None else f", loss and gradients of its {_step_name(step_fn)}"),
         precision={"reference": p_ref, "candidate": p_cand}, measured=measured, tolerance=tolerance,
         details={"metric": METRIC, "batches": len(batches), "batch_shape": list(batches[0][0].shape),
                  "reference_chunks": reference_chunks, "reference_jit": reference_jit,
@@ -199,6 +248,16 @@ def _rel(got, want) -> float:
     return rel_diff(float(np.linalg.norm(got - want)), float(np.linalg.norm(want)))
 
 
+def _scale(got, want) -> float:
+    if got is None or np.shape(got) != np.shape(want):
+        return float("inf")
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return scale_error(float(np.vdot(got, want)), float(np.vdot(want, want)))
+
+
+_KIND = {"logits": "forward", "loss": "forward", "grad": "backward", "scale": "scale"}
+
+
 def _worse(measured: dict, key: str, value: float) -> None:
     measured[key] = max(measured.get(key, 0.0), value)
 
@@ -208,6 +267,7 @@ _reference_step = make_train_step()
 
 
 def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str | None = None,
+                   jit: bool = True, same_gradients: bool = True, memo: dict | None = None,
                    name: str = "optimizer gate") -> GateResult:
     """The candidate's optimizer (and step) moves every parameter as the reference AdamW does.
 
@@ -218,15 +278,21 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
       optimizers apply those same gradients (``Optimizer.update``), so only the optimizers
       can differ: a parameter group left out, another learning rate, cannot pass.
     * ``step/<parameter>`` (when ``step`` is given): the candidate's step function --
-      ``step(model, optimizer, X, Y)`` such as the ladder's shared ``nnx.jit`` step, or
-      'split' for the split/merge ``jax.jit`` step (``make_split_step``) -- runs on the
-      candidate's clones, the reference ``nnx.jit`` step on the reference's: a step that drops
-      its optimizer state or writes back stale parameters cannot pass. The two compute the same
-      gradients up to compilation (on a GPU, the order of atomic adds: ~1e-7 relative).
+      ``step(model, optimizer, X, Y)``, 'nnx.jit', 'split' (``make_split_step``), or a factory
+      marked ``step_form = True`` (``step(model, optimizer)`` -> ``run(X, Y)``, committed
+      after: a rung's ``TrainStep.of``) -- runs on the candidate's clones, the reference
+      ``nnx.jit`` step on the reference's: a step that drops its optimizer state or writes back
+      stale parameters cannot pass (on a GPU, atomics reorder sums: ~1e-7 relative).
 
-    Each parameter's displacement after ``len(batches)`` steps must match, ``||diff|| / ||ref||``
-    within ``perfladder.measure.gates.OPTIMIZER_TOL``. Raises ``OptimizerGateError``; returns the
-    ``GateResult``.
+    ``same_gradients=False`` leaves ``update/`` out; ``memo`` (a dict the caller keeps for one
+    model and one set of batches) runs the reference's steps once for several candidates.
+    ``jit=False``: the reference's gradients and steps run op by op, and so does the
+    candidate's step (``jax.disable_jit``): the same arithmetic both sides, no compile; the
+    ladder runs it on an fp32 model (in bf16, Adam turns the rounding noise of a gradient that
+    is zero by symmetry into full-size steps of random sign, and op by op rounds otherwise
+    than compiled). Each parameter's displacement after ``len(batches)`` steps (several:
+    after one, Adam's bias correction hides its betas) must match, ``||diff|| / ||ref||``
+    within ``perfladder.measure.gates.OPTIMIZER_TOL``. ``OptimizerGateError`` otherwise.
     """
     batches = list(batches)
     if not batches:
@@ -236,11 +302,18 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
         raise ValueError(f"optimizer_gate needs the candidate's optimizer before its first step; "
                          f"it has taken {int(np.asarray(count[...]))}")
     start = {k: np.asarray(v) for k, v in named(nnx.state(model, nnx.Param)).items()}
-    measured = _displacements("update", start, *_same_gradients(model, optimizer, batches, lr))
+    if step is None and not same_gradients:
+        raise ValueError("optimizer_gate with same_gradients=False needs a step to compare")
+    measured = {}
+    if same_gradients:
+        measured = _displacements("update", start,
+                                  *_same_gradients(model, optimizer, batches, lr, jit))
     if step is not None:
-        measured.update(_displacements("step", start, *_own_steps(model, optimizer, batches, lr, step)))
+        measured.update(_displacements("step", start,
+                                       *_own_steps(model, optimizer, batches, lr, step, jit, memo)))
     result = GateResult.judge(
-        name, reference=f"AdamW(lr={lr:g}) from make_optimizer on {describe(model)}",
+        name, reference=f"AdamW(lr={lr:g}) from make_optimizer on {describe(model)}"
+                        + ("" if jit else ", op by op"),
         candidate=f"its own optimizer{'' if step is None else ' and ' + _step_name(step) + ' step'} "
                   f"on {describe(model)}",
         precision={"reference": "fp32", "candidate": "fp32"}, measured=measured,
@@ -250,30 +323,36 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
     return fail_if(result, OptimizerGateError)
 
 
-def _same_gradients(model, optimizer, batches, lr):
+def _same_gradients(model, optimizer, batches, lr, jit: bool = True):
     """(reference params, candidate params) after both optimizers applied the reference's gradients."""
     cand_model, cand_opt = clone((model, optimizer))
     ref_model = clone(model)
     ref_opt = make_optimizer(ref_model, lr)
     for X, Y in batches:
-        grads = _grads_jit(ref_model, X, Y, None)[2]
+        grads = (_grads_jit if jit else _grads)(ref_model, X, Y, None)[2]
         ref_opt.update(ref_model, grads)
         cand_opt.update(cand_model, grads)
     return ref_model, cand_model
 
 
-def _own_steps(model, optimizer, batches, lr, step):
-    """(reference params, candidate params) after each ran its own step function."""
+def _own_steps(model, optimizer, batches, lr, step, jit: bool = True, memo: dict | None = None):
+    """(reference params, candidate params) after each ran its own step function (the
+    reference's run kept in ``memo`` for the next candidate from the same model and batches)."""
+    memo = {} if memo is None else memo
     cand_model, cand_opt = clone((model, optimizer))
-    ref_model = clone(model)
-    ref_opt = make_optimizer(ref_model, lr)
     run = _runner(step, cand_model, cand_opt)
-    for X, Y in batches:
-        _reference_step(ref_model, ref_opt, X, Y)
-        run(X, Y)
-    if isinstance(run, SplitStep):
-        run.commit()
-    return ref_model, cand_model
+    with contextlib.nullcontext() if jit else jax.disable_jit():
+        if "reference" not in memo:
+            ref_model = clone(model)
+            ref_opt = make_optimizer(ref_model, lr)
+            for X, Y in batches:
+                (_reference_step if jit else train_step)(ref_model, ref_opt, X, Y)
+            memo["reference"] = ref_model
+        for X, Y in batches:
+            run(X, Y)
+        if hasattr(run, "commit"):
+            run.commit()
+    return memo["reference"], cand_model
 
 
 def _displacements(prefix: str, start: dict, ref_model, cand_model) -> dict:
@@ -292,6 +371,8 @@ def _runner(step, model, optimizer):
         return make_split_step(model, optimizer)
     if step == "nnx.jit":
         return lambda X, Y: _reference_step(model, optimizer, X, Y)
+    if getattr(step, "step_form", False):          # a factory: step(model, optimizer) -> run
+        return step(model, optimizer)
     if callable(step):
         return lambda X, Y: step(model, optimizer, X, Y)
     raise ValueError(f"step={step!r} is not valid; valid choices: a step function "
@@ -309,89 +390,11 @@ def check_receipt(step, expect: str = "bf16", *, model=None, X=None,
 
     ``step``: a ``SplitStep`` (the program of its last call), or a jitted step of
     ``make_train_step`` with the ``model`` it steps and a batch ``X`` of the timed shape. The
-    receipt was written by that very step object while it traced the program
-    (``steps.record_receipt``), so it describes what is timed, not a side path; a step that
-    never compiled that program has none, and fails. ``allow_fp32_matmuls``: fp32 matmuls a
-    bf16 program may hold (1 for an fp32 one-hot lookup). Raises ``ReceiptError``.
+    receipt was written by that very step object while it traced the program (the returned
+    loss's dtype too), so it describes what is timed, not a side path; a step that never
+    compiled that program has none, and fails. ``allow_fp32_matmuls``: fp32 matmuls a bf16
+    program may hold (1 for an fp32 one-hot lookup). Raises ``ReceiptError``.
     """
     what = "the split/merge step" if isinstance(step, SplitStep) else "the nnx.jit step"
     return _check_receipt_dict(step_receipt(step, model, X), expect, what=what,
                                allow_fp32_matmuls=allow_fp32_matmuls)
-
-
-# Logit agreement is judged relative to the logits' scale: max |a - b| / max |b| <= tol
-# (a tiny fresh model has logits of order 0.1, so an absolute tolerance would be toothless).
-# Jit vs op-by-op: fusion re-associates sums (and on a GPU fp32 matmuls run as TF32), so
-# agreement is loose. A checkpointed mirror runs the same arithmetic as its reference, so
-# its agreement must be (nearly) exact.
-PARITY_TOL = {"float32": 1e-2, "bfloat16": 5e-2}
-MIRROR_TOL = {"float32": 1e-5, "bfloat16": 1e-2}
-
-
-def assert_fp32_masters(model, optimizer) -> None:
-    """Parameters and AdamW moments must still be fp32 after a mixed-precision step."""
-    params = nnx.state(model, nnx.Param)
-    opt_state = nnx.state(optimizer, nnx.OptState) if hasattr(nnx, "OptState") else nnx.state(optimizer)
-    for name, tree in (("parameters", params), ("optimizer state", opt_state)):
-        dts = param_dtypes(tree)
-        if dts != {"float32"}:
-            raise AssertionError(f"fp32 masters broken: {name} hold dtypes {sorted(dts)}")
-
-
-# -- correctness gates --------------------------------------------------------------------------
-def _tol(dtype, table) -> float:
-    return table.get(str(jnp.dtype(dtype)), table["bfloat16"])
-
-
-def _compare(got, want, tol, what) -> float:
-    """Relative disagreement ``max|got - want| / max|want|``; raises above ``tol``."""
-    g, w = jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)
-    if g.shape != w.shape:
-        raise AssertionError(f"{what}: logits shapes differ, {g.shape} vs {w.shape}")
-    rel = float(jnp.max(jnp.abs(g - w)) / jnp.maximum(jnp.max(jnp.abs(w)), 1e-30))
-    if not rel <= tol:
-        raise AssertionError(f"{what}: logits differ, max|diff| / max|logits| = {rel:.3g} "
-                             f"> allowed {tol:g}")
-    return rel
-
-
-def check_jit_parity(model, X, *, reference=None, tol: float | None = None) -> float:
-    """R1's gate: ``nnx.jit``-compiled logits of ``model`` == op-by-op logits of ``reference``.
-
-    ``reference`` defaults to ``model`` itself (a test passes a different, planted one).
-    Returns ``max|diff| / max|logits|``; raises ``AssertionError`` above ``tol``
-    (default by compute dtype, ``PARITY_TOL``).
-    """
-    reference = model if reference is None else reference
-    compiled = nnx.jit(lambda m, X: m(X))(model, X)
-    eager = reference(X)
-    return _compare(compiled, eager, _tol(model.dtype, PARITY_TOL) if tol is None else tol,
-                    "jit parity gate")
-
-
-def with_checkpointing(model):
-    """A mirror of ``model`` sharing its parameter values, with every block under remat."""
-    graphdef, state = nnx.split(model)
-    mirror = nnx.merge(graphdef, state)
-    mirror.use_checkpoint(True)
-    return mirror
-
-
-def _two_forwards(a, b, X):
-    return a(X), b(X)
-
-
-_two_forwards_jit = nnx.jit(_two_forwards)
-
-
-def check_mirror(reference, mirror, X, *, tol: float | None = None) -> float:
-    """R4's gate: the checkpointed model must compute the reference's logits.
-
-    Both forwards run in one ``nnx.jit`` program (one compilation); remat must not change
-    what the forward computes. Returns ``max|diff| / max|logits|``; raises above ``tol``.
-    """
-    got, want = _two_forwards_jit(mirror, reference, X)
-    return _compare(got, want, _tol(reference.dtype, MIRROR_TOL) if tol is None else tol,
-                    "checkpoint mirror")
-
-

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from perfladder.config import LadderConfig
+from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for
 from perfladder.jax.device import device_name, has_gpu, versions
@@ -75,7 +75,7 @@ class JaxLab:
         self.on_gpu = has_gpu()
         self.device_name = device_name()
         peak = peak_for(self.device_name)
-        roofs, notes = None, []
+        roofs, notes = None, [self._check_flops()]
         if not self.on_gpu:
             notes.append("run on CPU: fp32 matmuls are plain fp32 (no TF32), MFU is not applicable, "
                          "cudnn attention is not available; roofs: no device probe on CPU")
@@ -93,6 +93,21 @@ class JaxLab:
         self._streams: dict[int, Batches] = {}
         self.code = dict(CODE)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
+
+    def _check_flops(self) -> str:
+        """The FLOPs-per-token formula every rung's TFLOP/s and MFU use, against the dot count
+        of the traced step (``perfladder.jax.step.count_flops``), once, before any rung:
+        ``CountError`` if they disagree; the line the result keeps."""
+        from perfladder.jax.step import count_flops
+        from perfladder.measure.counts import check_flops
+        g, T = self.gpt_config, self.config.num_steps
+        (at_T, vector), (at_half, _) = count_flops(g, T), count_flops(g, T // 2)
+        self.flop_check = check_flops(
+            vector_params=vector, seq_len=T,
+            formula=(self.flops_per_token(T), self.flops_per_token(T // 2)),
+            counted=(at_T, at_half), counter="the jaxpr's dot_general FLOPs (traced_flops)")
+        return (f"FLOPs per token at T={T} ({self.flops_per_token(T):,}) checked against "
+                f"{self.flop_check['counter']} at start: equal")
 
     # -- the engine's interface -----------------------------------------------------------------
     def seed_recipe(self) -> Recipe:
@@ -228,10 +243,10 @@ class JaxLab:
                  else "GPT.__call__ in the timed (un-jitted) TrainStep")
         if not step.observed:
             raise RuntimeError(f"the step recorded no dtypes ({where}): was it ever called?")
-        return Receipt(claimed=claimed, observed=dict(step.observed), where=where)
+        observed = {k: v for k, v in step.observed.items() if k != "loss"}   # fp32 by design
+        return Receipt(claimed=claimed, observed=observed, where=where)
 
     def flops_per_token(self, seq_len: int) -> int:
-        from perfladder.config import expected_num_params, flops_per_token
         g = self.gpt_config
         return flops_per_token(expected_num_params(g), g.num_blks, seq_len, g.num_hiddens)
 

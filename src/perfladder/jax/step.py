@@ -109,7 +109,8 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
     ``view`` (optional) maps the model to the module the forward pass actually runs (the
     naive bf16 cast of rung R2a); gradients still flow to the original parameters.
     A jitted step carries ``step.receipts``: one dtype receipt per program it compiled,
-    written while tracing (``step_receipt(step, model, X)`` reads the one for a model and batch).
+    written while tracing (``step_receipt(step, model, X)`` reads the one for a model and batch),
+    the returned loss's dtype included.
     """
     if not jit:
         return partial(train_step, view=view) if view is not None else train_step
@@ -117,7 +118,9 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
 
     def step(model, optimizer, X, Y):
         record_receipt(receipts, model, X, view)
-        return train_step(model, optimizer, X, Y, view)
+        loss = train_step(model, optimizer, X, Y, view)
+        record_loss(receipts, model, X, view, loss)
+        return loss
 
     # the compiled module is named after the function: jit_train_step, as the kernel
     # attribution (perfladder.jax.kernels) and profiles expect
@@ -134,6 +137,9 @@ def _pure_step(graphdef, view, state, X, Y, observe: dict | None = None):
     record_receipt(_SPLIT_RECEIPTS, model, X, view)
     with observing(observe):
         loss = train_step(model, optimizer, X, Y, view)
+    record_loss(_SPLIT_RECEIPTS, model, X, view, loss)
+    if observe is not None:
+        observe["loss"] = str(jnp.result_type(loss))
     return loss, nnx.state((model, optimizer))
 
 
@@ -231,7 +237,15 @@ def record_receipt(receipts: dict, model, X, view: Callable | None = None) -> No
             dots["+".join(sorted({str(v.aval.dtype) for v in eqn.invars}))] += 1
     receipts[_receipt_key(model, X, view)] = {
         "logits": str(logits.out_avals[0].dtype), "first_activation": str(first.out_avals[0].dtype),
-        "matmul_operands": dict(dots), "loss": "float32", "batch_shape": list(X.shape)}
+        "matmul_operands": dict(dots), "batch_shape": list(X.shape)}
+
+
+def record_loss(receipts: dict, model, X, view, loss) -> None:
+    """While a training step is being traced: the dtype of the loss it returns, read from the
+    traced value itself (a loss computed in bf16 shows as bfloat16)."""
+    key = _receipt_key(model, X, view)
+    if isinstance(X, jax.core.Tracer) and key in receipts:
+        receipts[key]["loss"] = str(jnp.result_type(loss))
 
 
 def step_receipt(step, model=None, X=None) -> dict | None:
@@ -271,6 +285,17 @@ def traced_flops(model, X, Y) -> int:
 
 
 
+@functools.lru_cache(maxsize=None)
+def count_flops(gpt_config, seq_len: int) -> tuple[float, int]:
+    """``(matmul FLOPs per token, parameters in no matmul)`` of the plain fp32 model's forward
+    and backward at ``seq_len``: ``traced_flops`` of one sequence on an abstract model
+    (``nnx.eval_shape``: shapes only, nothing computed or allocated)."""
+    model = nnx.eval_shape(lambda: make_model(gpt_config, jnp.float32))
+    X = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+    vector = sum(leaf.size for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)) if leaf.ndim < 2)
+    return traced_flops(model, X, X) / seq_len, int(vector)
+
+
 class TrainStep:
     """``loss = step(X, Y)`` advances ``model`` and ``optimizer`` by one AdamW step.
 
@@ -288,8 +313,12 @@ class TrainStep:
         self._split = None
         step_fn = code["train_step"]
 
+        observed = self.observed
+
         def body(model, optimizer, X, Y):
-            return step_fn(model, optimizer, X, Y, view)
+            loss = step_fn(model, optimizer, X, Y, view)
+            observed["loss"] = str(jnp.result_type(loss))     # under jit: while traced
+            return loss
         body.__name__ = body.__qualname__ = "train_step"     # the compiled module: jit_train_step
         if jit == "none":
             self._call = lambda X, Y: body(model, optimizer, X, Y)

@@ -3,7 +3,8 @@
 ``throughput`` is ``perfladder.measure.timing.measure`` with
 
 * ``sync = jax.block_until_ready`` on the step's output (dispatch is asynchronous: a window
-  closed without it would time the queueing of work, and the device could still be busy);
+  closed without it would time the queueing of work, and the device could still be busy),
+  and ``ready`` asked right after it (``Array.is_ready``: ``SyncError`` if it did not wait);
 * ``compile_count`` = the number of XLA backend compilations so far, counted by a
   ``jax.monitoring`` listener on ``/jax/core/compile/backend_compile_duration``. That event
   fires once per executable XLA builds (jit's in-memory cache hits do not fire it), so a
@@ -66,6 +67,11 @@ def _verify_counter() -> None:
     _verified = True
 
 
+def ready(out) -> bool:
+    """Are the step's outputs computed? (``Array.is_ready``: a query, it does not wait)."""
+    return all(leaf.is_ready() for leaf in jax.tree.leaves(out) if hasattr(leaf, "is_ready"))
+
+
 def fingerprint(X) -> bytes:
     """The first rows of a batch as bytes (a host read: the timer takes it during warm-up only)."""
     return np.asarray(X[:2]).tobytes()
@@ -83,7 +89,7 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
                               check_int("windows", windows, 1))
     _verify_counter()
     return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
-                   sync=jax.block_until_ready, compile_count=compile_count,
+                   sync=jax.block_until_ready, ready=ready, compile_count=compile_count,
                    num_tokens=lambda X: int(X.size), shape_of=lambda X: tuple(X.shape),
                    fingerprint=fingerprint if check_content else None,
                    target_spread=target_spread, max_windows=max_windows, budget_s=budget_s)

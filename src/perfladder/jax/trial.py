@@ -1,55 +1,99 @@
 """One JAX rung's measurement, in the same order for every rung: ``trial``.
 
-    build the recipe's step (fresh init) -> gates (on the fresh model; the loss gate's steps
-    include the first, compiling, call) -> first call -> receipt (dtypes written while the
-    step was traced) -> the compiler's plan -> timed windows until they settle -> profile ->
+    build the recipe's step (fresh init) -> gates (on the fresh model: the model gate with the
+    step's own loss and gradients, the optimizer gate of the step's form, the rung's own
+    checks; the loss gate's steps include the first, compiling, call) -> first call ->
+    receipt (dtypes written while the step was traced, the returned loss's included) -> the
+    compiler's plan -> timed windows until they settle (their tokens checked) -> profile ->
     fp32 masters checked -> ``Evidence`` (the engine records it)
+
+A data-parallel rung also checks that its devices were fed different rows of the stream.
 
 A gate or a receipt that fails raises: the engine records the rung as skipped, with the error.
 Every phase's seconds go into the evidence (``details['seconds']``).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
-from perfladder.jax.gates import assert_fp32_masters, model_gate
+from perfladder.jax.checks import assert_fp32_masters, distinct_devices
+from perfladder.jax.gates import model_gate, optimizer_gate
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.program import embedding_scatters, matmul_dtypes
 from perfladder.jax.recipe import Recipe
-from perfladder.jax.step import TrainStep, scatter_add_dtypes
+from perfladder.jax.step import TrainStep, make_optimizer, scatter_add_dtypes
 from perfladder.jax.stream import batches
 from perfladder.jax.timer import compile_count
 from perfladder.ladder.rung import Evidence, Given
+from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
+from perfladder.measure.gates import GATE_STEPS, LOSS_RTOL, ReceiptError
 from perfladder.measure.timing import Stopwatch
 
-GATE_STEPS = 3      # AdamW steps the loss gate compares, from the same init on the same batches
+__all__ = ["trial", "loss_gate", "LOSS_TOL", "GATE_STEPS"]
 GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its cost, not its power)
-# Loss after GATE_STEPS steps vs the reference recipe's, relative. The configurations differ in
-# how a sum is accumulated (bf16 or fp32 atomics, a matmul) or in which program runs the step;
-# bf16 keeps 8 significant bits (relative step 2**-8 ~ 4e-3), the logits carry a few such
-# roundings, and three updates move the loss by ~1e-2 relative at most from that. A wrong
-# embedding or a broken update moves it by far more.
-LOSS_TOL = 2e-2
+LOSS_TOL = LOSS_RTOL            # the loss gate's tolerance: perfladder.measure.gates says why
 
 
 def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate]:
     """The first line, before the step's first call: its model computes the plain fp32 model's
-    logits and every parameter's gradient (``perfladder.jax.gates.model_gate``, on a few rows of
-    a fixed batch). Not for the naive cast, whose bf16-rounded weights are a real model change
-    (its lesson is its receipt), nor for the plain recipe itself."""
+    logits and, through the step's own ``train_step`` (the lab's technique code, op by op),
+    its loss and every parameter's gradient (``perfladder.jax.gates.model_gate``, on a few rows
+    of a fixed batch); then the optimizer gate of its step form (``step_form_gate``). Not for
+    the naive cast, whose bf16-rounded weights are a real model change (its lesson is its
+    receipt), nor for the plain recipe itself."""
     plain = Recipe(batch_size=recipe.batch_size)
     if recipe.naive_cast or recipe.replace(jit="nnx") == plain:
         return []
     n = min(GATE_ROWS, X.shape[0])
     return [model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])],
-                       candidate_jit=False).evidence()]
+                       candidate_jit=False, step_fn=lab.code["train_step"]).evidence(),
+            step_form_gate(lab, recipe)]
 
 
-def check_receipt(recipe: Recipe, receipt: Receipt, dots: dict[str, int]) -> None:
+def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
+    """The optimizer gate of ``recipe``'s step form ('none', 'nnx' or 'split', built by
+    ``TrainStep.of`` with the lab's technique code): ``GATE_STEPS`` steps of that form against
+    the library's AdamW step, every parameter's displacement (``perfladder.jax.gates.
+    optimizer_gate``, ``jit=False``). Run op by op on the plain fp32 model at ``GATE_ROWS``
+    rows -- the form (state threading, donation, write-back) does not depend on the model's
+    dtype, and compiling it again for the gate would cost a GPU ladder a compile per rung --
+    and once per form and code, for the ladder (``lab.memo``)."""
+    code = (recipe.jit, lab.code["train_step"], lab.code["jit_step"])
+    cache = lab.memo.setdefault("step_form_gates", {})
+    if code not in cache:
+        plain = Recipe(batch_size=GATE_ROWS, jit=recipe.jit)
+        model = lab.model(plain, plain_code=True)
+
+        def form(m, opt):
+            return TrainStep.of(m, opt, plain, code=lab.code)
+        form.step_form, form.__name__ = True, f"TrainStep(jit={recipe.jit!r})"
+        rows = [(X[:GATE_ROWS], Y[:GATE_ROWS]) for X, Y in gate_batches(lab, lab.config.batch_size)]
+        cache[code] = optimizer_gate(model, make_optimizer(model, lab.config.lr), rows,
+                                     lr=lab.config.lr, step=form, jit=False, same_gradients=False,
+                                     memo=lab.memo.setdefault("step_form_reference", {})).evidence()
+    return dataclasses.replace(cache[code])
+
+
+def distinct_shards(X) -> Gate:
+    """A data-parallel batch: every device's shard holds other rows (``distinct_devices``)."""
+    digests = distinct_devices(X)
+    return Gate(name="distinct batches", passed=True, values={"devices": len(digests)},
+                reference="each device's shard of the first batch, by content",
+                detail={"digests": digests})
+
+
+def check_receipt(recipe: Recipe, receipt: Receipt, dots: dict[str, int],
+                  loss: str | None = None) -> None:
     """A recipe computes in what it claims: every observed dtype, and every forward matmul
-    (bf16: all bf16 but the one fp32 one-hot lookup of ``embed_fp32``). A naive cast claims
-    bf16 and must compute in fp32."""
+    (bf16: all bf16 but the one fp32 one-hot lookup of ``embed_fp32``); and its loss, read
+    from the step itself (``loss``: the returned loss's dtype, written while it was traced),
+    is fp32. A naive cast claims bf16 and must compute in fp32."""
+    if loss != "float32":
+        raise ReceiptError(f"{recipe}'s step returned a {loss} loss (read while it was traced): "
+                           "the loss must be computed in fp32 whatever the model computes in",
+                           gate="receipt")
     if recipe.naive_cast:            # the lesson of R2a: the arrays are bf16, the compute is not
         if set(receipt.observed.values()) != {"float32"} or set(dots) != {"float32"}:
             raise AssertionError(f"the naive cast computed in {receipt.observed} (matmul operands "
@@ -94,7 +138,7 @@ def reference_losses(lab: JaxLab, batch_size: int) -> list[float]:
     return cache[batch_size]
 
 
-def loss_gate(got, want, reference: str, tol: float = LOSS_TOL) -> Gate:
+def loss_gate(got, want, reference: str, tol: float = LOSS_RTOL) -> Gate:
     """The candidate's losses over the first steps vs the reference's, relative."""
     got, want = [float(x) for x in got], [float(x) for x in want]
     rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(got, want)]
@@ -107,7 +151,7 @@ def loss_gate(got, want, reference: str, tol: float = LOSS_TOL) -> Gate:
 
 
 def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Callable | None = None,
-          loss_gate_: bool = False, loss_tol: float = LOSS_TOL,
+          loss_gate_: bool = False, loss_tol: float = LOSS_RTOL,
           inspect: Callable | None = None, after: Callable | None = None, evidence: bool = False,
           stream=None, place=None, devices: int = 1, eager: bool = False, details=None,
           notes=(), prediction=None) -> Evidence:
@@ -130,7 +174,7 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     X, Y = next(stream)
     details = dict(details or {})
     with watch("gates"):
-        gates = model_gates(lab, recipe, step, X, Y) if devices == 1 else []
+        gates = model_gates(lab, recipe, step, X, Y) if devices == 1 else [distinct_shards(X)]
         gates += list(check(step, X, Y)) if check is not None else []
         details["matmul_dtypes"] = matmul_dtypes(lab.code["cast_arrays"](step.model)
                                                  if recipe.naive_cast else step.model, X)
@@ -151,7 +195,8 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     compiled = Compile(first_call_s=step.first_call_s, compilations=compile_count() - c0)
     with watch("receipt"):
         receipt = lab.receipt(recipe, step)
-        check_receipt(recipe, receipt, details["matmul_dtypes"])
+        details["loss_dtype"] = step.observed.get("loss")
+        check_receipt(recipe, receipt, details["matmul_dtypes"], details["loss_dtype"])
     plan = None
     if not eager:
         with watch("plan"):
@@ -164,6 +209,7 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
                 details.update(inspect(plan.text, details))
     with watch("time"):
         t, remeasured = lab.measure(step, recipe.batch_size, stream=stream, eager=eager)
+    check_tokens(t, f"{given.rung.name}'s timed step")
     if plan is not None:
         details["traced_tflops"] = plan.traced_flops / t.step_time_s / 1e12
     with watch("profile"):

@@ -7,14 +7,23 @@ and the check of a dtype receipt.
 
 Which gate guards what:
 
-    model gate      logits and every parameter's gradient, by name, against the plain fp32
-                    model at probe weights (below), no optimizer step: compile / jit, bf16,
-                    batch (reference in chunks), checkpointing, one-hot and fp32 embedding
-                    lookups, attention kernels, CUDA graphs, max-autotune
-    optimizer gate  the candidate's optimizer fed the reference's gradients for a few steps
-                    (JAX: also its own step function, e.g. split/merge): fused / compiled AdamW,
-                    a parameter group left out
-    receipt         the dtypes recorded by the timed call itself: every step that claims bf16
+    model gate      logits, the step's own loss, every parameter's gradient by name and every
+                    matrix gradient's scale, against the plain fp32 model at probe weights
+                    (below), no optimizer step: compile / jit, bf16, batch (reference in
+                    chunks), checkpointing, one-hot and fp32 embedding lookups, attention
+                    kernels, CUDA graphs, max-autotune, fused kernels' derivatives
+    optimizer gate  every step form, OPTIMIZER_STEPS steps: torch, the candidate's optimizer
+                    step fed the reference's gradients (fused / compiled AdamW, CUDA graphs);
+                    JAX, the step form itself ('none' / 'nnx' / 'split') against the library's
+                    AdamW step, op by op in fp32: betas, a group left out, a discarded state
+    rung checks     each rung's own equivalence check, at probe weights, in the precision and
+                    code path the rung times (parity, mirror, one-hot lookup: below)
+    loss gate       the timed step's first steps against the plain bf16 recipe (below)
+    receipt         the dtypes of the timed call and of its arithmetic: every matmul's and
+                    attention kernel's operands, the loss's (``perfladder.torch.program``,
+                    the traced jaxpr): every step that claims bf16, an fp32 loss always
+    counts          ``perfladder.measure.counts``: tokens per window, FLOPs per token at the
+                    ladder's start, distinct data per rank / device, global multi-process rates
     learning check  ``perfladder.measure.learning``: held-out loss by the reference implementation
 
 The metric. Every quantity a gate compares -- the logits, the gradient of one parameter, the
@@ -69,7 +78,90 @@ UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "tf32": 2.0 ** -11, "bf16": 2.0 ** -8}
 #   against the default one, fed the same gradients, a few 1e-6.
 FORWARD_TOL = {"fp32": 2.0 ** -13, "tf32": 2.0 ** -7, "bf16": 2.0 ** -4}
 BACKWARD_TOL = {"fp32": 2.0 ** -13, "tf32": 2.0 ** -6, "bf16": 2.0 ** -3}
+# The gradient's scale. Adam's update is invariant to a parameter's gradient scale, so a
+#   kernel derivative that is k% off (a fused GELU's backward times 1.05) is invisible to the
+#   loss gate, and at 5% it passes BACKWARD_TOL["bf16"]. A scale is measured apart from the
+#   noise: for every matrix parameter (2-D and more) the model gate also compares
+#   scale = |<c, r> / <r, r> - 1|, the rounding noise averaging out over the tensor's
+#   entries while a systematic error does not. Measured honest worst, CPU smoke, bf16:
+#   0.0010 (JAX, batch 32) and 0.0021 (torch, batch 32); the mildest planted bug, the
+#   tanh-GELU derivative 5% off, shows at 0.046 (JAX, dense1 of the last block) .. 0.063:
+#   2^-6 leaves it 2.9x over and the honest worst 7x under. Vectors (biases, norm scales) are left to
+#   BACKWARD_TOL: theirs are sums with cancellation whose honest scale moves by up to 0.032
+#   (JAX: the key bias, whose true gradient is exactly zero since softmax ignores a shift).
+SCALE_TOL = {"fp32": 2.0 ** -13, "tf32": 2.0 ** -8, "bf16": 2.0 ** -6}
+# The optimizer gate compares each parameter's displacement after OPTIMIZER_STEPS steps
+#   (fp32 state on both sides). Measured honest: fused vs default AdamW a few 1e-6; jit vs
+#   op-by-op fp32 steps 3e-5. Several steps, because after one step Adam's bias correction
+#   makes the update lr * g / |g| whatever its betas are; after three, beta1 = 0.8 instead
+#   of 0.9 (the mildest planted optimizer bug) moves the parameters by 0.019 .. 0.055: 160x
+#   over at least; an optimizer state discarded every step, by 0.17 (JAX, split step).
 OPTIMIZER_TOL = FORWARD_TOL["fp32"]
+OPTIMIZER_STEPS = 3
+
+# -- each rung's own equivalence check (the same metric unless said) --------------------------
+# torch R1, compiled vs eager logits at probe weights, max |diff| <= atol + rtol * |ref|, fp32:
+#   on a GPU the matmuls run as TF32 and inductor re-associates fused reductions (logits are
+#   O(1): measured 5e-4 on the H200); on CPU ~1e-6. Planted: a wrong attention scale (1/Dh
+#   for 1/sqrt(Dh)) moves the logits by 0.0024 at the initial weights -- it would pass -- and
+#   by 0.23 at probe weights: 23x over.
+COMPILE_ATOL, COMPILE_RTOL = 1e-2, 1e-3
+# torch R4, checkpointed vs plain logits, max |diff|, run in the rung's precision (bf16
+#   autocast) through the step's own autocast code: recomputation runs the same ops on the
+#   same inputs in the same order, so the result is bitwise equal (measured 0.0, H200 and
+#   CPU). Planted: a checkpoint wrapper that runs its block with autocast off is exact in
+#   fp32 (where this check used to run) and off by 1e-2 in bf16.
+MIRROR_ATOL = 1e-6
+# JAX, max |a - b| / max |b| of the logits at probe weights. R1 (jit vs op by op, fp32): XLA
+#   re-associates fused sums, and on a GPU fp32 matmuls run as TF32 (measured 7e-4 on the
+#   H200). B4 (cuDNN vs XLA attention, bf16): measured 0.014 on the H200, under 2^-4 =
+#   FORWARD_TOL["bf16"]; a wrong attention scale (1/Dh for 1/sqrt(Dh)) is 0.2 at probe
+#   weights -- and passes at the initial weights, where attention is a uniform average.
+# R4 (remat mirror, both forwards in one program): measured 0.0; a mirror whose final norm
+#   scale drifted by 1.5x is 0.5 off.
+PARITY_TOL = {"float32": 1e-2, "bfloat16": 5e-2}
+MIRROR_TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+# One-hot vs gathered embedding rows, ||diff|| / ||rows||, in the precision the one-hot
+#   matmul runs in (it is fp32 by design, also inside autocast): exact in fp32 (every
+#   output is 1 * w plus zeros; measured 0.0); a TF32 matmul (CUDA, fp32 matmul precision
+#   'high') rounds the table to 11 bits, <= 2^-11. Planted: the lookup left to autocast
+#   rounds the rows to bf16, ~2^-9 / sqrt(3) = 1.1e-3: 2.3x over the TF32 bound, 1e3x over
+#   the fp32 one. The table gradients (the same sums in another order) get the same bound.
+LOOKUP_TOL = {"fp32": 2.0 ** -20, "tf32": 2.0 ** -11}
+# torch B4's two-model check in true fp32 (logits max |diff|, table gradient rel): the
+#   model's forward in true fp32, one-hot vs gather; measured 0.0 and 3e-7.
+EMBED_ATOL, EMBED_GRAD_RTOL = 1e-6, 1e-4
+
+# -- the loss gate: the first GATE_STEPS optimizer steps of the timed step itself -----------
+# Against the plain bf16 recipe (library code) from the same init on the same batches; a loss
+# of ~3.3. What it is for: the compiled step as a whole (the JAX model gate runs op by op):
+# its mildest planted bug, an update computed but never applied, moves the third loss by
+# 0.16 (torch) / 6% (JAX) at smoke: 8x / 6x over. What it cannot see: at the initial weights
+# the logits are near zero and the loss near log V whatever the blocks compute, so a dropped
+# residual moves it by 0.007 (torch) / 0.4% (JAX) at smoke, under the GPU's honest noise; the
+# model gate, at probe weights, is that bug's gate (its logits off by 0.43: 7x over).
+# torch, max |diff|: honest worst 1.5e-3 (B4, H200), < 1e-4 on CPU.
+LOSS_ATOL = 2e-2
+# JAX, max |diff| / |reference|: honest worst 4.6e-3 (B1 on the H200: the plain reference
+#   accumulates the embedding gradient with bf16 atomics), < 1e-4 on CPU. It was 2e-2, which
+#   was 3x looser than torch's for no reason the measurements gave.
+LOSS_RTOL = 1e-2
+GATE_STEPS = OPTIMIZER_STEPS
+
+# -- the counts (``perfladder.measure.counts``) ---------------------------------------------
+# A window's tokens, rate x seconds against batch shape x steps: the rate is count / seconds,
+#   so float rounding is all (1e-16); counting rows for tokens is T x off.
+TOKENS_RTOL = 1e-9
+# FLOPs per token, the formula's terms against the counter's (FlopCounterMode on the meta
+#   device; the jaxpr's dots), the parameters in no matmul (biases, norm scales) added to the
+#   counted constant part: measured equal to the FLOP, smoke and full, both frameworks.
+#   Planted: the backward left out (2N for 6N) is 3x off; attention's 12 L T D halved, 2x.
+FLOPS_RTOL = 1e-6
+# Multi-process rates per window, the reported against the global tokens over the slowest
+#   rank's seconds: ranks step in lockstep (each step waits in the all-reduce) but close their
+#   windows on their own clocks, a few percent apart on a loaded 2-core host. Planted: one of
+#   two ranks' tokens counted twice is 0.5 off: 2x over.
+GLOBAL_RATE_RTOL = 0.25
 
 # The probe weights a model gate runs at. At the initial weights (std 0.02) the attention
 # scores q.k / sqrt(Dh) have a std of D * 0.02^2 (0.2 at width 512, 0.013 at the smoke
@@ -96,10 +188,20 @@ def coarser(a: str, b: str) -> str:
 
 
 def tolerances(reference: str, candidate: str) -> dict:
-    """``{'forward': tol, 'backward': tol}`` for comparing a ``candidate`` precision with a
-    ``reference`` precision (the coarser of the two decides)."""
+    """``{'forward': tol, 'backward': tol, 'scale': tol}`` for comparing a ``candidate``
+    precision with a ``reference`` precision (the coarser of the two decides)."""
     p = coarser(reference, candidate)
-    return {"forward": FORWARD_TOL[p], "backward": BACKWARD_TOL[p]}
+    return {"forward": FORWARD_TOL[p], "backward": BACKWARD_TOL[p], "scale": SCALE_TOL[p]}
+
+
+def scale_error(dot_cr: float, dot_rr: float) -> float:
+    """``|<c, r> / <r, r> - 1|`` from the two inner products: how far the candidate's tensor is,
+    as a whole, a scaled copy of the reference's (``SCALE_TOL``); NaN-safe, as ``rel_diff``."""
+    if math.isnan(dot_cr) or math.isnan(dot_rr):
+        return math.inf
+    if dot_rr == 0.0:
+        return 0.0 if dot_cr == 0.0 else math.inf
+    return abs(dot_cr / dot_rr - 1.0)
 
 
 def rel_diff(norm_diff: float, norm_ref: float) -> float:
@@ -221,9 +323,12 @@ def check_receipt(receipt: dict | None, expect: str, what: str = "the timed step
 
     ``receipt`` maps what was looked at to its dtype: ``'logits'`` (required), and where the
     framework records them ``'grad'`` (a parameter's gradient: fp32 masters, whatever
-    ``expect``), ``'first_activation'`` and ``'matmul_operands'`` (a dict
+    ``expect``), ``'loss'`` (the loss the step returned, read from the step itself: fp32
+    whatever ``expect``), ``'first_activation'`` and ``'matmul_operands'`` (a dict
     ``{dtype or 'a+b': count}``: with ``expect='bf16'`` at least one bf16 matmul and at most
-    ``allow_fp32_matmuls`` fp32 ones, e.g. 1 for an fp32 one-hot embedding lookup).
+    ``allow_fp32_matmuls`` fp32 ones, e.g. 1 for an fp32 one-hot embedding lookup),
+    ``'attention_operands'`` (the same, every one in ``expect``) and ``'loss_ops'`` (the
+    loss's own arithmetic: fp32 whatever ``expect``).
     Raises ``ReceiptError``; returns the receipt.
     """
     if expect not in RECEIPT_EXPECT:
@@ -235,14 +340,21 @@ def check_receipt(receipt: dict | None, expect: str, what: str = "the timed step
     want = RECEIPT_EXPECT[expect]
     bad = {k: receipt[k] for k in ("logits", "first_activation")
            if k in receipt and dtype_name(receipt[k]) != want}
-    if "grad" in receipt and dtype_name(receipt["grad"]) != "float32":
-        bad["grad"] = receipt["grad"]                     # the masters must stay fp32
+    for key in ("grad", "loss"):          # fp32 masters, and an fp32 loss, whatever the compute
+        if key in receipt and dtype_name(receipt[key]) != "float32":
+            bad[key] = receipt[key]
     dots = receipt.get("matmul_operands")
     if dots is not None:
         other = {k: n for k, n in dots.items() if k != want}
         fp32_ok = allow_fp32_matmuls if expect == "bf16" else 0
         if not dots.get(want) or set(other) - {"float32"} or other.get("float32", 0) > fp32_ok:
             bad["matmul_operands"] = dots
+    attention = receipt.get("attention_operands")     # q, k, v (and their gradients)
+    if attention and set(attention) != {want}:
+        bad["attention_operands"] = attention
+    loss_ops = receipt.get("loss_ops")                 # the loss's log-softmax: fp32 always
+    if loss_ops is not None and set(loss_ops) != {"float32"}:
+        bad["loss_ops"] = loss_ops
     if bad:
         raise ReceiptError(f"{what} claims {expect} but computed {bad} ({receipt}): it would "
                            f"measure one precision and call it another", gate="receipt")

@@ -5,7 +5,9 @@
 1. warm up for ``warmup`` steps (past compilation, autotuning, allocator growth), sync;
    while warming up, compare the content of consecutive batches (a host read is allowed
    there: nothing is timed yet) -- a stream that serves one cached batch under new tensor
-   objects is refused before any window opens;
+   objects is refused before any window opens; the last two batches of the measurement
+   are compared once more after the last window closed, so a rung whose warm-up is too
+   short to compare two batches (JAX's un-jitted R0 warms up one step) is checked too;
 2. run timed windows of ``timed`` steps each, every one closed by a device sync, counting
    the tokens of every batch actually fed (end-to-end tokens/s: the stream's own cost is
    inside the window, as in a real training run);
@@ -21,8 +23,10 @@
    tail that was not dropped: eager code would not recompile, so the guard of 5 misses it).
 
 Each framework supplies ``sync`` (``torch.cuda.synchronize`` / ``jax.block_until_ready``),
-``compile_count`` (dynamo's counters / XLA compile events) and ``fingerprint`` (a few rows
-of a batch as bytes).
+``compile_count`` (dynamo's counters / XLA compile events), ``fingerprint`` (a few rows
+of a batch as bytes) and ``ready`` (is the device done with the window's work? asked right
+after ``sync``, without waiting: a sync that only queried would leave work running past the
+clock, and ``SyncError`` refuses the measurement).
 """
 from __future__ import annotations
 
@@ -53,6 +57,10 @@ class BatchShapeError(RuntimeError):
 
 class StreamEndedError(RuntimeError):
     """The stream ran out of batches before the measurement was done."""
+
+
+class SyncError(RuntimeError):
+    """A window was closed while the device still had its work: the sync did not wait."""
 
 
 def spread_of(rates) -> float:
@@ -134,6 +142,7 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
             sync: Callable[[Any], None], compile_count: Callable[[], int],
             num_tokens: Callable[[Any], int], shape_of: Callable[[Any], tuple],
             fingerprint: Callable[[Any], bytes] | None = None,
+            ready: Callable[[Any], bool] | None = None,
             target_spread: float = DEFAULT_TARGET_SPREAD,
             max_windows: int | None = None, budget_s: float | None = None) -> Throughput:
     """Time ``step(X, Y)`` over batches drawn from ``stream``; see the module docstring.
@@ -151,11 +160,12 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
         raise ValueError(f"target_spread={target_spread!r} must be a fraction in (0, 1)")
 
     prev, prev_pos, prev_print = None, None, None
+    before_prev = None                     # the batch drawn before ``prev``: the last check
     out = None
     drawn = 0
 
     def draw():
-        nonlocal prev, prev_pos, drawn
+        nonlocal prev, prev_pos, before_prev, drawn
         try:
             X, Y = next(stream)
         except StopIteration:
@@ -169,7 +179,7 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
         if X is prev or (pos is not None and pos == prev_pos):
             raise StaleBatchError("the stream yielded the same batch twice in a row "
                                   f"(position {pos}); time fresh batches, not one cached batch")
-        prev, prev_pos = X, pos
+        before_prev, prev, prev_pos = prev, X, pos
         return X, Y
 
     for _ in range(warmup):
@@ -207,6 +217,9 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
             tokens += n
         sync(out)
         dt = time.perf_counter() - t0
+        if ready is not None and not ready(out):
+            raise SyncError(f"timed window {w + 1} closed while the device was still busy: its "
+                            f"sync ({getattr(sync, '__name__', sync)}) did not wait for the work")
         compiled = compile_count() - before
         if compiled:
             raise RecompileError(
@@ -222,6 +235,9 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
                                          and len(rates) >= windows):
             stable = False
             break
+    if fingerprint is not None and before_prev is not None and fingerprint(before_prev) == fingerprint(prev):
+        raise StaleBatchError("the last two batches of the measurement have the same content; "
+                              "the stream serves one cached batch under new objects")
     return Throughput(tokens_per_s=statistics.median(rates[-windows:]), windows=rates,
                       seconds=secs, steps_per_window=timed, tokens_per_window=tokens,
                       warmup=warmup, batch_shape=shape or (), settled=windows, stable=stable,

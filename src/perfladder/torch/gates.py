@@ -3,16 +3,19 @@
 Every gate raises a ``GateError`` (an ``AssertionError``) naming what differed and by how
 much; a faster wrong answer never reaches the timer.
 
-* ``model_gate(reference, candidate, batches)`` -- the candidate step's logits and the gradient
-  of every parameter, by name, against the reference step's (the plain eager fp32 model), at
-  probe weights where every part of the model matters; no optimizer step.
+* ``model_gate(reference, candidate, batches)`` -- the candidate step's logits, its own loss,
+  the gradient of every parameter by name and the scale of every matrix gradient, against
+  the reference step's (the plain eager fp32 model), at probe weights where every part of
+  the model matters; no optimizer step.
 * ``optimizer_gate(reference, candidate, batches)`` -- both optimizers fed the same gradients
   for a few steps: every parameter must move as the reference AdamW moves it.
-* ``check_receipt(step, expect)`` -- the dtypes the timed call itself recorded
-  (``TrainStep.receipt``), not those of a side path.
+* ``check_receipt(step, expect, arithmetic=...)`` -- the dtypes the timed call itself recorded
+  (``TrainStep.receipt``), not those of a side path, and the dtypes of its arithmetic
+  (every matmul, attention kernel and loss op: ``perfladder.torch.program.arithmetic``).
+* ``check_compiled`` / ``check_mirror`` -- R1's and R4's own parity checks, at probe weights
+  (``probed``), R4's in the rung's precision through the step's own autocast code.
 
 The metric, the tolerance table and ``GateResult`` are framework-free: ``perfladder.measure.gates``.
-The older logit-only gates (``check_compiled``, ``check_mirror``, ``check_bf16``) stay below.
 """
 from __future__ import annotations
 
@@ -22,6 +25,9 @@ import torch
 from torch import nn
 
 from perfladder.measure.gates import (
+    COMPILE_ATOL,
+    COMPILE_RTOL,
+    MIRROR_ATOL,
     OPTIMIZER_TOL,
     GateError,
     GateResult,
@@ -31,18 +37,14 @@ from perfladder.measure.gates import (
     fail_if,
     probe_qk_std,
     rel_diff,
+    scale_error,
     tolerances,
 )
 from perfladder.measure.gates import check_receipt as _check_receipt_dict
 
 METRIC = "||candidate - reference|| / ||reference|| per tensor (Frobenius norms)"
-
-# Compiled vs eager logits. On a GPU the fp32 matmuls run as TF32 and inductor re-associates
-# fused reductions, so agreement is to about 1e-3..1e-2 absolute (logits are O(1)); on CPU
-# the difference is ~1e-6. A wrong model (other weights, a broken op) is off by >= 1e-1.
-COMPILE_ATOL, COMPILE_RTOL = 1e-2, 1e-3
-# Checkpointing recomputes the same ops on the same inputs: the forward must be exact.
-MIRROR_ATOL = 1e-6
+__all__ = ["COMPILE_ATOL", "COMPILE_RTOL", "MIRROR_ATOL", "model_gate", "optimizer_gate",
+           "check_receipt", "check_compiled", "check_mirror"]     # tolerances: measure.gates
 
 
 class CorrectnessError(GateError):
@@ -61,15 +63,42 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
+@contextlib.contextmanager
+def probed(*modules: nn.Module):
+    """Inside the block, each GPT of ``modules`` (the same weights, or the very same module)
+    holds its probe weights (``probe_qk_std``: attention scores of std ``PROBE_SCORE_STD``),
+    in place; its own weights come back after. A parity check at the initial weights, where
+    attention is a near-uniform average, would pass a wrong attention scale."""
+    saved = []
+    # a compiled module is its original's wrapper; a plain forward function shares its model's
+    # parameters (nothing to scale twice)
+    gpts = [_module(getattr(m, "_orig_mod", m)) for m in modules if isinstance(m, nn.Module)]
+    with torch.no_grad():
+        for m in {id(m): m for m in gpts}.values():
+            D = m.config.num_hiddens
+            for name, W in m.named_parameters():
+                if name.endswith("attn.W_qkv.weight"):                  # (3D, D): q | k | v
+                    saved.append((W, W[:2 * D].clone()))
+                    W[:2 * D] *= probe_qk_std(D) / W[:2 * D].std()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for W, qk in saved:
+                W[:qk.shape[0]].copy_(qk)
+
+
 def check_compiled(eager: nn.Module, compiled: nn.Module, X: torch.Tensor,
                    atol: float = COMPILE_ATOL, rtol: float = COMPILE_RTOL) -> float:
-    """Assert ``compiled(X)`` is allclose to ``eager(X)``; return the max abs difference.
+    """Assert ``compiled(X)`` is allclose to ``eager(X)`` at probe weights (``probed``; the
+    compiled module shares the eager one's parameters); return the max abs difference.
 
     Runs with autograd on, as in training, so the compiled module reuses its training
     graph instead of compiling a second (inference) graph just for the gate.
     """
-    ref = eager(X).detach()                                   # (B, T, V)
-    got = compiled(X).detach()                                # (B, T, V)
+    with probed(eager, compiled):
+        ref = eager(X).detach()                               # (B, T, V)
+        got = compiled(X).detach()                            # (B, T, V)
     if got.shape != ref.shape:
         raise CorrectnessError(f"compiled logits have shape {tuple(got.shape)}, eager {tuple(ref.shape)}")
     diff = _max_diff(got, ref)
@@ -80,13 +109,18 @@ def check_compiled(eager: nn.Module, compiled: nn.Module, X: torch.Tensor,
 
 
 def check_mirror(plain: nn.Module, mirror: nn.Module, X: torch.Tensor,
-                 atol: float = MIRROR_ATOL) -> float:
-    """Assert ``mirror(X)`` equals ``plain(X)`` to ``atol`` in fp32 (no autocast); return max |diff|."""
-    with torch.autocast(X.device.type, enabled=False):
-        ref = plain(X).detach()                               # (B, T, V)
-        got = mirror(X).detach()                              # (B, T, V)
-    if ref.dtype != torch.float32 or got.dtype != torch.float32:
-        raise MirrorError(f"mirror check must run in fp32; got {ref.dtype} and {got.dtype}")
+                 atol: float = MIRROR_ATOL, *, wrap=None, dtype=torch.float32) -> float:
+    """Assert ``mirror(X)`` equals ``plain(X)`` to ``atol``, both at probe weights; return
+    max |diff|. ``wrap(module) -> forward``: how the rung's step runs a module (its own
+    ``autocast_bf16``, for a bf16 rung); the logits must come out ``dtype``. Without ``wrap``:
+    fp32, autocast off."""
+    off = torch.autocast(X.device.type, enabled=False) if wrap is None else contextlib.nullcontext()
+    with probed(plain, mirror), off:
+        ref = (plain if wrap is None else wrap(plain))(X).detach()          # (B, T, V)
+        got = (mirror if wrap is None else wrap(mirror))(X).detach()        # (B, T, V)
+    if ref.dtype != dtype or got.dtype != dtype:
+        raise MirrorError(f"the mirror check must run in the rung's precision ({dtype}); got "
+                          f"{ref.dtype} and {got.dtype}")
     diff = _max_diff(got, ref)
     if got.shape != ref.shape or not torch.allclose(got, ref, atol=atol, rtol=0.0):
         raise MirrorError(f"the checkpointed model is not an exact mirror of the plain one: "
@@ -183,19 +217,28 @@ def _rel(got, want: torch.Tensor) -> float:
     return rel_diff((got - want).norm().item(), want.norm().item())
 
 
+def _scale(got, want: torch.Tensor) -> float:
+    """|<got, want> / <want, want> - 1| (``perfladder.measure.gates.SCALE_TOL``)."""
+    if got is None or got.shape != want.shape:
+        return float("inf")
+    got, want = got.double(), want.double()
+    return scale_error((got * want).sum().item(), (want * want).sum().item())
+
+
 def _reference_pass(step, X, Y, chunks: int):
     """Logits (fp32) and ``{name: grad}`` of the reference, its batch in ``chunks`` equal slices
     (gradients averaged: the gradient of the mean over the whole batch)."""
     B = X.shape[0]
     if not isinstance(chunks, int) or chunks < 1 or B % chunks:
         raise ValueError(f"reference_chunks={chunks!r} must be a positive integer dividing the batch {B}")
-    n, logits, grads = B // chunks, [], None
+    n, logits, grads, loss = B // chunks, [], None, 0.0
     for i in range(chunks):
-        _, lg = step.forward_backward(X[i * n:(i + 1) * n], Y[i * n:(i + 1) * n])
+        lo, lg = step.forward_backward(X[i * n:(i + 1) * n], Y[i * n:(i + 1) * n])
         logits.append(lg.float())
+        loss += lo.double() / chunks
         g = {k: p.grad.detach().double() for k, p in _params(step).items()}
         grads = g if grads is None else {k: grads[k] + g[k] for k in grads}
-    return torch.cat(logits), {k: g / chunks for k, g in grads.items()}
+    return loss, torch.cat(logits), {k: g / chunks for k, g in grads.items()}
 
 
 # -- the model gate ----------------------------------------------------------------------------
@@ -212,8 +255,10 @@ def model_gate(reference, candidate, batches, *, reference_chunks: int = 1,
     (in place), gradients cleared, optimizers untouched. The candidate runs
     ``forward_backward`` -- the code its timed ``__call__`` runs; an fp32 reference runs in
     true fp32. ``reference_chunks`` runs the reference on that many equal slices of each
-    batch and averages (a batch rung against the smaller batch). Compares the logits and every
-    gradient (``||diff|| / ||ref||``) with ``perfladder.measure.gates.tolerances``.
+    batch and averages (a batch rung against the smaller batch). Compares the logits, the
+    loss the candidate's own ``loss_and_grads`` computed and every gradient (``||diff|| /
+    ||ref||``), and every matrix gradient's scale (``scale/<name>``: Adam would hide a
+    scaled gradient from the loss gate) with ``perfladder.measure.gates.tolerances``.
     Raises ``ModelGateError`` (the worst parameter and its numbers); returns the ``GateResult``.
     """
     _same_start(reference, candidate, name, ModelGateError)
@@ -231,23 +276,29 @@ def model_gate(reference, candidate, batches, *, reference_chunks: int = 1,
         _load(candidate, probe)
         for X, Y in batches:
             with true_fp32(p_ref == "fp32"):
-                ref_logits, ref_grads = _reference_pass(reference, X, Y, reference_chunks)
-            _, cand_logits = candidate.forward_backward(X, Y)
+                ref_loss, ref_logits, ref_grads = _reference_pass(reference, X, Y, reference_chunks)
+            cand_loss, cand_logits = candidate.forward_backward(X, Y)      # the step's own loss
             cand = _params(candidate)
             _worse(measured, "logits", _rel(cand_logits.float(), ref_logits))
+            _worse(measured, "loss", _rel(cand_loss.reshape(1), ref_loss.reshape(1)))
             for k, g in ref_grads.items():
                 _worse(measured, f"grad/{k}", _rel(cand[k].grad, g))
+                if g.dim() >= 2:
+                    _worse(measured, f"scale/{k}", _scale(cand[k].grad, g))
     finally:
         for key, step in (("reference", reference), ("candidate", candidate)):
             _load(step, saved[key])
             step.opt.zero_grad(set_to_none=True)
-    tolerance = {k: tol["forward" if k == "logits" else "backward"] for k in measured}
+    tolerance = {k: tol[_KIND[k.split("/")[0]]] for k in measured}
     result = GateResult.judge(
         name, reference=describe(reference), candidate=describe(candidate),
         precision={"reference": p_ref, "candidate": p_cand}, measured=measured, tolerance=tolerance,
         details={"metric": METRIC, "batches": len(batches), "batch_shape": list(batches[0][0].shape),
                  "reference_chunks": reference_chunks, "probe_qk_std": scale})
     return fail_if(result, ModelGateError)
+
+
+_KIND = {"logits": "forward", "loss": "forward", "grad": "backward", "scale": "scale"}
 
 
 def _worse(measured: dict, key: str, value: float) -> None:
@@ -329,11 +380,20 @@ def _opt_restore(opt, saved: dict) -> None:
 
 
 # -- receipts -------------------------------------------------------------------------------------
-def check_receipt(step, expect: str = "bf16") -> dict:
+def check_receipt(step, expect: str = "bf16", arithmetic: dict | None = None,
+                  allow_fp32_matmuls: int = 0) -> dict:
     """Assert that the step's own last call computed in ``expect`` ('bf16' or 'fp32'), from the
-    receipt that call recorded (``TrainStep.receipt``); ``PrecisionError`` (a ``ReceiptError``) if
-    not, or if the step recorded none. Call it after a step of the timed kind ran."""
+    receipt that call recorded (``TrainStep.receipt``: logits, loss, a gradient) and, when
+    given, from ``arithmetic`` (``perfladder.torch.program.arithmetic(step, X, Y)``: every
+    matmul's and attention kernel's operands, the loss op's input). ``allow_fp32_matmuls``:
+    fp32 matmuls a bf16 step computes by design (2 for the one-hot lookup: its forward and
+    its table gradient). ``PrecisionError`` (a ``ReceiptError``) if not, or if the step
+    recorded none. Call it after a step of the timed kind ran."""
+    receipt = getattr(step, "receipt", None)
+    if receipt and arithmetic is not None:
+        receipt = {**receipt, **arithmetic}
     try:
-        return _check_receipt_dict(getattr(step, "receipt", None), expect, what=repr(step))
+        return _check_receipt_dict(receipt, expect, what=repr(step),
+                                   allow_fp32_matmuls=allow_fp32_matmuls)
     except ReceiptError as e:
         raise PrecisionError(str(e), gate="receipt") from None

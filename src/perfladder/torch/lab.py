@@ -61,7 +61,7 @@ class TorchLab:
         self.device_name = device_name() if self.on_gpu else "cpu"
         peak = peak_for(self.device_name)
         notes = [f"fp32 matmuls {'run as TF32' if self.on_gpu else 'stay fp32 on CPU'} "
-                 "(torch.set_float32_matmul_precision('high'))"]
+                 "(torch.set_float32_matmul_precision('high'))", self._check_flops()]
         roofs = probe_roofs() if self.on_gpu else None
         if roofs is None:
             notes.append("no measured device ceilings in this run (no CUDA device to probe)")
@@ -78,6 +78,16 @@ class TorchLab:
             # tiny smoke ops: thread synchronisation would cost more than it saves
             torch.set_num_threads(1)
             self.result.notes.append("smoke config on CPU: torch.set_num_threads(1)")
+
+    def _check_flops(self) -> str:
+        """The FLOPs-per-token formula every rung's TFLOP/s and MFU use, against
+        ``FlopCounterMode`` on the meta device (``perfladder.torch.program.check_flops``),
+        once, before any rung: ``CountError`` if they disagree; the line the result keeps."""
+        from perfladder.torch.program import check_flops
+        T = self.config.num_steps
+        self.flop_check = check_flops(self.gpt_config, T, self.flops_per_token)
+        return (f"FLOPs per token at T={T} ({self.flops_per_token(T):,}) checked against "
+                f"{self.flop_check['counter']} at start: equal")
 
     def _allow_recompiles(self, limit: int = 64) -> None:
         """Every rung compiles its own configuration of the same ``GPT.forward``: raise dynamo's
@@ -182,14 +192,26 @@ class TorchLab:
         g = self.gpt_config
         return flops_per_token(self.num_params, g.num_blks, seq_len, g.num_hiddens)
 
-    def receipt(self, step: TrainStep, recipe: Recipe) -> Receipt:
-        """What the step's last call computed in, from the receipt that call recorded
-        (``TrainStep.forward_backward``); ``PrecisionError`` when it is not the recipe's."""
+    def receipt(self, step: TrainStep, recipe: Recipe, arithmetic: dict | None = None) -> Receipt:
+        """What the step computed in: the dtypes its last call recorded
+        (``TrainStep.forward_backward``) and, when given, ``arithmetic``
+        (``perfladder.torch.program.arithmetic``: every matmul's, attention kernel's and loss
+        op's operands); ``PrecisionError`` when either is not the recipe's precision. A bf16
+        one-hot lookup computes its 2 matmuls (forward, table gradient) in fp32 by design."""
         from perfladder.torch.gates import check_receipt
         claimed = self.precision(recipe)
-        check_receipt(step, "bf16" if recipe.bf16 else "fp32")
-        return Receipt(claimed=claimed, observed={"logits": step.receipt["logits"]},
-                       where="TrainStep.forward_backward")
+        expect = "bf16" if recipe.bf16 else "fp32"
+        allow = 2 if recipe.bf16 and recipe.embed == "onehot" else 0
+        check_receipt(step, expect, arithmetic, allow_fp32_matmuls=allow)
+        observed = {"logits": step.receipt["logits"]}
+        where = "TrainStep.forward_backward"
+        if arithmetic is not None:       # checked above: the rung's matmuls all ran in one dtype
+            want = {"bf16": "bfloat16", "fp32": "float32"}[expect]
+            observed["matmul_operands"] = want
+            if arithmetic.get("attention_operands"):
+                observed["attention_operands"] = want
+            where += " (and its arithmetic, perfladder.torch.program.arithmetic)"
+        return Receipt(claimed=claimed, observed=observed, where=where)
 
     def free(self, graphs: bool = True) -> None:
         """Hand a finished configuration's device memory back before the next is built: its

@@ -125,6 +125,9 @@ class TrainStep:
         self._loss_and_grads = code["loss_and_grads"]
         forward = code["compile_model"](model, mode) if compiled else model
         self.forward = code["autocast_bf16"](forward, self.device_type) if bf16 else forward
+        # the same forward around the module that is compiled: what ``uncompiled`` runs
+        self._eager_forward = (code["autocast_bf16"](model, self.device_type) if bf16 else model
+                               ) if compiled else self.forward
         self._opt_step = self._timed_range(code["compile_optimizer"](opt)) if compile_optimizer else opt.step
         self.receipt: dict = {}             # what the last call computed in
         self.first_call_s: dict[str, float] = {}   # the first forward+backward, the first update
@@ -163,6 +166,18 @@ class TrainStep:
         self.receipt = {"logits": dtype_name(logits.dtype), "loss": dtype_name(loss.dtype),
                         "grad": None if grad is None else dtype_name(grad.dtype),
                         "calls": self.receipt.get("calls", 0) + 1}
+
+    @contextlib.contextmanager
+    def uncompiled(self):
+        """Inside the block the step's forward runs the module its ``compile_model`` compiled,
+        eagerly, through the same ``autocast_bf16`` (an eager step is unchanged): how
+        ``perfladder.torch.program.arithmetic`` reads what a compiled step computes in."""
+        compiled = self.forward
+        self.forward = self._eager_forward
+        try:
+            yield self
+        finally:
+            self.forward = compiled
 
     def __call__(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         loss, _ = self.forward_backward(X, Y)

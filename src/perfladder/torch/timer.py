@@ -17,6 +17,14 @@ def sync(_out=None) -> None:
         torch.cuda.synchronize()
 
 
+def ready(_out=None) -> bool:
+    """Has the current CUDA stream finished its work? (a query: it does not wait). True
+    before CUDA is initialised, when there can be none."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return bool(torch.cuda.current_stream().query())
+    return True
+
+
 def compile_count() -> int:
     """How many compilations dynamo/inductor have done in this process so far.
 
@@ -45,12 +53,13 @@ def throughput(step, stream, warmup: int = WARMUP, timed: int = TIMED,
                windows: int = WINDOWS, **settle) -> Throughput:
     """End-to-end tokens/s of ``step(X, Y)`` over batches from ``stream``.
 
-    ``perfladder.measure.timing.measure`` with CUDA sync closing every window and dynamo's
-    counters as the recompile guard (a compile inside a window raises ``RecompileError``).
+    ``perfladder.measure.timing.measure`` with CUDA sync closing every window (and the stream
+    asked, right after, whether it is done: ``SyncError`` if not) and dynamo's counters as the
+    recompile guard (a compile inside a window raises ``RecompileError``).
     ``settle``: ``target_spread`` / ``max_windows`` of ``perfladder.measure.timing.measure``.
     """
     warmup, timed, windows = (check_int("warmup", warmup, 0), check_int("timed", timed, 1),
                               check_int("windows", windows, 1))
     return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
-                   sync=sync, compile_count=compile_count, fingerprint=fingerprint,
+                   sync=sync, ready=ready, compile_count=compile_count, fingerprint=fingerprint,
                    num_tokens=lambda X: X.numel(), shape_of=lambda X: tuple(X.shape), **settle)

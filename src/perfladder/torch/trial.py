@@ -4,10 +4,13 @@
     until they settle -> profile -> ``Evidence`` (the engine records it)
 
 The gates run before the step has taken any optimizer step, because they compare it with the
-plain model at the same initial weights: the model gate (logits and every parameter's
-gradient against the eager fp32 model, ``perfladder.torch.gates.model_gate``), the optimizer
-gate when the rung changes the optimizer, the rung's own checks, then the loss gate (a few
-optimizer steps whose losses must follow the eager bf16 reference recipe's). A compiled step
+plain model at the same initial weights: the model gate (logits, the step's own loss, every
+parameter's gradient and every matrix gradient's scale against the eager fp32 model,
+``perfladder.torch.gates.model_gate``), the optimizer gate (every step form, several steps),
+the rung's own checks, then the loss gate (a few optimizer steps whose losses must follow
+the eager bf16 reference recipe's). The receipt reads the step's arithmetic (every matmul's
+and attention kernel's operand dtypes, ``perfladder.torch.program``); the timed windows'
+tokens are checked against batch shape x steps (``perfladder.measure.counts``). A compiled step
 compiles on its first call, wherever that call happens; the step times that call itself, so
 the compile time is recorded where it is paid. Every phase's seconds go into the evidence
 (``details['seconds']``): where a rung's time went, outside its timed windows.
@@ -21,7 +24,15 @@ from typing import Callable
 import torch
 
 from perfladder.ladder.rung import Evidence, Given
+from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Timing
+from perfladder.measure.gates import (
+    EMBED_ATOL,
+    EMBED_GRAD_RTOL,
+    GATE_STEPS,
+    LOOKUP_TOL,
+    LOSS_ATOL,
+)
 from perfladder.measure.timing import Stopwatch
 from perfladder.torch.gates import (
     GateError,
@@ -30,25 +41,21 @@ from perfladder.torch.gates import (
     optimizer_gate,
     true_fp32,
 )
+from perfladder.torch.program import arithmetic
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.stream import batches
 from perfladder.torch.timer import compile_count
 
-GATE_STEPS = 3             # optimizer steps the loss gate runs from the initial weights
-# Absolute, on a loss of ~3.3: switches that only reorder bf16 kernels (compiled vs eager,
-# fused vs foreach AdamW) move these first losses by about 1e-3 on the full-width model; a
-# step that skips or garbles the update moves them by tenths.
-LOSS_ATOL = 2e-2
-EMBED_ATOL = 1e-6          # one-hot vs gather logits, true fp32: every product is 1*w or 0*w
-EMBED_GRAD_RTOL = 1e-4     # their table gradients: the same sums in a different order
+__all__ = ["trial", "loss_gate", "embed_gate", "LOSS_ATOL", "EMBED_ATOL", "EMBED_GRAD_RTOL"]
 GATE_SEED_OFFSET = 10_000  # the gate's batches come from their own shuffle seed
+GATE_ROWS = 8              # rows of each fixed batch the optimizer gate's reference runs on
 
 
 class LossGateError(GateError):
     """A configuration's first losses differ from the reference recipe's on the same batches."""
 
 
-def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: bool = False,
+def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: bool = True,
           loss_gate_: bool = False, checks: tuple[Callable, ...] = (), profile: bool = True,
           details: dict | None = None, notes=()) -> Evidence:
     """Gate, time and profile ``recipe`` (default: the one the rung was given); see the module
@@ -73,15 +80,19 @@ def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: b
     compiled = Compile(first_call_s=sum(step.first_call_s.values()),
                        compilations=compile_count() - c0)
     with watch("receipt"):
-        receipt = lab.receipt(step, recipe)
+        X, Y = gate_batches(lab, B)[0]
+        arith = arithmetic(step, X[:GATE_ROWS], Y[:GATE_ROWS])   # dtypes do not depend on B
+        receipt = lab.receipt(step, recipe, arith)
     with watch("time"):
         t, again, mem = lab.measure(step, B)
+    check_tokens(t, f"{given.rung.name}'s timed step")
     lab.receipt(step, recipe)                       # the timed calls computed the same way
     with watch("profile"):
         prof = lab.profile(step, B) if profile else None
     return Evidence(timing=Timing.of(t, again), recipe=recipe, gates=gates, receipt=receipt,
                     compile=compiled, memory=mem, profile=prof,
-                    details={**(details or {}), "seconds": watch.seconds}, notes=list(notes))
+                    details={**(details or {}), "arithmetic": arith, "seconds": watch.seconds},
+                    notes=list(notes))
 
 
 # -- the gates run before timing -------------------------------------------------------------------
@@ -94,18 +105,22 @@ def gate_batches(lab, batch_size: int) -> list:
     return cache[batch_size]
 
 
-def model_gates(lab, step, recipe: Recipe, optimizer: bool = False) -> list[Gate]:
-    """The first line: ``step`` computes the plain model's logits and every parameter's gradient
-    (``perfladder.torch.gates.model_gate``) against the eager fp32 model of the same weights, on
-    a fixed batch of its own shape; with ``optimizer``, its AdamW moves every parameter as the
-    default AdamW does on the same gradients. Raises a ``GateError``; returns the evidence."""
+def model_gates(lab, step, recipe: Recipe, optimizer: bool = True) -> list[Gate]:
+    """The first line: ``step`` computes the plain model's logits, loss and every parameter's
+    gradient (``perfladder.torch.gates.model_gate``) against the eager fp32 model of the same
+    weights, on a fixed batch of its own shape; with ``optimizer`` (every step form: fused,
+    compiled or default AdamW, CUDA graphs), its optimizer step moves every parameter as the
+    default AdamW does on the same gradients, over ``GATE_STEPS`` steps (one would hide the
+    betas behind Adam's bias correction) on ``GATE_ROWS`` rows. Raises a ``GateError``;
+    returns the evidence."""
     plain = Recipe(batch_size=recipe.batch_size)
     if recipe == plain:
         return []
-    fixed = gate_batches(lab, recipe.batch_size)[:1]
-    out = [model_gate(lab.build_step(plain, plain_code=True), step, fixed).evidence()]
+    fixed = gate_batches(lab, recipe.batch_size)
+    out = [model_gate(lab.build_step(plain, plain_code=True), step, fixed[:1]).evidence()]
     if optimizer:
-        out.append(optimizer_gate(lab.build_step(plain, plain_code=True), step, fixed).evidence())
+        rows = [(X[:GATE_ROWS], Y[:GATE_ROWS]) for X, Y in fixed]
+        out.append(optimizer_gate(lab.build_step(plain, plain_code=True), step, rows).evidence())
     lab.free(graphs=False)
     return out
 
@@ -144,13 +159,17 @@ def loss_gate(lab, step, batch_size: int, atol: float = LOSS_ATOL) -> Gate:
 
 
 def onehot_check(lab, step, recipe: Recipe) -> Gate:
-    """B4's own gate (``embed_gate``) on rows of the gate's fixed batch."""
-    return embed_gate(lab, gate_batches(lab, recipe.batch_size)[0][0][: lab.config.batch_size])
+    """B4's own gate (``embed_gate``) on rows of the gate's fixed batch, and in ``step``'s path."""
+    return embed_gate(lab, gate_batches(lab, recipe.batch_size)[0][0][: lab.config.batch_size],
+                      step=step)
 
 
-def embed_gate(lab, X, atol: float = EMBED_ATOL, grad_rtol: float = EMBED_GRAD_RTOL) -> Gate:
+def embed_gate(lab, X, atol: float = EMBED_ATOL, grad_rtol: float = EMBED_GRAD_RTOL,
+               step=None) -> Gate:
     """One-hot and gather embeddings compute the same model: fp32 logits of two eager models
-    with the same weights agree to ``atol``, the shared table's gradients to ``grad_rtol``."""
+    with the same weights agree to ``atol``, the shared table's gradients to ``grad_rtol``;
+    with ``step`` (the rung's, one-hot), also in the precision and code path the rung times
+    (``lookup_in_step``)."""
     gather = lab.make_model(Recipe(batch_size=X.shape[0]))
     onehot = lab.make_model(Recipe(batch_size=X.shape[0], embed="onehot"))
     onehot.load_state_dict(gather.state_dict())
@@ -169,6 +188,52 @@ def embed_gate(lab, X, atol: float = EMBED_ATOL, grad_rtol: float = EMBED_GRAD_R
     if not gdiff <= grad_rtol:
         raise MirrorError(f"one-hot embedding's table gradient differs from the gather's: "
                           f"max |diff| / max |grad| = {gdiff:.3g} > {grad_rtol}")
-    return Gate(name="one-hot vs gather embedding", passed=True,
-                values={"logits_max_abs_diff": diff, "grad_max_rel_diff": gdiff},
-                tolerances={"atol": atol, "grad_rtol": grad_rtol}, reference="gather embedding, true fp32")
+    values = {"logits_max_abs_diff": diff, "grad_max_rel_diff": gdiff}
+    tols = {"atol": atol, "grad_rtol": grad_rtol}
+    if step is not None:
+        in_step, tol = lookup_in_step(step, X)
+        values.update(in_step)
+        tols.update({k: tol for k in in_step})
+    return Gate(name="one-hot vs gather embedding", passed=True, values=values, tolerances=tols,
+                reference="gather embedding, true fp32; and the gathered rows in the rung's path")
+
+
+def lookup_in_step(step, X) -> tuple[dict, float]:
+    """The one-hot rows and their table gradient as the rung's step computes them -- its own
+    forward (through its ``autocast_bf16``, eagerly: ``TrainStep.uncompiled``) under the lab's
+    matmul precision -- against the gathered fp32 rows and their scatter-add, ``||diff|| /
+    ||ref||`` within ``LOOKUP_TOL`` of the precision the fp32 lookup matmul runs in. The rows
+    must come out fp32 (the lookup is fp32 by design). ``MirrorError`` otherwise."""
+    model = getattr(step.model, "module", step.model)
+    real, seen = model.embed_tokens, {}
+
+    def capture(ids):
+        seen["rows"] = real(ids)
+        return seen["rows"]
+    model.embed_tokens = capture                       # what the step's forward calls
+    try:
+        with step.uncompiled():
+            step.logits(X)                             # (B, T, V); the rows keep their graph
+    finally:
+        del model.embed_tokens
+    rows = seen["rows"]                                # (B, T, D)
+    W = model.token_emb.weight
+    G = torch.randn(rows.shape, generator=torch.Generator().manual_seed(0)).to(rows.device)
+    got_grad, = torch.autograd.grad((rows.float() * G).sum(), W)
+    want = W.detach()[X]                                                  # (B, T, D) fp32
+    want_grad = torch.zeros_like(W).index_add_(0, X.flatten(), G.flatten(0, 1))
+    fp32 = step.device_type != "cuda" or torch.get_float32_matmul_precision() == "highest"
+    tol = LOOKUP_TOL["fp32" if fp32 else "tf32"]
+    values = {"rows_rel_diff_in_step": _rel(rows.detach(), want),
+              "grad_rel_diff_in_step": _rel(got_grad, want_grad)}
+    if rows.dtype != torch.float32 or not max(values.values()) <= tol:
+        raise MirrorError(f"inside the rung's step ({step!r}) the one-hot rows come out "
+                          f"{rows.dtype} and differ from the gathered fp32 rows by {values} "
+                          f"(allowed {tol:.3g}): the lookup is not the gather's in the precision "
+                          "that is timed")
+    return values, tol
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.double()
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-300)).item()

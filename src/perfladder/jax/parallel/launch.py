@@ -132,10 +132,12 @@ def run(spec: dict, out: Path) -> dict:
     from jax.experimental import multihost_utils
 
     from perfladder.config import LadderConfig
+    from perfladder.jax.checks import distinct_devices
     from perfladder.jax.parallel.layout import allreduce_bus_bw, peak_mem_bytes
     from perfladder.jax.parallel.measure import Replica, corpus, num_params
     from perfladder.jax.recipe import Recipe
     from perfladder.jax.timer import throughput
+    from perfladder.measure.counts import check_global_rate
     from perfladder.measure.evidence import Timing
 
     cfg, recipe = LadderConfig(**spec["config"]), Recipe.from_dict(spec["recipe"])
@@ -148,6 +150,7 @@ def run(spec: dict, out: Path) -> dict:
     if spec.get("check_steps"):
         return _check(spec, rep, data, mesh, out)
     stream = local_batches(data, recipe.batch_size, mesh, seed=cfg.seed + 300)
+    digests = distinct_devices(next(stream)[0]) if k > 1 else []
     bw = allreduce_bus_bw(mesh, n) if k > 1 else 0.0
     # every process times the same number of windows: one that stopped early (its windows
     # settled) would leave the others waiting in the step's all-reduce
@@ -163,10 +166,13 @@ def run(spec: dict, out: Path) -> dict:
     gathered = multihost_utils.process_allgather(
         {"windows": np.asarray(t.windows), "seconds": np.asarray(t.seconds), "bw": np.asarray(bw),
          "mem_kib": mem_to_kib(mems)})
+    if k > 1:      # the global batch is k x B rows of T tokens, every process timing all of it
+        check_global_rate(t.windows, k * recipe.batch_size * cfg.num_steps * spec["timed"],
+                          gathered["seconds"].tolist(), what=f"{jax.process_count()} processes")
     summary = {"k": k, "num_processes": jax.process_count(), "num_params": n, "spec": spec,
                "timing": Timing.of(t).to_dict(),          # process 0's: the global steps it timed
                "windows_per_process": gathered["windows"].tolist(),
-               "seconds_per_process": gathered["seconds"].tolist(),
+               "seconds_per_process": gathered["seconds"].tolist(), "device_batch_digests": digests,
                "bus_bw_per_process": gathered["bw"].tolist(),
                "peak_mem_bytes_per_gpu": kib_to_bytes(gathered["mem_kib"]),
                "device": jax.devices()[0].device_kind,

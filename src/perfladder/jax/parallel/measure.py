@@ -171,6 +171,9 @@ def measure_mesh(k: int, config: LadderConfig, form: str = "fast", recipe=None, 
     rep = Replica(config, recipe, len(data.vocab))
     place_state(mesh, rep.model, rep.optimizer, fsdp=fsdp)
     stream = batches(data, k * B, seed=config.seed + 200, sharding=batch_sharding(mesh))
+    if k > 1:
+        from perfladder.jax.checks import distinct_devices
+        distinct_devices(next(stream)[0])        # every device its own rows (CountError if not)
     bw = allreduce_bus_bw(mesh, n) if k > 1 else None
     t = throughput(rep.step, stream, **_timing(config, warmup, timed, windows))
     devices = list(mesh.devices.flat)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from perfladder.jax.gates import PARITY_TOL, _compare, _two_forwards_jit
+from perfladder.jax.checks import _compare, check_attention_parity
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.profile import host_overhead, per_step_times, step_stats
 from perfladder.jax.program import embedding_scatters
@@ -30,8 +30,10 @@ from perfladder.jax.step import scatter_add_dtypes
 from perfladder.jax.trial import trial
 from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
+from perfladder.measure.gates import LOOKUP_TOL as _LOOKUP
+from perfladder.measure.gates import PARITY_TOL
 
-LOOKUP_TOL = 1e-6          # one-hot rows vs gathered rows: exact up to the matmul's rounding
+LOOKUP_TOL = _LOOKUP["fp32"]   # one-hot rows vs gathered rows in the lookup's own dtype: exact
 
 
 def _base_scatter(given: Given, base_step, X, Y) -> dict:
@@ -120,10 +122,10 @@ def b4_attention_kernel(lab: JaxLab, given: Given) -> Evidence:
 
     def parity(step, X, Y):
         tol = PARITY_TOL["bfloat16"]
-        got, want = _two_forwards_jit(step.model, lab.model(ref, plain_code=True), X)   # same init
-        rel = _compare(got, want, tol, "cuDNN vs XLA attention")
+        rel = check_attention_parity(step.model, lab.model(ref, plain_code=True), X, tol=tol)
         return [Gate(name="attention parity", passed=True, values={"rel_diff": rel},
-                     tolerances={"rel_diff": tol}, reference=f"{base}'s recipe (XLA attention) logits")]
+                     tolerances={"rel_diff": tol},
+                     reference=f"{base}'s recipe (XLA attention) logits, same init, probe weights")]
 
     def calls(text, details):
         n = text.count("__cudnn$fmha")       # forward and backward custom calls

@@ -7,11 +7,12 @@ are taken against R1, the jitted step: un-jitted JAX is not a training mode.
 """
 from __future__ import annotations
 
-from perfladder.jax.gates import MIRROR_TOL, PARITY_TOL, check_jit_parity, check_mirror
+from perfladder.jax.checks import check_jit_parity, check_mirror
 from perfladder.jax.lab import EAGER_MAX_WINDOWS, EAGER_WINDOWS, JaxLab
 from perfladder.jax.trial import trial
 from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
+from perfladder.measure.gates import MIRROR_TOL, PARITY_TOL
 
 
 def r0_eager(lab: JaxLab, given: Given) -> Evidence:
@@ -30,7 +31,8 @@ def r1_compile(lab: JaxLab, given: Given) -> Evidence:
         tol = PARITY_TOL[recipe.dtype]
         diff = check_jit_parity(step.model, X, tol=tol)
         return [Gate(name="jit parity", passed=True, values={"rel_diff": diff},
-                     tolerances={"rel_diff": tol}, reference="the same model's op-by-op logits")]
+                     tolerances={"rel_diff": tol},
+                     reference="the same model's op-by-op logits, at probe weights")]
 
     B, T = recipe.batch_size, lab.config.num_steps
     return trial(lab, given, check=parity,
@@ -71,7 +73,7 @@ def r4_checkpoint(lab: JaxLab, given: Given) -> Evidence:
         diff = check_mirror(reference, step.model, X, tol=tol)
         return [Gate(name="checkpoint mirror", passed=True, values={"rel_diff": diff},
                      tolerances={"rel_diff": tol},
-                     reference="the same recipe without checkpointing, same init")]
+                     reference="the same recipe without checkpointing, same init, probe weights")]
 
     return trial(lab, given, check=mirror)
 

@@ -192,6 +192,16 @@ def summarize(ranks: list[dict], spec: dict) -> dict:
     return res
 
 
+def check_global_rate(res: dict, spec: dict) -> list[float]:
+    """The summed rate of each window equals the global tokens -- k ranks x the spec's batch
+    x T x steps per window, from the launch's shapes, not from the ranks' counts -- over the
+    slowest rank's seconds (``perfladder.measure.counts.check_global_rate``)."""
+    from perfladder.measure.counts import check_global_rate as check
+    ranks = res["ranks"]
+    total = len(ranks) * spec["recipe"]["batch_size"] * spec["config"]["num_steps"] * spec["timed"]
+    return check(res["windows"], total, [r["seconds"] for r in ranks], what=f"{len(ranks)} ranks")
+
+
 def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
                          parallel: str = "ddp", backend: str | None = None,
                          warmup: int | None = None, timed: int | None = None,
@@ -210,7 +220,10 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
                      timed=timed, windows=windows, settle=settle, check_steps=check_steps,
                      bench_allreduce=bench_allreduce)
     ranks, out = launch(spec, k, out_dir, timeout)
-    return {**summarize(ranks, spec), "spec": spec, "out_dir": str(out), "backend": backend}
+    res = summarize(ranks, spec)
+    if k > 1 and "windows" in res and all("seconds" in r for r in ranks):
+        res["global_rate_checked"] = check_global_rate(res, spec)
+    return {**res, "spec": spec, "out_dir": str(out), "backend": backend}
 
 
 # -- the rank CLI -----------------------------------------------------------------------------------

@@ -51,6 +51,22 @@ def _digest(t) -> str:
     return hashlib.sha1(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
+def batch_digest(stream) -> str:
+    """The content of the next batch of this rank's own stream (drawn before timing)."""
+    X, _ = next(stream)
+    return _digest(X)
+
+
+def distinct_batches(stream, world: int) -> list[str]:
+    """Every rank's next batch, by content, gathered: they must differ
+    (``perfladder.measure.counts.check_distinct``; ranks fed copies of one batch would count
+    k x the tokens of one). Every rank raises the same ``CountError``."""
+    from perfladder.measure.counts import check_distinct
+    digests = [None] * world
+    dist.all_gather_object(digests, batch_digest(stream))
+    return check_distinct(digests, "ranks")
+
+
 def _flat_params(model):
     return torch.cat([p.detach().float().reshape(-1).cpu() for p in _local_params(model)])
 
@@ -122,6 +138,8 @@ def worker(spec: dict, out: Path) -> None:
         if spec["bench_allreduce"] and world > 1:
             info["bus_bw"] = allreduce_bus_bw(num_params if not spec["check_steps"] else 1 << 16,
                                               device)
+        if world > 1:
+            info["batch_digests"] = distinct_batches(stream, world)
         if spec["check_steps"]:
             first = None
             for _ in range(spec["check_steps"]):
@@ -150,8 +168,9 @@ def worker(spec: dict, out: Path) -> None:
             else:
                 tput = timed()
                 info.update(tokens_per_s=tput.tokens_per_s, windows=tput.windows,
-                            seconds=tput.seconds, batch_shape=list(tput.batch_shape),
-                            step_time_s=tput.step_time_s, stable=tput.stable)
+                            seconds=tput.seconds, tokens_per_window=tput.tokens_per_window,
+                            batch_shape=list(tput.batch_shape), step_time_s=tput.step_time_s,
+                            stable=tput.stable)
             info["peak_mem_bytes"] = (int(torch.cuda.max_memory_allocated(device))
                                       if device.type == "cuda" else None)
         (out / f"rank{rank}.json").write_text(json.dumps(info, indent=1))

@@ -22,6 +22,8 @@ and the receipt of the timed step) and times it. The engine keeps it when its ve
 """
 from __future__ import annotations
 
+import torch
+
 from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
 from perfladder.torch.kernels import BACKENDS, attention_backends, pick_backend
 from perfladder.torch.trial import onehot_check, trial
@@ -40,10 +42,14 @@ def b7_attention_kernel(lab, given: Given) -> Evidence:
     timings (timing the same kernels again would prove nothing)."""
     recipe = given.recipe
     timings = attention_backends(lab, recipe.batch_size)
-    best = pick_backend(timings)
+    # the math kernel computes bf16 attention in fp32 unless PyTorch is told it may not
+    # (allow_fp16_bf16_reduction_math_sdp): a bf16 rung does not pin it (its receipt would refuse)
+    fp32 = ["math"] if recipe.bf16 and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() else []
+    best = pick_backend({n: t for n, t in timings.items() if n not in fp32})
     picks = timings["default"].get("picks")
     details = {"attention_ms": timings, "attention_backend": best, "default_picks": picks,
-               "refused": [n for n in BACKENDS if not timings[n]["available"]]}
+               "refused": [n for n in BACKENDS if not timings[n]["available"]],
+               "computes_in_fp32": fp32}
     pinned = recipe.replace(attn_backend=best)
     if picks == best and recipe.attn_backend in (None, best):
         raise NotMeasured(f"PyTorch's default already runs the fastest kernel ({best}); pinning it "

@@ -12,27 +12,41 @@ Each rung's technique is a function of ``perfladder.torch.step`` or ``perfladder
 """
 from __future__ import annotations
 
+import torch
+
 from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
-from perfladder.torch.gates import COMPILE_ATOL, COMPILE_RTOL, MIRROR_ATOL, check_compiled, check_mirror
+from perfladder.measure.gates import COMPILE_ATOL, COMPILE_RTOL, MIRROR_ATOL
+from perfladder.torch.gates import check_compiled, check_mirror
 from perfladder.torch.trial import trial
 
 
 def compiled_vs_eager(lab, step, recipe) -> Gate:
-    """R1's own gate: the compiled module's logits against the same module run eagerly."""
+    """R1's own gate: the compiled module's logits against the same module run eagerly, at
+    probe weights (R1 is fp32: the precision it times)."""
     X, _ = next(lab.stream(recipe.batch_size))
     diff = check_compiled(step.model, step.forward, X)
     return Gate(name="compiled vs eager logits", passed=True, values={"max_abs_diff": diff},
-                tolerances={"atol": COMPILE_ATOL, "rtol": COMPILE_RTOL}, reference="the same model, eager")
+                tolerances={"atol": COMPILE_ATOL, "rtol": COMPILE_RTOL},
+                reference="the same model, eager, at probe weights")
 
 
 def checkpoint_mirror(lab, step, recipe) -> Gate:
-    """R4's own gate: the checkpointed model is an exact mirror of the plain one (fp32)."""
+    """R4's own gate: the checkpointed model is an exact mirror of the plain one, at probe
+    weights, in the rung's precision through the step's own ``autocast_bf16`` (eager modules:
+    a compiled plain model for the comparison would be a second compile; the compiled
+    checkpointed step itself is the model gate's)."""
     plain = lab.make_model(recipe.replace(checkpoint=False))
     X, _ = next(lab.stream(recipe.batch_size))
-    diff = check_mirror(plain, step.model, X)
+    X = X[:lab.config.batch_size]                     # exactness does not depend on the batch
+    wrap = (lambda m: lab.code["autocast_bf16"](m, lab.device.type)) if recipe.bf16 else None
+    with torch.no_grad():
+        diff = check_mirror(plain, step.model, X, wrap=wrap,
+                            dtype=torch.bfloat16 if recipe.bf16 else torch.float32)
     return Gate(name="checkpointed mirror", passed=True, values={"max_abs_diff": diff},
-                tolerances={"atol": MIRROR_ATOL}, reference="the same model without checkpointing, fp32")
+                tolerances={"atol": MIRROR_ATOL},
+                reference=f"the same model without checkpointing, {lab.precision(recipe)}, "
+                          "at probe weights")
 
 
 def r0_eager(lab, given: Given) -> Evidence:
@@ -75,5 +89,5 @@ SEED = [
          gate="receipt: the timed step's logits are bf16"),
     Rung("R4", "checkpoint", "+checkpoint", r4_checkpoint, builds_on="R3",
          change=lambda r, c: r.replace(checkpoint=True),
-         gate="checkpointed logits == plain logits (fp32, exact)"),
+         gate="checkpointed logits == plain logits (in its precision, exact)"),
 ]

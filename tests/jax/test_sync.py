@@ -1,0 +1,108 @@
+"""The sync that closes every timed window waits for the device (JAX).
+
+``jax.block_until_ready`` calls ``block_until_ready()`` on every leaf of the step's output,
+so a fake output whose work completes only when it is blocked on drives the real timer
+(``perfladder.jax.timer.throughput``): the planted per-step times come back only if every
+window waits, and a sync that only asked whether the output is ready is refused by the
+``ready`` check. On a GPU, a window of a known amount of device work must not be under-timed."""
+import shutil
+
+from perfladder.jax.timer import fast_cpu_compiles
+
+if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles
+    fast_cpu_compiles()
+
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from perfladder.jax import timer  # noqa: E402
+from perfladder.measure import timing  # noqa: E402
+from perfladder.measure.timing import SyncError  # noqa: E402
+
+B, T, STEP_S = 4, 8, 0.05
+
+
+class FakeDevice:
+    def __init__(self):
+        self.now, self.pending, self.blocks = 0.0, 0.0, 0
+
+    def perf_counter(self):
+        return self.now
+
+
+class Out:
+    """What a step returns at once; its work is done when something blocks on it."""
+
+    def __init__(self, dev):
+        self.dev = dev
+
+    def block_until_ready(self):
+        d = self.dev
+        d.now, d.pending = d.now + d.pending, 0.0
+        d.blocks += 1
+        return self
+
+    def is_ready(self):
+        return self.dev.pending == 0.0
+
+
+def stream():
+    i = 0
+    while True:
+        i += 1
+        X = np.arange(B * T, dtype=np.int32).reshape(B, T) + i
+        yield X, X
+
+
+def step_on(dev):
+    def step(X, Y):
+        dev.pending += STEP_S
+        return Out(dev)
+    return step
+
+
+def test_every_window_closes_by_blocking_on_the_output(monkeypatch):
+    dev = FakeDevice()
+    monkeypatch.setattr(timing, "time", dev)
+    tp = timer.throughput(step_on(dev), stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
+    assert dev.blocks == 1 + len(tp.windows)
+    assert tp.seconds == pytest.approx([3 * STEP_S] * len(tp.windows))
+    assert tp.tokens_per_s == pytest.approx(B * T / STEP_S)
+
+
+def test_a_sync_that_only_asks_is_refused(monkeypatch):
+    """The planted kind: the window closed by ``is_ready()`` (a question) instead of a wait."""
+    dev = FakeDevice()
+    monkeypatch.setattr(timing, "time", dev)
+    monkeypatch.setattr(timer.jax, "block_until_ready", lambda out: out.is_ready())
+    with pytest.raises(SyncError, match="still busy"):
+        timer.throughput(step_on(dev), stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
+
+
+@pytest.mark.gpu
+def test_a_window_of_known_device_work_is_not_under_timed():
+    """A jitted loop of matmuls whose length one blocked call measures; the timer's windows must
+    hold all of it (dispatch returns long before the device is done)."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def work(x):
+        return jax.lax.fori_loop(0, 200, lambda i, a: jnp.tanh(a @ a), x)
+
+    x = jnp.eye(4096, dtype=jnp.float32) * 0.5
+    jax.block_until_ready(work(x))                           # compiled
+    t0 = time.perf_counter()
+    jax.block_until_ready(work(x))
+    device_s = time.perf_counter() - t0                      # one step, waited for
+
+    def step(X, Y):
+        return work(x)
+
+    def dev_stream():
+        for X, Y in stream():
+            yield jnp.asarray(X), jnp.asarray(Y)
+    tp = timer.throughput(step, dev_stream(), warmup=1, timed=3, windows=3, target_spread=0.5)
+    assert min(tp.seconds) >= 0.8 * 3 * device_s, (tp.seconds, device_s)
