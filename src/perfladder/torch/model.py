@@ -35,8 +35,7 @@ ATTN_BACKENDS = {
 def check_attn_backend(name):
     """Return the ``SDPBackend`` for ``name``; a clear error for anything unknown."""
     if name not in ATTN_BACKENDS:
-        raise ValueError(f"attn_backend={name!r} is not valid; valid choices: "
-                         f"{list(ATTN_BACKENDS)}")
+        raise ValueError(f"attn_backend={name!r} is not valid; valid choices: {list(ATTN_BACKENDS)}")
     return ATTN_BACKENDS[name]
 
 
@@ -65,8 +64,7 @@ def check_token_ids(X, vocab_size: int) -> None:
     stops an out-of-range id (never a silent wrong row).
     """
     if not isinstance(X, torch.Tensor):
-        raise TypeError(f"token ids must be a torch.Tensor of shape (batch, seq_len), "
-                        f"got {type(X).__name__}")
+        raise TypeError(f"token ids must be a torch.Tensor of shape (batch, seq_len), got {type(X).__name__}")
     if X.dim() != 2:
         raise ValueError(f"token ids must have shape (batch, seq_len); got shape {tuple(X.shape)}")
     if X.dtype not in ID_DTYPES:
@@ -264,12 +262,9 @@ class Block(nn.Module):
         return H + self.ffn(self._norm(self.norm2, H))            # (B, T, D)
 
     def forward_addnorm(self, H: torch.Tensor, pending: torch.Tensor | None):
-        """The same block with each residual add fused into the LayerNorm after it.
-
-        The block's input is ``H + pending`` (``pending=None``: ``H``); it returns ``(H, ffn
-        output)`` in the same form, so the FFN's residual add happens in the next block's first
-        (or the final) fused LayerNorm.
-        """
+        """The block with each residual add fused into the LayerNorm after it: input ``H +
+        pending`` (None: ``H``), output ``(H, ffn output)`` in the same form, so the FFN's add
+        happens in the next block's first (or the final) fused LayerNorm."""
         H, y = fused_norm(self.norm1, H, pending)                 # (B, T, D) each
         H, y = fused_norm(self.norm2, H, self.attn(y))
         return H, self.ffn(y)
@@ -283,30 +278,19 @@ def checkpoint_block(block, *inputs):
 
 # -- 6. the model ----------------------------------------------------------------------------
 class GPT(nn.Module):
-    """Decoder-only Transformer with tied input/output embeddings.
+    """Decoder-only Transformer with tied input/output embeddings. ``GPT(cfg)``, or the
+    chapter's ``GPT(vocab_size, num_hiddens=512, num_blks=6)`` (any ``GPTConfig`` field).
 
-    ``attn_backend``: ``None`` (PyTorch picks) or one of ``'flash'``, ``'efficient'``,
-    ``'math'``, ``'cudnn'`` to pin the attention kernel via ``sdpa_kernel``.
-    ``checkpoint=True`` runs every block through ``checkpoint_block`` (recompute the
-    block's activations in the backward pass instead of storing them).
-    ``embed``: ``'gather'`` (an ``nn.Embedding`` lookup) or ``'onehot'`` (``one_hot(X) @ W``
-    in fp32, see ``embed_tokens``): same parameter, the same rows in fp32, a different
-    gradient kernel.
-    ``GPT(vocab_size, num_hiddens=512, num_blks=6)`` (any ``GPTConfig`` field as a keyword)
-    builds the same model as ``GPT(GPTConfig(vocab_size=..., num_hiddens=512, num_blks=6))``.
-    ``fused``: Triton kernels for the memory-bound ops (``perfladder.torch.fused``), any of
-    ``'rope'`` (q/k rotation straight from the QKV projection), ``'addnorm'`` (each residual
-    add fused with the LayerNorm after it, one-pass backward), ``'gelu'``, ``'attention'``
-    (split + RoPE + causal attention + merge, one kernel each way; not with ``'rope'``, which
-    it subsumes, nor with a pinned ``attn_backend``) and ``'mlp'`` (GELU and its derivative in
-    the FFN's GEMM epilogues; not with ``'gelu'``); the default ``()`` runs the reference ops.
-    The parameters and the math are the same either way.
-    ``residual``: the dtype of the residual stream H between blocks. ``'fp32'`` (default):
-    under bf16 autocast H stays fp32 (the embedding is fp32, and fp32 + bf16 adds promote).
-    ``'bf16'`` -- **a numerics change**, not only a speed one: H is rounded to bf16 after the
-    embedding and every residual add rounds to bf16 (as does its gradient in the backward
-    pass); LayerNorm still computes its statistics in fp32 and writes bf16. It halves the
-    stream's bytes in the adds and the norms and needs bf16 autocast around the forward.
+    ``attn_backend``: None (PyTorch picks) or a key of ``ATTN_BACKENDS`` pinned by ``sdpa_kernel``.
+    ``checkpoint=True``: every block through ``checkpoint_block`` (recomputed in the backward).
+    ``embed``: 'gather' (``nn.Embedding``) or 'onehot' (``one_hot(X) @ W`` in fp32, see
+    ``embed_tokens``): the same parameter and rows, a different gradient kernel.
+    ``fused``: Triton kernels in place of reference ops (the options and what each subsumes:
+    ``perfladder.torch.fused``); the parameters and the math are the same.
+    ``residual``: the residual stream's dtype between blocks. 'fp32' (default): H stays fp32
+    under bf16 autocast. 'bf16' is **a numerics change**: H is rounded to bf16 after the
+    embedding and at every residual add (its gradient too); LayerNorm keeps fp32 statistics
+    and writes bf16. It halves the stream's bytes and needs bf16 autocast around the forward.
     """
 
     def __init__(self, config: GPTConfig | int, attn_backend=None, checkpoint: bool = False,
