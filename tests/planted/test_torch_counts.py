@@ -92,4 +92,4 @@ def test_misaligned_targets_are_caught_by_the_learning_check():
     with pytest.raises(LearningError) as e:
         evaluate.learning_check(s, stream, DATA, steps=60)
     c = e.value.check
-    assert e.value.gate == "learning check" and c.train_last < c.train_first and c.val_after > c.threshold
+    assert e.value.gate == "learning check" and c.last < c.first and c.val_after > c.threshold
