@@ -11,6 +11,11 @@ def _stream(nb) -> str:
                      for o in c.outputs if o.get("output_type") == "stream")
 
 
+def _displayed(nb) -> str:
+    return "\n".join(str(o.get("data", {}).get("text/plain", "")) for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "display_data")
+
+
 @pytest.mark.slow
 def test_jax_notebook_runs_and_writes_results(smoke_book):
     nb = smoke_book.notebook("02_jax_ladder")
@@ -30,4 +35,9 @@ def test_jax_notebook_runs_and_writes_results(smoke_book):
     assert "receipt, the first activation: float32" in text            # the naive cast
     assert "receipt, the first activation: bfloat16" in text           # rebuilt with a compute dtype
     assert "attention refused q, k float32 with v bfloat16" in text    # mixed dtypes, refused
-    assert "-> attention: bfloat16" in text and "receipt, the logits: bfloat16" in text
+    assert "-> attention: bfloat16" in text                            # the RoPE cast fix
+    shown = _displayed(nb)
+    assert "R2 (+bf16 (threaded)) ran" in shown and "logits bfloat16 (matches bf16)" in shown
+    assert "R2a (naive bf16 cast) ran" in shown and "(does not match bf16)" in shown
+    # R5 on a CPU build: the committed two-GPU mesh measurements, as on the PyTorch page
+    assert "predicted (no-overlap floor) | measured tokens/s" in shown and "mesh | 2 |" in shown

@@ -54,6 +54,24 @@ def test_smoke_page_says_when_the_reference_lacks_a_rung(capsys, reference):
     assert "has no rung for this technique (fused_adamw)" in out
 
 
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_a_reference_without_r5_still_shows_the_committed_multi_gpu_run(capsys, reference, framework):
+    """The single-GPU reference ladder has no R5; the page shows the committed two-GPU
+    measurements under the R5 cell in both frameworks, prediction beside measurement."""
+    page = LadderPage(framework, get_config("smoke"), module=FakeModule(), reference=reference)
+    for name in ("R0", "R1", "R2", "R3"):
+        page.run(name)
+    reference.rungs = [r for r in reference.rungs if not r.name.startswith("R5")]
+    capsys.readouterr()
+    page.run("R5")
+    out = capsys.readouterr().out
+    assert "does not measure data parallelism; the committed multi-GPU run does" in out
+    assert "has no rung for this technique" not in out
+    assert "predicted (no-overlap floor) | measured tokens/s" in out
+    mech = {"torch": "ddp", "jax": "mesh"}[framework]
+    assert any(line.startswith(f"{mech} | 2 |") for line in out.splitlines()), out
+
+
 def test_gpu_only_rung_is_skipped_with_its_reason(capsys, reference):
     page = smoke_page(reference)
     for name in ("R0", "R1", "R2", "R3", "R5"):

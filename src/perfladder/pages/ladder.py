@@ -73,7 +73,7 @@ class LadderPage:
         self.fw = module if module is not None else importlib.import_module(f"perfladder.{framework}")
         self.config = config if config is not None else pick_config(has_gpu=self.fw.has_gpu())
         self.ladder = run if run is not None else self.fw.Ladder(
-            self.config, command=f"perfladder.pages.LadderPage({framework!r}) in a book build")
+            self.config, command=f"perfladder.pages.ladder.LadderPage({framework!r}) in a book build")
         self.reference, self.reference_source, self.reference_error = reference, "", ""
         if self.config.is_smoke and reference is None:
             try:
@@ -156,7 +156,12 @@ class LadderPage:
             decl = self.fw.RUNGS.get(name)
             text = (f"The reference run ({self.reference.device}, {self.reference.created[:10]}) has no rung for "
                     f"this technique ({decl.key if decl else name}): it was recorded before the rung existed.")
+            if multigpu.measurements(self.framework, name):
+                # a single-GPU ladder never measures R5; the committed multi-GPU run did
+                text = (f"The single-GPU reference ladder ({self.reference.device}, {self.reference.created[:10]}) "
+                        "does not measure data parallelism; the committed multi-GPU run does.")
             display_html(paragraphs_html([text]), text)
+            self._committed_multi_gpu(name)
             return
         label = f"Reference run: {self.reference.device}, {self.reference.created[:10]}"
         display_html(cards.rung_html(self.reference, ref.name, label),
