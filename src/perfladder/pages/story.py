@@ -192,6 +192,23 @@ def recorded(name: str, key: str, contains: str) -> Test:
     return test
 
 
+def _recipe_difference(result: LadderResult, a: str, b: str) -> list[str]:
+    """The recipe fields in which measured rungs ``a`` and ``b`` differ, in ``a``'s order."""
+    ra, rb = _rung(result, a).recipe, _rung(result, b).recipe
+    if not ra or not rb:
+        raise ValueError(f"{a if not ra else b} recorded no recipe")
+    return [k for k in ra if ra.get(k) != rb.get(k)] + [k for k in rb if k not in ra]
+
+
+def differs_in(a: str, b: str, *fields: str) -> Test:
+    """The recipes of ``a`` and ``b`` differ in exactly ``fields`` (a control built like the rung
+    it controls differs in one field; one recorded before it was, in more)."""
+    def test(result):
+        diff = _recipe_difference(result, a, b)
+        return sorted(diff) == sorted(fields), f"{a}'s recipe differs from {b}'s in {', '.join(diff) or 'nothing'}"
+    return test
+
+
 def all_of(*tests: Test) -> Test:
     def test(result):
         out = [t(result) for t in tests]
@@ -203,6 +220,19 @@ def all_of(*tests: Test) -> Test:
 def ratio_of(a: str, b: str) -> Callable[[LadderResult], str]:
     """The glue value ``a``'s tokens/s over ``b``'s."""
     return lambda result: ratio(_rung(result, a).tokens_per_s / _rung(result, b).tokens_per_s)
+
+
+# what a recipe field is called in prose
+FIELD_WORDS = {"compiled": "compile", "bf16": "bf16", "batch_size": "batch size", "dtype": "dtype",
+               "checkpoint": "checkpointing", "jit": "jit", "optimizer": "optimizer", "embed": "embedding"}
+
+
+def difference_of(a: str, b: str) -> Callable[[LadderResult], str]:
+    """The glue value naming what ``a``'s recipe changes against ``b``'s ("compile and bf16")."""
+    def words(result):
+        diff = [FIELD_WORDS.get(k, k) for k in _recipe_difference(result, a, b)]
+        return " and ".join([", ".join(diff[:-1]), diff[-1]] if len(diff) > 1 else diff) or "nothing"
+    return words
 
 
 def _ms(milliseconds: float | None) -> str:

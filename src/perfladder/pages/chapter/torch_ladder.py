@@ -8,6 +8,8 @@ from __future__ import annotations
 from perfladder.pages.story import (
     Check,
     beats,
+    difference_of,
+    differs_in,
     largest_step,
     learned,
     less,
@@ -31,7 +33,10 @@ CHECKS = [
     Check("c_R3_faster", "the big batch pays", verdict("R3", "faster")),
     Check("c_R3_largest", "the big batch is the ladder's largest step", largest_step("R3")),
     Check("c_R3_device", "at the big batch the device is busy", regime("R3", *DEVICE)),
-    Check("c_R3_beats_R3c", "bf16 pays at the big batch", beats("R3", "R3c")),
+    Check("c_R3c_eager", "the control ran eager: it differs from R3 in compile as well as bf16",
+          differs_in("R3c", "R3", "compiled", "bf16")),
+    Check("c_R3_beats_R3c", "bf16 and the compiler together beat the control", beats("R3", "R3c")),
+    Check("c_R3c_beats_R0", "the batch alone pays in eager fp32", beats("R3c", "R0")),
     Check("c_R3_memory", "bf16 needs less memory than the fp32 control", less("memory", "R3", "R3c")),
     Check("c_R4_slower", "checkpointing costs time", verdict("R4", "slower")),
     Check("c_R4_memory", "checkpointing saves memory", less("memory", "R4", "R3")),
@@ -47,4 +52,5 @@ CHECKS = [
     Check("c_learned", "the fastest configuration learns", learned()),
 ]
 
-NUMBERS = {"R3_vs_R3c": ratio_of("R3", "R3c"), "R3_vs_R2": ratio_of("R3", "R2")}
+NUMBERS = {"R3_vs_R3c": ratio_of("R3", "R3c"), "R3_vs_R2": ratio_of("R3", "R2"),
+           "R3c_vs_R0": ratio_of("R3c", "R0"), "R3c_differs": difference_of("R3c", "R3")}
