@@ -6,8 +6,10 @@
 book:
 	@PY=$$(scripts/setup.sh | tail -n 1) && scripts/build_book.sh "$$PY"
 
+# -n auto: two xdist workers on a CPU machine (tests/conftest.py decides; none with a GPU),
+# each test file on one worker; PYTEST_ARGS="-n 0" runs everything in one process.
 test:
-	@PY=$$(scripts/setup.sh | tail -n 1) && "$$PY" -m pytest $(PYTEST_ARGS)
+	@PY=$$(scripts/setup.sh | tail -n 1) && "$$PY" -m pytest -n auto --dist loadfile $(PYTEST_ARGS)
 
 setup:
 	@scripts/setup.sh >/dev/null

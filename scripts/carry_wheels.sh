@@ -24,7 +24,7 @@ log() { echo "[carry_wheels] $*" >&2; }
 
 # What the book needs on top of the image (setup.sh installs perfladder with these extras).
 REQS=("jupyter-book==1.0.4.post1" "sphinx-design" "sphinx-mathjax-offline==0.0.2" "ipykernel>=6"
-      "nbclient>=0.10" "nbformat>=5.9" "jsonschema>=4"
+      "nbclient>=0.10" "nbformat>=5.9" "jsonschema>=4" "pytest-xdist>=3.5"
       # the editable install of perfladder builds in an isolated env: its build backend
       "setuptools>=68" "wheel")
 

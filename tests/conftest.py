@@ -34,6 +34,9 @@ def pytest_collection_modifyitems(config, items):
     """
     late = {it.module for it in items if BOOK_FIXTURES & set(it.fixturenames)}
     items[:] = [it for it in items if it.module not in late] + [it for it in items if it.module in late]
+    if _xdist_uid(config) and any("smoke_book" in it.fixturenames for it in items):
+        BookBuild.OUT.mkdir(parents=True, exist_ok=True)     # the controller starts the build
+        BookBuild.files(_xdist_uid(config))["needed"].touch()
     gpu_items = [it for it in items if it.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
@@ -45,12 +48,37 @@ def pytest_collection_modifyitems(config, items):
         it.add_marker(skip)
 
 
+def _xdist_uid(config) -> str:
+    """The run id an xdist worker shares with its controller and the other workers ('' when
+    the session runs in one process)."""
+    return getattr(config, "workerinput", {}).get("testrunuid", "")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (``make test``): two workers on a CPU machine, so that the tests use both
+    cores while the book builds beside them; none where a GPU is present, whose tests time
+    things on one device and must not share it."""
+    from perfladder.config import gpu_present
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 0 if gpu_present() or cores < 2 else min(cores, 4)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The xdist controller: start the one book build as soon as a worker has collected a test
+    that reads it (the workers wait for it; the controller stops it at the end of the session)."""
+    uid = node.workerinput["testrunuid"]
+    if BookBuild.files(uid)["needed"].exists():
+        BookBuild.start(uid)
+
+
 def pytest_collection_finish(session):
     """Start the book build now when a selected test will read it and no GPU is present: the
     build (one CPU core, most of its time) overlaps the tests that run before the book's
     readers. On a GPU it starts when first needed, so that it never shares the device with
-    the GPU tests' timings."""
-    if session.config.option.collectonly:
+    the GPU tests' timings. Under xdist the controller starts it instead (above)."""
+    if session.config.option.collectonly or _xdist_uid(session.config):
         return
     if any("smoke_book" in it.fixturenames for it in session.items):
         from perfladder.config import gpu_present
@@ -109,22 +137,51 @@ class BookBuild:
     OUT = ROOT / "_build" / "test"
     TIMEOUT_S = 1500
     proc: subprocess.Popen | None = None
+    uid = ""                     # the xdist run whose workers wait for this build
     started = ""                 # UTC, as LadderResult.created writes it
     t0 = 0.0
 
     @classmethod
-    def start(cls) -> None:
+    def files(cls, uid: str) -> dict[str, Path]:
+        """What an xdist run shares about its build: a worker's request for it, when it
+        started, and its exit status (written when it ends)."""
+        return {k: cls.OUT / f".book-{k}-{uid}" for k in ("needed", "started", "rc")}
+
+    @classmethod
+    def start(cls, uid: str = "") -> None:
         if cls.proc is not None:
             return
         env = {**os.environ, "PERFLADDER_CONFIG": "smoke", "PERFLADDER_BOOK_OUT": str(cls.OUT),
                "PERFLADDER_BOOK_FRESH": "1", "PYTHONUNBUFFERED": "1"}
         env.pop("PERFLADDER_RESULTS_DIR", None)          # the build script sets its own
         cls.OUT.mkdir(parents=True, exist_ok=True)
-        cls.started, cls.t0 = _utc_now(), time.monotonic()
+        cls.uid, cls.started, cls.t0 = uid, _utc_now(), time.monotonic()
+        cmd = ["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable]
+        if uid:      # the workers learn the build's end and status from a file
+            files = cls.files(uid)
+            files["started"].write_text(cls.started)
+            cmd = ["bash", "-c", '"$@"; rc=$?; echo $rc > "$RC.tmp" && mv "$RC.tmp" "$RC"; exit $rc',
+                   "book", *cmd]
+            env["RC"] = str(files["rc"])
         with open(cls.OUT / "build.log", "w") as log:   # a file: nobody reads a pipe meanwhile
-            cls.proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable],
-                                        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cls.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
+
+    @classmethod
+    def wait_for_controller(cls, uid: str) -> "SmokeBook":
+        """An xdist worker: wait for the build the controller started to end."""
+        files, t0 = cls.files(uid), time.monotonic()
+        while not files["rc"].exists():
+            waited = time.monotonic() - t0
+            if waited > cls.TIMEOUT_S:
+                pytest.fail(f"book build did not finish within {cls.TIMEOUT_S}s")
+            if waited > 120 and not files["started"].exists():
+                pytest.fail("the xdist controller never started the book build")
+            time.sleep(1)
+        rc = int(files["rc"].read_text())
+        log = (cls.OUT / "build.log").read_text()
+        assert rc == 0, f"book build failed (exit {rc}); log tail:\n{log[-6000:]}"
+        return SmokeBook(log=log, out=cls.OUT, started=files["started"].read_text())
 
     @classmethod
     def wait(cls) -> "SmokeBook":
@@ -143,14 +200,18 @@ class BookBuild:
         if cls.proc is not None and cls.proc.poll() is None:
             os.killpg(cls.proc.pid, signal.SIGTERM)      # the script, sphinx and the notebook kernels
             cls.proc.wait()
+        if cls.uid:
+            for f in cls.files(cls.uid).values():
+                f.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
-def smoke_book() -> SmokeBook:
+def smoke_book(request) -> SmokeBook:
     """The whole book, built once per session (``BookBuild``): the book tests read its HTML,
     the notebook tests its executed notebooks, and the ladder tests the results they wrote
-    (``torch_smoke_ladder``). One execution serves all."""
-    return BookBuild.wait()
+    (``torch_smoke_ladder``). One execution serves all, the xdist workers included."""
+    uid = _xdist_uid(request.config)
+    return BookBuild.wait_for_controller(uid) if uid else BookBuild.wait()
 
 
 def _utc_now() -> str:
