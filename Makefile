@@ -7,9 +7,10 @@ book:
 	@PY=$$(scripts/setup.sh | tail -n 1) && scripts/build_book.sh "$$PY"
 
 # -n auto: two xdist workers on a CPU machine (tests/conftest.py decides; none with a GPU),
-# each test file on one worker; PYTEST_ARGS="-n 0" runs everything in one process.
+# each test file on one worker, in collection order (the files that read the smoke book last,
+# tests/conftest.py); PYTEST_ARGS="-n 0" runs everything in one process.
 test:
-	@PY=$$(scripts/setup.sh | tail -n 1) && "$$PY" -m pytest -n auto --dist loadfile $(PYTEST_ARGS)
+	@PY=$$(scripts/setup.sh | tail -n 1) && "$$PY" -m pytest -n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 setup:
 	@scripts/setup.sh >/dev/null
