@@ -23,12 +23,15 @@ from _torch_gate_helpers import CFG, fixed, model, one_thread, step  # noqa: F40
 from perfladder.config import get_config
 from perfladder.measure.gates import MIRROR_ATOL, SCALE_TOL, ModelGateError, OptimizerGateError
 from perfladder.torch import TorchLab
-from perfladder.torch.gates import (
+from perfladder.torch.checks import (
     CorrectnessError,
     MirrorError,
-    PrecisionError,
     check_compiled,
     check_mirror,
+    lookup_in_step,
+)
+from perfladder.torch.gates import (
+    PrecisionError,
     check_receipt,
     model_gate,
     optimizer_gate,
@@ -36,7 +39,6 @@ from perfladder.torch.gates import (
 from perfladder.torch.program import arithmetic
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.step import make_step
-from perfladder.torch.trial import lookup_in_step
 
 pytestmark = pytest.mark.planted
 MARGIN = 2.0

@@ -8,22 +8,15 @@ import torch
 from perfladder.config import get_config
 from perfladder.kernels import KernelBreakdown
 from perfladder.ladder.engine import check_rungs
+from perfladder.measure.gates import EMBED_ATOL, EMBED_GRAD_RTOL, GATE_STEPS, LOSS_ATOL
 from perfladder.measure.verdict import REGIMES, VERDICTS
 from perfladder.torch import GPT, RUNGS, Ladder, MirrorError, TorchLab, run_ladder
+from perfladder.torch.checks import embed_gate
 from perfladder.torch.kernels import BACKENDS, pick_backend
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs import beyond as bz
 from perfladder.torch.step import make_optimizer, make_step
-from perfladder.torch.trial import (
-    EMBED_ATOL,
-    EMBED_GRAD_RTOL,
-    GATE_STEPS,
-    LOSS_ATOL,
-    LossGateError,
-    embed_gate,
-    gate_batches,
-    loss_gate,
-)
+from perfladder.torch.trial import LossGateError, gate_batches, loss_gate
 
 CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()

@@ -16,9 +16,9 @@ from perfladder.torch import (
     MirrorError,
     PrecisionError,
 )
+from perfladder.torch.checks import check_compiled as compile_gate
+from perfladder.torch.checks import check_mirror as mirror_gate
 from perfladder.torch.gates import check_bf16
-from perfladder.torch.gates import check_compiled as compile_gate
-from perfladder.torch.gates import check_mirror as mirror_gate
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs.seed import SEED

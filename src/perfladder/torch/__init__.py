@@ -13,13 +13,9 @@ import os
 
 os.environ["TEARDOWN_CUPTI"] = "1"
 
+from perfladder.torch.checks import CorrectnessError, MirrorError  # noqa: E402
 from perfladder.torch.device import device_name, has_gpu, versions  # noqa: E402
-from perfladder.torch.gates import (  # noqa: E402
-    CorrectnessError,
-    GateError,
-    MirrorError,
-    PrecisionError,
-)
+from perfladder.torch.gates import GateError, PrecisionError  # noqa: E402
 from perfladder.torch.idiom import TimeMachine, num_gpus, try_gpu  # noqa: E402
 from perfladder.torch.kernels import kernel_breakdown  # noqa: E402
 from perfladder.torch.lab import TorchLab  # noqa: E402

@@ -12,8 +12,9 @@ much; a faster wrong answer never reaches the timer.
 * ``check_receipt(step, expect, arithmetic=...)`` -- the dtypes the timed call itself recorded
   (``TrainStep.receipt``), not those of a side path, and the dtypes of its arithmetic
   (every matmul, attention kernel and loss op: ``perfladder.torch.program.arithmetic``).
-* ``check_compiled`` / ``check_mirror`` -- R1's and R4's own parity checks, at probe weights
-  (``probed``), R4's in the rung's precision through the step's own autocast code.
+
+Each rung's own equivalence checks (R1's compiled vs eager logits, R4's mirror, B4's lookup):
+``perfladder.torch.checks``.
 
 The metric, the tolerance table and ``GateResult`` are framework-free: ``perfladder.measure.gates``.
 """
@@ -25,9 +26,6 @@ import torch
 from torch import nn
 
 from perfladder.measure.gates import (
-    COMPILE_ATOL,
-    COMPILE_RTOL,
-    MIRROR_ATOL,
     OPTIMIZER_TOL,
     GateError,
     GateResult,
@@ -43,89 +41,12 @@ from perfladder.measure.gates import (
 from perfladder.measure.gates import check_receipt as _check_receipt_dict
 
 METRIC = "||candidate - reference|| / ||reference|| per tensor (Frobenius norms)"
-__all__ = ["COMPILE_ATOL", "COMPILE_RTOL", "MIRROR_ATOL", "model_gate", "optimizer_gate",
-           "check_receipt", "check_compiled", "check_mirror"]     # tolerances: measure.gates
-
-
-class CorrectnessError(GateError):
-    """The compiled model does not compute what the eager model computes."""
-
-
-class MirrorError(GateError):
-    """A re-wired model (e.g. checkpointed) is not an exact mirror of the plain one."""
+__all__ = ["model_gate", "optimizer_gate", "check_receipt", "check_bf16", "true_fp32",
+           "PrecisionError"]     # tolerances: measure.gates
 
 
 class PrecisionError(ReceiptError):
     """A rung that claims bf16 did not compute in bf16 (no silent fp32)."""
-
-
-def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.float() - b.float()).abs().max().item()
-
-
-@contextlib.contextmanager
-def probed(*modules: nn.Module):
-    """Inside the block, each GPT of ``modules`` (the same weights, or the very same module)
-    holds its probe weights (``probe_qk_std``: attention scores of std ``PROBE_SCORE_STD``),
-    in place; its own weights come back after. A parity check at the initial weights, where
-    attention is a near-uniform average, would pass a wrong attention scale."""
-    saved = []
-    # a compiled module is its original's wrapper; a plain forward function shares its model's
-    # parameters (nothing to scale twice)
-    gpts = [_module(getattr(m, "_orig_mod", m)) for m in modules if isinstance(m, nn.Module)]
-    with torch.no_grad():
-        for m in {id(m): m for m in gpts}.values():
-            D = m.config.num_hiddens
-            for name, W in m.named_parameters():
-                if name.endswith("attn.W_qkv.weight"):                  # (3D, D): q | k | v
-                    saved.append((W, W[:2 * D].clone()))
-                    W[:2 * D] *= probe_qk_std(D) / W[:2 * D].std()
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for W, qk in saved:
-                W[:qk.shape[0]].copy_(qk)
-
-
-def check_compiled(eager: nn.Module, compiled: nn.Module, X: torch.Tensor,
-                   atol: float = COMPILE_ATOL, rtol: float = COMPILE_RTOL) -> float:
-    """Assert ``compiled(X)`` is allclose to ``eager(X)`` at probe weights (``probed``; the
-    compiled module shares the eager one's parameters); return the max abs difference.
-
-    Runs with autograd on, as in training, so the compiled module reuses its training
-    graph instead of compiling a second (inference) graph just for the gate.
-    """
-    with probed(eager, compiled):
-        ref = eager(X).detach()                               # (B, T, V)
-        got = compiled(X).detach()                            # (B, T, V)
-    if got.shape != ref.shape:
-        raise CorrectnessError(f"compiled logits have shape {tuple(got.shape)}, eager {tuple(ref.shape)}")
-    diff = _max_diff(got, ref)
-    if not torch.allclose(got.float(), ref.float(), atol=atol, rtol=rtol):
-        raise CorrectnessError(f"compiled logits differ from eager: max |diff| = {diff:.3g} "
-                               f"(allowed atol={atol}, rtol={rtol}); not timing a wrong model")
-    return diff
-
-
-def check_mirror(plain: nn.Module, mirror: nn.Module, X: torch.Tensor,
-                 atol: float = MIRROR_ATOL, *, wrap=None, dtype=torch.float32) -> float:
-    """Assert ``mirror(X)`` equals ``plain(X)`` to ``atol``, both at probe weights; return
-    max |diff|. ``wrap(module) -> forward``: how the rung's step runs a module (its own
-    ``autocast_bf16``, for a bf16 rung); the logits must come out ``dtype``. Without ``wrap``:
-    fp32, autocast off."""
-    off = torch.autocast(X.device.type, enabled=False) if wrap is None else contextlib.nullcontext()
-    with probed(plain, mirror), off:
-        ref = (plain if wrap is None else wrap(plain))(X).detach()          # (B, T, V)
-        got = (mirror if wrap is None else wrap(mirror))(X).detach()        # (B, T, V)
-    if ref.dtype != dtype or got.dtype != dtype:
-        raise MirrorError(f"the mirror check must run in the rung's precision ({dtype}); got "
-                          f"{ref.dtype} and {got.dtype}")
-    diff = _max_diff(got, ref)
-    if got.shape != ref.shape or not torch.allclose(got, ref, atol=atol, rtol=0.0):
-        raise MirrorError(f"the checkpointed model is not an exact mirror of the plain one: "
-                          f"max |diff| = {diff:.3g} > atol={atol}")
-    return diff
 
 
 def check_bf16(logits: torch.Tensor, what: str = "logits") -> str:

@@ -15,7 +15,7 @@ compiles on its first call, wherever that call happens; the step times that call
 the compile time is recorded where it is paid. Every phase's seconds go into the evidence
 (``details['seconds']``): where a rung's time went, outside its timed windows.
 
-Also here: the loss gate and the one-hot embedding's own check.
+Also here: the loss gate. Each rung's own equivalence checks: ``perfladder.torch.checks``.
 """
 from __future__ import annotations
 
@@ -26,27 +26,15 @@ import torch
 from perfladder.ladder.rung import Evidence, Given
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Timing
-from perfladder.measure.gates import (
-    EMBED_ATOL,
-    EMBED_GRAD_RTOL,
-    GATE_STEPS,
-    LOOKUP_TOL,
-    LOSS_ATOL,
-)
+from perfladder.measure.gates import GATE_STEPS, LOSS_ATOL
 from perfladder.measure.timing import Stopwatch
-from perfladder.torch.gates import (
-    GateError,
-    MirrorError,
-    model_gate,
-    optimizer_gate,
-    true_fp32,
-)
+from perfladder.torch.gates import GateError, model_gate, optimizer_gate
 from perfladder.torch.program import arithmetic
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.stream import batches
 from perfladder.torch.timer import compile_count
 
-__all__ = ["trial", "loss_gate", "embed_gate", "LOSS_ATOL", "EMBED_ATOL", "EMBED_GRAD_RTOL"]
+__all__ = ["trial", "loss_gate", "gate_batches", "LOSS_ATOL"]
 GATE_SEED_OFFSET = 10_000  # the gate's batches come from their own shuffle seed
 GATE_ROWS = 8              # rows of each fixed batch the optimizer gate's reference runs on
 
@@ -156,84 +144,3 @@ def loss_gate(lab, step, batch_size: int, atol: float = LOSS_ATOL) -> Gate:
     return Gate(name="loss over steps", passed=True, values={"max_abs_diff": diff},
                 tolerances={"atol": atol}, reference="the reference recipe, eager bf16",
                 detail={"steps": GATE_STEPS, "losses": losses, "reference_losses": ref})
-
-
-def onehot_check(lab, step, recipe: Recipe) -> Gate:
-    """B4's own gate (``embed_gate``) on rows of the gate's fixed batch, and in ``step``'s path."""
-    return embed_gate(lab, gate_batches(lab, recipe.batch_size)[0][0][: lab.config.batch_size],
-                      step=step)
-
-
-def embed_gate(lab, X, atol: float = EMBED_ATOL, grad_rtol: float = EMBED_GRAD_RTOL,
-               step=None) -> Gate:
-    """One-hot and gather embeddings compute the same model: fp32 logits of two eager models
-    with the same weights agree to ``atol``, the shared table's gradients to ``grad_rtol``;
-    with ``step`` (the rung's, one-hot), also in the precision and code path the rung times
-    (``lookup_in_step``)."""
-    gather = lab.make_model(Recipe(batch_size=X.shape[0]))
-    onehot = lab.make_model(Recipe(batch_size=X.shape[0], embed="onehot"))
-    onehot.load_state_dict(gather.state_dict())
-    out = {}
-    with true_fp32(), torch.autocast(lab.device.type, enabled=False):
-        for name, m in (("gather", gather), ("onehot", onehot)):
-            logits = m(X)                                                   # (B, T, V)
-            logits.float().logsumexp(-1).mean().backward()
-            out[name] = (logits.detach(), m.token_emb.weight.grad.detach())
-    (lg, gg), (lo, go) = out["gather"], out["onehot"]
-    diff = (lg - lo).abs().max().item()
-    gdiff = (gg - go).abs().max().item() / max(gg.abs().max().item(), 1e-30)
-    if lg.dtype != torch.float32 or not diff <= atol:
-        raise MirrorError(f"one-hot embedding logits differ from the gather's: max |diff| "
-                          f"{diff:.3g} > atol={atol} (dtype {lg.dtype})")
-    if not gdiff <= grad_rtol:
-        raise MirrorError(f"one-hot embedding's table gradient differs from the gather's: "
-                          f"max |diff| / max |grad| = {gdiff:.3g} > {grad_rtol}")
-    values = {"logits_max_abs_diff": diff, "grad_max_rel_diff": gdiff}
-    tols = {"atol": atol, "grad_rtol": grad_rtol}
-    if step is not None:
-        in_step, tol = lookup_in_step(step, X)
-        values.update(in_step)
-        tols.update({k: tol for k in in_step})
-    return Gate(name="one-hot vs gather embedding", passed=True, values=values, tolerances=tols,
-                reference="gather embedding, true fp32; and the gathered rows in the rung's path")
-
-
-def lookup_in_step(step, X) -> tuple[dict, float]:
-    """The one-hot rows and their table gradient as the rung's step computes them -- its own
-    forward (through its ``autocast_bf16``, eagerly: ``TrainStep.uncompiled``) under the lab's
-    matmul precision -- against the gathered fp32 rows and their scatter-add, ``||diff|| /
-    ||ref||`` within ``LOOKUP_TOL`` of the precision the fp32 lookup matmul runs in. The rows
-    must come out fp32 (the lookup is fp32 by design). ``MirrorError`` otherwise."""
-    model = getattr(step.model, "module", step.model)
-    real, seen = model.embed_tokens, {}
-
-    def capture(ids):
-        seen["rows"] = real(ids)
-        return seen["rows"]
-    model.embed_tokens = capture                       # what the step's forward calls
-    try:
-        with step.uncompiled():
-            step.logits(X)                             # (B, T, V); the rows keep their graph
-    finally:
-        del model.embed_tokens
-    rows = seen["rows"]                                # (B, T, D)
-    W = model.token_emb.weight
-    G = torch.randn(rows.shape, generator=torch.Generator().manual_seed(0)).to(rows.device)
-    got_grad, = torch.autograd.grad((rows.float() * G).sum(), W)
-    want = W.detach()[X]                                                  # (B, T, D) fp32
-    want_grad = torch.zeros_like(W).index_add_(0, X.flatten(), G.flatten(0, 1))
-    fp32 = step.device_type != "cuda" or torch.get_float32_matmul_precision() == "highest"
-    tol = LOOKUP_TOL["fp32" if fp32 else "tf32"]
-    values = {"rows_rel_diff_in_step": _rel(rows.detach(), want),
-              "grad_rel_diff_in_step": _rel(got_grad, want_grad)}
-    if rows.dtype != torch.float32 or not max(values.values()) <= tol:
-        raise MirrorError(f"inside the rung's step ({step!r}) the one-hot rows come out "
-                          f"{rows.dtype} and differ from the gathered fp32 rows by {values} "
-                          f"(allowed {tol:.3g}): the lookup is not the gather's in the precision "
-                          "that is timed")
-    return values, tol
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    want = want.double()
-    return ((got.double() - want).norm() / want.norm().clamp_min(1e-300)).item()

@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 
 from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
+from perfladder.torch.checks import onehot_check
 from perfladder.torch.kernels import BACKENDS, attention_backends, pick_backend
-from perfladder.torch.trial import onehot_check, trial
+from perfladder.torch.trial import trial
 
 
 def gated(optimizer: bool = False, checks=()):

@@ -17,7 +17,7 @@ import torch
 from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
 from perfladder.measure.gates import COMPILE_ATOL, COMPILE_RTOL, MIRROR_ATOL
-from perfladder.torch.gates import check_compiled, check_mirror
+from perfladder.torch.checks import check_compiled, check_mirror
 from perfladder.torch.trial import trial
 
 
