@@ -20,7 +20,7 @@ if [ ${#pages[@]} -eq 0 ]; then
 fi
 mkdir -p "$OUTDIR"
 for page in "${pages[@]}"; do
-  file="$(pwd)/$HTML/$page.html"
+  case "$HTML" in /*) file="$HTML/$page.html" ;; *) file="$(pwd)/$HTML/$page.html" ;; esac
   [ -f "$file" ] || { echo "missing: $file" >&2; exit 1; }
   png="$OUTDIR/${page//\//_}.png"
   profile=$(mktemp -d)

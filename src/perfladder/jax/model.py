@@ -211,7 +211,8 @@ def _run_block_addnorm(blk: Block, H: jax.Array, pending):
 
 # -- 5. activation checkpointing (rung R4's technique) ----------------------------------------
 def checkpoint_block(run_block):
-    """R4: a block run that keeps only its inputs; the backward pass recomputes the rest."""
+    """R4: a block run that keeps only its inputs; the backward pass
+    recomputes the rest."""
     return nnx.remat(run_block)
 
 

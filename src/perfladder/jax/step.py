@@ -47,15 +47,17 @@ def loss_fn(model, X, Y, view: Callable | None = None):
 
 
 def train_step(model, optimizer, X, Y, view=None):
-    """R0: one AdamW step on the fp32 loss; gradients w.r.t. the fp32 parameters (the masters).
-    ``view``: what the forward runs instead of ``model`` (R2a's cast copy)."""
+    """R0: one AdamW step on the fp32 loss; gradients w.r.t. the fp32
+    parameters (the masters). ``view``: what the forward runs instead
+    of ``model`` (R2a's cast copy)."""
     loss, grads = nnx.value_and_grad(partial(loss_fn, view=view))(model, X, Y)
     optimizer.update(model, grads)
     return loss
 
 
 def jit_step(step_fn):
-    """R1: the whole step -- forward, gradients, AdamW update -- as one compiled program."""
+    """R1: the whole step -- forward, gradients, AdamW update -- as one
+    compiled program."""
     return nnx.jit(step_fn)
 
 
@@ -67,10 +69,12 @@ def cast_floating(tree, dtype):
 
 
 def cast_arrays(model, dtype=jnp.bfloat16):
-    """R2a: the naive move -- a copy of the model with every floating array cast to ``dtype``.
+    """R2a: the naive move -- a copy of the model with every floating
+    array cast to ``dtype``.
 
-    The modules still remember ``dtype=float32`` from construction and cast every array they
-    are handed back to it, so this copy computes in fp32 (the lesson of R2a)."""
+    The modules still remember ``dtype=float32`` from construction and
+    cast every array they are handed back to it, so this copy computes
+    in fp32 (the lesson of R2a)."""
     graphdef, state = nnx.split(model)
     return nnx.merge(graphdef, cast_floating(state, dtype))
 
@@ -81,8 +85,10 @@ def receipt(model, X) -> str:
 
 
 def make_model(config, dtype, seed=0, **options):
-    """R2: every module computes in ``dtype``; the parameters stay fp32 (the optimizer's masters)."""
-    return GPT(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=jnp.float32, **options)
+    """R2: every module computes in ``dtype``; the parameters stay fp32
+    (the optimizer's masters)."""
+    return GPT(config, rngs=nnx.Rngs(seed), dtype=dtype,
+               param_dtype=jnp.float32, **options)
 
 
 CODE = {f.__name__: f for f in (train_step, jit_step, cast_arrays, make_model, checkpoint_block)}

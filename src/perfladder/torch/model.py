@@ -272,7 +272,8 @@ class Block(nn.Module):
 
 # -- 5. activation checkpointing (rung R4's technique) ----------------------------------------
 def checkpoint_block(block, *inputs):
-    """R4: run one block keeping only its inputs; the backward pass recomputes the rest."""
+    """R4: run one block keeping only its inputs; the backward pass
+    recomputes the rest."""
     return checkpoint(block, *inputs, use_reentrant=False)
 
 

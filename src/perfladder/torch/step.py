@@ -42,37 +42,45 @@ COMPILED_OPT_RANGE = "Optimizer.step#AdamW.compiled"
 
 # -- the techniques, in ladder order ---------------------------------------------------------
 def loss_and_grads(forward, X, Y):
-    """R0's step up to the optimizer: the fp32 loss of the forward's logits, and its gradients."""
-    logits = forward(X)                                                  # (B, T, V)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), Y.flatten())    # fp32, (B*T, V) rows
-    loss.backward()                                                      # gradients into p.grad
+    """R0's step up to the optimizer: the fp32 loss of the forward's
+    logits, and its gradients."""
+    logits = forward(X)                                    # (B, T, V)
+    rows = logits.float().flatten(0, 1)                    # (B*T, V) fp32
+    loss = F.cross_entropy(rows, Y.flatten())
+    loss.backward()                                        # into p.grad
     return loss.detach(), logits.detach()
 
 
 def compile_model(model, mode=None):
-    """R1: compile the forward; static shapes, so a new batch shape is a visible recompile."""
+    """R1: compile the forward; static shapes, so a new batch shape is
+    a visible recompile."""
     return torch.compile(model, dynamic=False, mode=mode)
 
 
 def autocast_bf16(forward, device_type):
-    """R2: run the forward under bf16 autocast; the weights and the loss stay fp32."""
+    """R2: run the forward under bf16 autocast; the weights and the loss
+    stay fp32."""
     def forward_bf16(X):
         with torch.autocast(device_type, dtype=torch.bfloat16):
-            return forward(X)                                            # (B, T, V) in bf16
+            return forward(X)                      # (B, T, V) in bf16
     return forward_bf16
 
 
 def make_optimizer(model, lr, kind="default"):
-    """AdamW over the model's parameters: B1's fused kernel, or the one PyTorch picks."""
+    """AdamW over the model's parameters: B1's fused kernel, or the one
+    PyTorch picks."""
     if kind not in OPTIMIZERS:
-        raise ValueError(f"optimizer={kind!r} is not valid; valid choices: {OPTIMIZERS}")
-    if kind == "fused":
-        return torch.optim.AdamW(model.parameters(), lr=lr, fused=True)   # one kernel per group
-    return torch.optim.AdamW(model.parameters(), lr=lr)                   # foreach on CUDA
+        raise ValueError(f"optimizer={kind!r} is not valid; "
+                         f"valid choices: {OPTIMIZERS}")
+    params = model.parameters()
+    if kind == "fused":                          # one kernel per group
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    return torch.optim.AdamW(params, lr=lr)      # foreach on CUDA
 
 
 def compile_optimizer(opt):
-    """B2: the default AdamW with its step compiled, so inductor fuses the update."""
+    """B2: the default AdamW with its step compiled, so inductor fuses
+    the update."""
     @torch.compile(fullgraph=False)
     def opt_step():
         opt.step()
