@@ -72,3 +72,20 @@ def test_a_claim_about_a_rung_the_run_lacks_is_marked_not_raised():
 def test_glue_values_refuse_a_check_named_like_a_number():
     with pytest.raises(ValueError, match="R2_rate"):
         glue_values(reference("torch"), [Check("R2_rate", "x", verdict("R2", "slower"))])
+
+
+def test_a_compile_the_run_did_not_record_is_not_printed_as_seconds():
+    """The PyTorch reference compiled inside its gates, before the timed first call, and wrote
+    no compilation count: its page must not read that first call (hundredths of a second) as
+    the compile time; the JAX reference recorded its compiles, and shows their seconds."""
+    from perfladder.pages import cards
+    from perfladder.pages.claims import compile_recorded
+    torch_ref, jax_ref = reference("torch"), reference("jax")
+    r1 = torch_ref.rung("R1")
+    assert r1.recipe["compiled"] and r1.compile.compilations is None and not compile_recorded(r1)
+    torch_values = glue_values(torch_ref, checks_for("torch"), numbers_for("torch"))
+    assert torch_values["R1_first_call"] == "not recorded in this run"
+    assert "first call not recorded in this run" in cards.rung_text(torch_ref, "R1")
+    assert compile_recorded(torch_ref.rung("R0"))                   # eager: nothing to record
+    jax_values = glue_values(jax_ref, checks_for("jax"), numbers_for("jax"))
+    assert jax_values["R1_first_call"] == f"{jax_ref.rung('R1').compile.first_call_s:.1f} s"

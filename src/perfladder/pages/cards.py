@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import re
 
-from perfladder.pages.claims import call, is_smoke, regime_of, settled, short_reason, target
+from perfladder.pages.claims import (
+    call,
+    compile_recorded,
+    first_call_text,
+    is_smoke,
+    regime_of,
+    settled,
+    short_reason,
+    target,
+)
 from perfladder.pages.report import MUTED, esc, table_html
 from perfladder.pages.words import gib, rate, tflops
 from perfladder.results.record import LadderResult, RungResult
@@ -132,7 +141,8 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         out.append(("memory", f"{gib(r.memory.bytes)} {r.memory.kind}{note}"))
     if r.compile is not None:
         out.append(("compile", f"first call {r.compile.first_call_s:.1f} s"
-                    + ("" if r.compile.compilations is None else f", {r.compile.compilations} compilation(s)")))
+                    + ("" if r.compile.compilations is None else f", {r.compile.compilations} compilation(s)")
+                    + ("" if compile_recorded(r) else "; the compile ran before it and was not recorded")))
     if r.tflops is not None:
         out.append(("rate", f"{tflops(r.tflops)} model TFLOP/s"
                     + ("" if r.mfu is None else f", {r.mfu:.1%} MFU against the datasheet peak")))
@@ -209,7 +219,7 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
                                              else f"NOT {rc.claimed}")))
     if r.compile is not None:
         c = r.compile
-        out.append(("first call", f"{c.first_call_s:.1f} s" + (
+        out.append(("first call", first_call_text(r) + (
             "" if not c.compilations else f" ({c.compilations} compilation(s); paid once, outside the timing)")))
     if r.memory is not None and r.memory.bytes is not None:
         out.append(("memory", f"{gib(r.memory.bytes)} ({r.memory.kind})"))

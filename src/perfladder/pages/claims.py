@@ -87,6 +87,28 @@ def windows_text(r: RungResult) -> str:
     return "" if t is None or not t.windows else f"{rate(t.low)}–{rate(t.high)}"
 
 
+def compiled(r: RungResult) -> bool:
+    """Does the rung's recipe compile its step (torch.compile, or a jit of either kind)?"""
+    rec = r.recipe or {}
+    return bool(rec.get("compiled")) or rec.get("jit") not in (None, "none")
+
+
+def compile_recorded(r: RungResult) -> bool:
+    """Is the rung's first call a record of its compile? Runs made before the compile was timed
+    where it is paid wrote no compilation count for a compiled step: their first call came
+    after the compile and says nothing about it."""
+    return r.compile is not None and (r.compile.compilations is not None or not compiled(r))
+
+
+def first_call_text(r: RungResult) -> str:
+    """The first call as a page says it: its seconds, or that this run did not record the compile."""
+    if r.compile is None:
+        return "–"
+    if not compile_recorded(r):
+        return "not recorded in this run"
+    return f"{r.compile.first_call_s:.1f} s"
+
+
 def regime_of(r: RungResult) -> str:
     return (r.regime or {}).get("regime", "not profiled")
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from perfladder.pages.claims import against, call, ceiling, regime_of
-from perfladder.pages.words import gib, percent, rate, ratio, seconds
+from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
+from perfladder.pages.words import gib, percent, rate, ratio
 from perfladder.pages.words import ms as words_ms
 from perfladder.results.record import LadderResult, RungResult
 
@@ -246,7 +246,7 @@ def rung_numbers(result: LadderResult, r: RungResult) -> dict[str, str]:
     out = {"rate": rate(r.tokens_per_s) if r.measured else "–",
            "ratio": ratio(r.tokens_per_s / before.tokens_per_s) if (r.measured and before) else "–",
            "label": r.label, "memory": gib(r.memory.bytes) if r.memory and r.memory.bytes else "–",
-           "first_call": seconds(r.compile.first_call_s) if r.compile else "–",
+           "first_call": first_call_text(r),
            "device_ms": _ms(r.profile.device_ms) if r.profile else "–",
            "host_ms": _ms(r.profile.host_ms) if r.profile else "–",
            "step_ms": _ms(reg.get("step_ms")), "busy": percent(reg.get("busy")),
