@@ -225,6 +225,19 @@ def test_a_model_gate_card_summarises_its_gradients():
     assert cards._gate_values(few) == "a 1 (tolerance 3), grad/x 2"
 
 
+def test_an_optimizer_gate_card_summarises_its_updates_like_the_gradients():
+    """The optimizer gate measures every parameter's AdamW update: summarised per kind the same
+    way, never one value per parameter in the card."""
+    from perfladder.measure.evidence import Gate
+    tol = {f"update/b{i}.w": 1e-4 for i in range(12)}
+    vals = {f"update/b{i}.w": 1e-7 * (i + 1) for i in range(12)}
+    text = cards._gate_values(Gate(name="optimizer gate", passed=True, values=vals, tolerances=tol))
+    assert text == "12 parameter updates, 0 over tolerance; closest to its limit update/b11.w 1.2e-06 (tolerance 0.0001)"
+    both = Gate(name="g", passed=True, values={**vals, "grad/x": 0.5}, tolerances={**tol, "grad/x": 1.0})
+    text = cards._gate_values(both)
+    assert "12 parameter updates" in text and "1 parameter gradients" in text and "update/b3.w" not in text
+
+
 def test_the_roofline_table_says_what_was_tried_against_each_group():
     """Each roofline row lists the rungs whose declaration targets its group, read from their
     own verdicts: a credited ratio, a loss, a skip with its reason."""

@@ -273,25 +273,34 @@ def rung_text(result: LadderResult, name: str, label: str = "") -> str:
 GATE_LISTED = 6     # a gate with more values than this (one per parameter gradient) is summarised
 
 
+GROUP_WORDS = {"grad": "parameter gradients", "update": "parameter updates", "scale": "gradient scales"}
+
+
 def _gate_values(g) -> str:
-    """A gate's measured values against their tolerances. A model gate measures every
-    parameter's gradient: those are summarised as how many, how many over, and the one
-    closest to its limit, so the card stays readable; the file keeps them all."""
+    """A gate's measured values against their tolerances. Per-parameter values (``grad/...``,
+    ``update/...``: every parameter's gradient or AdamW update) are summarised per kind as
+    how many, how many over tolerance, and the one closest to its limit, so the card stays
+    readable; the file keeps them all."""
     def one(k, v):
         return f"{k} {_num(v)}" + (f" (tolerance {_num(g.tolerances[k])})" if k in g.tolerances else "")
     items = list(g.values.items())
-    grads = [(k, v) for k, v in items if k.startswith("grad/")]
-    if len(items) <= GATE_LISTED or not grads:
+    groups: dict[str, list] = {}
+    for k, v in items:
+        if "/" in k:
+            groups.setdefault(k.split("/", 1)[0], []).append((k, v))
+    if len(items) <= GATE_LISTED or not groups:
         return ", ".join(one(k, v) for k, v in items)
-    rest = ", ".join(one(k, v) for k, v in items if not k.startswith("grad/"))
-    judged = [(k, v) for k, v in grads if g.tolerances.get(k)]
-    over = [k for k, v in judged if v > g.tolerances[k]]
-    text = f"{len(grads)} parameter gradients"
-    if judged:
-        k, v = max(judged, key=lambda kv: kv[1] / g.tolerances[kv[0]])
-        text += (f", {len(over)} over tolerance" + (f" ({', '.join(over)})" if over else "")
-                 + f"; closest to its limit {one(k, v)}")
-    return ", ".join(x for x in (rest, text) if x)
+    parts = [", ".join(one(k, v) for k, v in items if "/" not in k)]
+    for prefix, members in groups.items():
+        text = f"{len(members)} {GROUP_WORDS.get(prefix, prefix + ' values')}"
+        judged = [(k, v) for k, v in members if g.tolerances.get(k)]
+        over = [k for k, v in judged if v > g.tolerances[k]]
+        if judged:
+            k, v = max(judged, key=lambda kv: kv[1] / g.tolerances[kv[0]])
+            text += (f", {len(over)} over tolerance" + (f" ({', '.join(over)})" if over else "")
+                     + f"; closest to its limit {one(k, v)}")
+        parts.append(text)
+    return ", ".join(x for x in parts if x)
 
 
 def kernel_rung(result: LadderResult) -> RungResult | None:
