@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
+from perfladder.pages.comparison import CHAPTER
 from perfladder.pages.words import gib, percent, rate, ratio
 from perfladder.pages.words import ms as words_ms
 from perfladder.results.record import LadderResult, RungResult
@@ -220,6 +221,13 @@ def all_of(*tests: Test) -> Test:
 def ratio_of(a: str, b: str) -> Callable[[LadderResult], str]:
     """The glue value ``a``'s tokens/s over ``b``'s."""
     return lambda result: ratio(_rung(result, a).tokens_per_s / _rung(result, b).tokens_per_s)
+
+
+def chapter_ratios(framework: str, *pairs: tuple[str, str]) -> dict[str, Callable[[LadderResult], str]]:
+    """Glue values of the chapter's own RTX 4090 ratios (``ch_R1_ratio``: its R1 over its R0),
+    from its printed outputs (``perfladder.pages.comparison.CHAPTER``), whatever run is shown."""
+    ch = CHAPTER[framework]
+    return {f"ch_{a}_ratio": (lambda result, a=a, b=b: ratio(ch[a] / ch[b])) for a, b in pairs}
 
 
 # what a recipe field is called in prose

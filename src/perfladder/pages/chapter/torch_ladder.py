@@ -8,6 +8,7 @@ from __future__ import annotations
 from perfladder.pages.story import (
     Check,
     beats,
+    chapter_ratios,
     difference_of,
     differs_in,
     largest_step,
@@ -53,4 +54,5 @@ CHECKS = [
 ]
 
 NUMBERS = {"R3_vs_R3c": ratio_of("R3", "R3c"), "R3_vs_R2": ratio_of("R3", "R2"),
-           "R3c_vs_R0": ratio_of("R3c", "R0"), "R3c_differs": difference_of("R3c", "R3")}
+           "R3c_vs_R0": ratio_of("R3c", "R0"), "R3c_differs": difference_of("R3c", "R3"),
+           **chapter_ratios("torch", ("R1", "R0"), ("R2", "R1"), ("R3", "R2"))}
