@@ -279,3 +279,15 @@ def test_a_technique_targets_only_roofline_groups(monkeypatch):
         Rung("B8", "fused_rope", "x", None)
     with pytest.raises(ValueError, match="is not described in perfladder.ladder.techniques"):
         Rung("B8", "my_trick", "x", None)
+
+
+def test_a_group_under_its_floor_is_read_as_at_its_roof_not_past_the_hardware():
+    rows = [{"group": "matmul", "time_ms": 20.0, "floor_ms": 21.4, "above_ms": -1.4, "bw_frac": None,
+             "mm_frac": 1.07, "bound": "compute"},
+            {"group": "attention", "time_ms": 4.0, "floor_ms": 2.3, "above_ms": 1.7, "bw_frac": 0.58,
+             "mm_frac": 0.12, "bound": "memory"}]
+    rl = {"time_ms": 24.0, "floor_ms": 23.7, "rows": rows}
+    note = cards.under_floor_note(rl)
+    assert note.startswith("Under its floor: matmul (-1.40 ms, 107% of its roof).") and "attention" not in note
+    assert note in cards.roofline_html(rl) and note in cards.kernel_text({"roofline": rl, "steps": 1})
+    assert cards.under_floor_note({**rl, "rows": rows[1:]}) == ""

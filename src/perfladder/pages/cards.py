@@ -371,9 +371,26 @@ def roofline_html(rl: dict | None, tried: dict[str, list[str]] | None = None) ->
     head = (f"Roofline per kernel group: {rl['time_ms']:.2f} ms of kernels per step against a floor "
             f"of {rl['floor_ms']:.2f} ms at this run's measured copy and matmul ceilings")
     cols = ["ms/step", "floor ms", "above ms", "group", "bound by", "% copy roof", "% matmul roof"]
+    note = under_floor_note(rl)
     return (f'<p style="margin: 0.6em 0 0.2em 0;"><strong>{esc(head)}</strong></p>'
             + table_html(cols + (["tried against it"] if tried is not None else []),
-                         _roofline_rows(rl, tried), numeric={0, 1, 2, 5, 6}))
+                         _roofline_rows(rl, tried), numeric={0, 1, 2, 5, 6})
+            + (f'<p style="font-size: 0.85em;">{esc(note)}</p>' if note else ""))
+
+
+def under_floor_note(rl: dict) -> str:
+    """What a group that runs under its floor means: the floor is this run's measured copy and
+    matmul rates, not a hard ceiling; a kernel that beat them is at its roof, nothing left."""
+    beaten = [r for r in rl.get("rows", []) if r.get("time_ms") and r.get("above_ms") is not None
+              and r["above_ms"] < 0]
+    if not beaten:
+        return ""
+    names = ", ".join(f"{r['group']} ({r['above_ms']:.2f} ms, "
+                      f"{100 * max(r.get('bw_frac') or 0, r.get('mm_frac') or 0):.0f}% of its roof)"
+                      for r in beaten)
+    return (f"Under its floor: {names}. The floors use the rates this run's probes measured (a plain "
+            "device copy, a large bf16 matmul), which a kernel can beat; read such a group as at its "
+            "roof, with nothing left to gain, not as faster than the hardware allows.")
 
 
 def kernel_text(kb: dict, title: str = "", tried: dict[str, list[str]] | None = None) -> str:
@@ -392,4 +409,6 @@ def kernel_text(kb: dict, title: str = "", tried: dict[str, list[str]] | None = 
                 lines.append(f"  {r['time_ms']:8.2f} ms  floor {r['floor_ms']:6.2f}  above {r['above_ms']:6.2f}  "
                              f"{r['group']}" + ("" if tried is None else
                                                 f"  tried: {'; '.join(tried.get(r['group'], [])) or '-'}"))
+        if under_floor_note(rl):
+            lines.append(under_floor_note(rl))
     return "\n".join(lines)
