@@ -289,5 +289,5 @@ def test_a_group_under_its_floor_is_read_as_at_its_roof_not_past_the_hardware():
     rl = {"time_ms": 24.0, "floor_ms": 23.7, "rows": rows}
     note = cards.under_floor_note(rl)
     assert note.startswith("Under its floor: matmul (-1.40 ms, 107% of its roof).") and "attention" not in note
-    assert note in cards.roofline_html(rl) and note in cards.kernel_text({"roofline": rl, "steps": 1})
+    assert cards.esc(note) in cards.roofline_html(rl) and note in cards.kernel_text({"roofline": rl, "steps": 1})
     assert cards.under_floor_note({**rl, "rows": rows[1:]}) == ""
