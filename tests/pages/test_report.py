@@ -291,3 +291,15 @@ def test_a_group_under_its_floor_is_read_as_at_its_roof_not_past_the_hardware():
     assert note.startswith("Under its floor: matmul (-1.40 ms, 107% of its roof).") and "attention" not in note
     assert cards.esc(note) in cards.roofline_html(rl) and note in cards.kernel_text({"roofline": rl, "steps": 1})
     assert cards.under_floor_note({**rl, "rows": rows[1:]}) == ""
+
+
+def test_the_comparison_cell_credits_a_bound_as_the_card_does():
+    """JAX R1's windows did not settle but every one is far above R0's: its card says "at least
+    ...x R0", and the comparison table prints the same bound rather than a bare "faster"."""
+    from perfladder.pages.claims import call
+    from perfladder.results.committed import read_run, reference_run
+    j = read_run(reference_run(framework="jax") / "jax.json")
+    c = call(j, j.rung("R1"))
+    assert c.bound is not None and c.label.startswith("≥")
+    row = next(line for line in report.comparison_markdown([j]).splitlines() if line.startswith("| compile"))
+    assert f"· {c.label} R0 · faster" in row

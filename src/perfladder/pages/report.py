@@ -250,7 +250,7 @@ def _cmp_cell(res: LadderResult, r: RungResult | None, html_out: bool) -> str:
         if r.kind == "control":
             body += " · control"
         else:
-            body += (f" · {c.label} {c.against}" if c.ratio is not None else "")
+            body += (f" · {c.label} {c.against}" if c.label else "")      # a ratio, or a bound
             body += "" if c.word in ("start", "skipped") else f" · {c.word}"
     if html_out:
         return f"<strong>{esc(r.name)}</strong> {esc(r.label)}" + small(esc(body))
