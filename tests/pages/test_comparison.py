@@ -143,3 +143,14 @@ def test_each_clause_of_a_statement_can_fail_it(reference):
     plain = seed_ladder()                                                # R2 carries no profile
     c = comparison.torch_batch_biggest(plain)
     assert c.holds is False and "R2 is not profiled" in c.evidence
+
+
+def test_the_waterfall_reading_credits_a_bound_as_a_bound():
+    """JAX R1 is credited only with a bound (its windows did not settle): the reading of the
+    waterfalls says "at least" where it names that step, never a bare ratio."""
+    from perfladder.pages.claims import call
+    from perfladder.results.committed import read_run, reference_run
+    j = read_run(reference_run(framework="jax") / "jax.json")
+    assert call(j, j.rung("R1")).bound is not None
+    text = " ".join(comparison.waterfall_reading(None, j))
+    assert "the largest is R1 jit (whole step), at least " in text

@@ -294,8 +294,10 @@ def chapter_table_html(t: LadderResult | None, j: LadderResult | None) -> str:
     return table(["rung", "PyTorch, RTX 4090", "PyTorch, H200", "JAX, RTX 4090", "JAX, H200"], rows)
 
 
-def _credited(res: LadderResult) -> list[tuple[RungResult, float]]:
-    return [(r, c.ratio if c.ratio is not None else c.bound)
+def _credited(res: LadderResult) -> list[tuple[RungResult, float, bool]]:
+    """Every credited step: the rung, its ratio or the bound it is credited with, and whether
+    that is a bound ("at least")."""
+    return [(r, c.ratio if c.ratio is not None else c.bound, c.ratio is None)
             for r in res.waterfall() for c in [call(res, r)] if c.credited]
 
 
@@ -320,18 +322,20 @@ def waterfall_reading(t: LadderResult | None, j: LadderResult | None) -> list[st
         base, best = _rung(res, start) or res.waterfall()[0], res.fastest_rung()
         steps = _credited(res)
         top = max(steps, key=lambda rc: rc[1], default=None)
-        beyond = [(r, x) for r, x in steps if r.stage == "beyond"]
+        beyond = [(r, x, b) for r, x, b in steps if r.stage == "beyond"]
         gain = 1.0
-        for _, x in beyond:
+        for _, x, _ in beyond:
             gain *= x
         text = (f"{name} climbs from {base.name} {base.label} at {rate(base.tokens_per_s)} tokens/s to "
                 f"{best.name} {best.label} at {rate(best.tokens_per_s)} ({span(best, base)}), through "
                 f"{len(steps)} credited step{'s' if len(steps) != 1 else ''}")
         if top is not None:
-            text += f"; the largest is {top[0].name} {top[0].label}, {_x(top[1])} {call(res, top[0]).against}"
+            text += (f"; the largest is {top[0].name} {top[0].label}, {'at least ' if top[2] else ''}"
+                     f"{_x(top[1])} {call(res, top[0]).against}")
         if beyond:
             text += (f"; the {len(beyond)} credited rung{'s' if len(beyond) != 1 else ''} beyond the "
-                     f"chapter ({', '.join(r.name for r, _ in beyond)}) multiply to {_x(gain)}")
+                     f"chapter ({', '.join(r.name for r, _, _ in beyond)}) multiply to "
+                     f"{'at least ' if any(b for _, _, b in beyond) else ''}{_x(gain)}")
         out.append(text + ".")
         ch, r3 = CHAPTER[res.framework], _rung(res, "R3")
         if start in ch and "R3" in ch:
