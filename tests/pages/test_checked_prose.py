@@ -89,3 +89,27 @@ def test_a_compile_the_run_did_not_record_is_not_printed_as_seconds():
     assert compile_recorded(torch_ref.rung("R0"))                   # eager: nothing to record
     jax_values = glue_values(jax_ref, checks_for("jax"), numbers_for("jax"))
     assert jax_values["R1_first_call"] == f"{jax_ref.rung('R1').compile.first_call_s:.1f} s"
+
+
+@pytest.mark.parametrize("framework", PAGES)
+def test_an_inserted_ratio_says_what_the_card_beside_it_credits(framework):
+    """A rung whose base did not settle is credited with a bound in its card; the prose's
+    ``<rung>_ratio`` must say the same, never the bare ratio of two medians."""
+    from perfladder.pages import cards
+    from perfladder.pages.claims import call
+    ref = reference(framework)
+    values = glue_values(ref, checks_for(framework), numbers_for(framework))
+    bounds = 0
+    for r in ref.rungs:
+        c = call(ref, r)
+        if not r.measured or r.builds_on is None:
+            continue
+        said = values[f"{r.name}_ratio"]
+        if c.bound is not None:
+            bounds += 1
+            assert said == "at least " + c.label.lstrip("≥"), (r.name, said)
+            assert c.label.lstrip("≥") in cards.rung_text(ref, r.name)
+        elif c.ratio is None:
+            assert "not credited" in said, (r.name, said)
+    if framework == "jax":
+        assert bounds >= 2          # R1 and R3 in the committed reference

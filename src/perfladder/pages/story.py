@@ -247,12 +247,25 @@ def _ms(milliseconds: float | None) -> str:
     return words_ms(None if milliseconds is None else milliseconds / 1e3, 1)
 
 
+def credited_ratio(result: LadderResult, r: RungResult, before: RungResult | None) -> str:
+    """The rung against the one it builds on, as the cards credit it: the ratio, "at least" the
+    bound every window allows, or the bare ratio marked as not credited (windows unsettled)."""
+    if not (r.measured and before):
+        return "–"
+    c = call(result, r)
+    if c.ratio is not None:
+        return ratio(c.ratio)
+    if c.bound is not None:
+        return "at least " + c.label.lstrip("≥")
+    return f"{ratio(r.tokens_per_s / before.tokens_per_s)} (not credited: the windows did not settle)"
+
+
 def rung_numbers(result: LadderResult, r: RungResult) -> dict[str, str]:
     """The glue values of one rung (``–`` where it recorded nothing)."""
     n, reg = r.name, r.regime or {}
     before = next((x for x in result.rungs if x.name == r.builds_on and x.measured), None)
     out = {"rate": rate(r.tokens_per_s) if r.measured else "–",
-           "ratio": ratio(r.tokens_per_s / before.tokens_per_s) if (r.measured and before) else "–",
+           "ratio": credited_ratio(result, r, before),
            "label": r.label, "memory": gib(r.memory.bytes) if r.memory and r.memory.bytes else "–",
            "first_call": first_call_text(r),
            "device_ms": _ms(r.profile.device_ms) if r.profile else "–",

@@ -5,15 +5,14 @@ glue key placed after the sentence that makes it.
 """
 from __future__ import annotations
 
-from perfladder.pages.claims import call
 from perfladder.pages.story import (
     Check,
     beats,
+    credited_ratio,
     learned,
     less,
     loses_to,
     more,
-    ratio,
     ratio_of,
     recorded,
     regime,
@@ -25,11 +24,11 @@ NOT_FASTER = ("slower", "within noise", "unsettled")
 
 
 def gain_of(name: str):
-    """The glue value of a rung's gain over its base as the page may state it: the ratio, or
-    "at least" the bound when its base did not settle."""
+    """The glue value of a rung's gain over its base as the page may state it
+    (``story.credited_ratio``: the ratio, or "at least" the bound when its base did not settle)."""
     def value(result):
-        c = call(result, result.rung(name))
-        return c.label.replace("≥", "at least ") if c.bound is not None else ratio(c.ratio)
+        r = result.rung(name)
+        return credited_ratio(result, r, result.rung(r.builds_on))
     return value
 
 
