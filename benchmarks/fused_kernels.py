@@ -15,8 +15,8 @@ each fused option, every configuration from the same initial weights, gated: its
 ``LOSS_ATOL``, else it is reported as failing (and not timed).
 
 * torch: compiled, bf16 autocast, fused AdamW, one-hot embedding (``--embed gather`` for the
-  gather), CUDA graphs
-  (``mode='reduce-overhead'``; the default mode on CPU), the batch given;
+  gather), CUDA graphs (``mode='reduce-overhead'``), the batch given; on CPU (``--smoke``) the
+  step runs eagerly, as the attention benchmark's does;
 * jax: bf16, fp32 embedding lookup, cuDNN attention (XLA's on CPU), split/merge ``jax.jit``
   step with donation, the batch given.
 
@@ -189,8 +189,10 @@ def run_torch(args, res: Results) -> None:
             try:
                 torch.manual_seed(ladder.config.seed)
                 model = GPT(g, embed=args.embed, fused=fused).to(dev)
+                # CPU smoke: an eager step (the fused kernels under torch.compile are checked by
+                # tests/torch/test_fused.py and the ladder; here the script's own path runs)
                 step = make_step(model, make_optimizer(model, ladder.config.lr, "fused" if cuda else "default"),
-                                 compiled=True, bf16=True, device_type=dev.type,
+                                 compiled=cuda, bf16=True, device_type=dev.type,
                                  mode="reduce-overhead" if cuda else None)
                 t0 = time.perf_counter()
                 losses = torch.stack([step(X, Y) for X, Y in fixed]).float().cpu().tolist()
