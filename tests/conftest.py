@@ -12,6 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")   # no display on the test machine
+from perfladder.config import gpu_present  # noqa: E402  (framework-free)
+
+if not gpu_present():
+    # CPU: the suite already keeps every core busy (two xdist workers beside the book build), so
+    # inductor's pool of compile workers -- each importing torch -- only adds work; compile in
+    # the process that asks (the book build and every subprocess inherit this)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # the tests mirror src/ in folders and are imported by path (--import-mode=importlib); the
 # shared helpers (conftest, _ladders, ...) stay importable by name from this folder
 sys.path.insert(0, str(Path(__file__).resolve().parent))
