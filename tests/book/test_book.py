@@ -246,3 +246,34 @@ def test_reference_page_says_so_when_nothing_is_committed(tmp_path):
     text = _outputs_text(nb)
     assert "No reference results are committed yet" in text
     assert "This build ran the `smoke` configuration" in text
+
+
+class _Prose(HTMLParser):
+    """A page's words outside code, scripts and styles (the details behind toggles included)."""
+    SKIP = {"pre", "code", "script", "style"}
+
+    def __init__(self):
+        super().__init__()
+        self.words, self._skip = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        self._skip += tag in self.SKIP
+
+    def handle_endtag(self, tag):
+        self._skip -= tag in self.SKIP and self._skip > 0
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.words.append(data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES + ["notebooks/05_scaling"])
+def test_no_page_calls_the_chapter_the_seed(book, page):
+    """Readers meet "the chapter" and "the chapter's RTX 4090 box", never the word "seed"
+    (a form's value written as code, ``--form seed``, is code)."""
+    p = _Prose()
+    p.feed((HTML / f"{page}.html").read_text())
+    text = " ".join(" ".join(p.words).split())
+    hits = [text[max(0, m.start() - 60): m.end() + 40] for m in re.finditer(r"\bseed\b", text, re.I)]
+    assert not hits, hits[:5]

@@ -59,5 +59,5 @@ def test_the_fast_form_is_the_fastest_configuration_not_a_list():
                        kept=True, recipe=kept.to_dict()))
     assert fast_recipe(cfg, ran) == kept
     assert recipe_for(cfg, "seed") == recipe_of(RUNGS, RUNGS["R5"].builds_on, Recipe.seed(cfg), cfg)
-    with pytest.raises(ValueError, match="seed chapter's fixed recipe"):
+    with pytest.raises(ValueError, match="the chapter's fixed recipe"):
         recipe_for(cfg, "seed", kept)

@@ -60,14 +60,14 @@ LINKS: dict[str, Link] = {link.name: link for link in (
     Link("nvlink4-h200", 360e9, "intra-node", "H200 SXM, NVLink 4 through NVSwitch, NVLS off",
          "80% of the 450 GB/s each-way NVLink-4 rate (H200 datasheet: 18 links, 900 GB/s "
          "bidirectional); point-to-point copies reach ~380 GB/s"),
-    # The seed chapter's box: four RTX 4090s without NVLink or peer-to-peer access, so data
-    # moving from one GPU to another goes through host memory, over PCIe. The seed prices its
+    # The chapter's box: four RTX 4090s without NVLink or peer-to-peer access, so data
+    # moving from one GPU to another goes through host memory, over PCIe. The chapter prices its
     # all-reduce with 4.5 GB/s in a bytes-per-device convention where t = 2 S / beta,
     # which at k = 2 is the same time as a bus bandwidth of 2.25 GB/s in ours
     # (t = 2 (k-1)/k S / busbw); NCCL's own busbw on that box read ~2 GB/s.
     Link("pcie-host-staged", 2.25e9, "intra-node",
          "PCIe without peer-to-peer (4x RTX 4090): GPU -> host memory -> GPU",
-         "the seed chapter's measured 4.5 GB/s per device in its t = 2S/beta convention "
+         "the chapter's measured 4.5 GB/s per device in its t = 2S/beta convention "
          "(= 2.25 GB/s busbw at k = 2; NCCL busbw there read ~2 GB/s)"),
     # InfiniBand NDR: 400 Gb/s = 50 GB/s each way per port, one ConnectX-7 port per GPU in
     # HGX H100/H200 nodes (rail-optimised). We price the inter-node ring at 80% of line rate.

@@ -47,6 +47,9 @@ def read_run(path: str | Path) -> LadderResult:
     for r in res.rungs:
         if r.kernels:
             r.kernels = reread_kernels(r.kernels)
+        for g in r.gates:      # runs recorded before the book called the chapter "the chapter"
+            if g.reference:
+                g.reference = g.reference.replace("the seed recipe", "the reference recipe")
     return res.finalize()
 
 

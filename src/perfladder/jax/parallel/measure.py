@@ -82,7 +82,7 @@ def recipe_for(config: LadderConfig, form: str, recipe=None, *, on_gpu: bool | N
     if check_form(form) == "seed":
         seed = seed_recipe(config)
         if recipe is not None and recipe != seed:
-            raise ValueError("form='seed' is the seed chapter's fixed recipe; pass another "
+            raise ValueError("form='seed' is the chapter's fixed recipe; pass another "
                              "recipe only with form='fast'")
         return seed
     return fast_recipe(config, on_gpu=on_gpu) if recipe is None else recipe

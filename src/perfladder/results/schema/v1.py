@@ -108,7 +108,7 @@ def _rung(r: dict, framework: str, config: dict) -> dict:
     if isinstance(lg, dict):
         out["gates"].append({"name": "loss over steps", "passed": True,
                              "values": {"max_abs_diff": max(lg.get("max_abs_diff", {0: 0}).values())},
-                             "tolerances": {"atol": lg.get("atol")}, "reference": "seed recipe"})
+                             "tolerances": {"atol": lg.get("atol")}, "reference": "the reference recipe"})
     prof = _profile(extra, steps)
     if prof is not None:
         out["profile"] = prof

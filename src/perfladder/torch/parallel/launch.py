@@ -86,7 +86,7 @@ def recipe_for(config: LadderConfig, form: str, recipe=None) -> Recipe:
     if check_form(form) == "seed":
         seed = Recipe.seed(config)
         if recipe is not None and recipe != seed:
-            raise ValueError("form='seed' is the seed chapter's fixed recipe; pass another "
+            raise ValueError("form='seed' is the chapter's fixed recipe; pass another "
                              "recipe only with form='fast'")
         return seed
     return fast_recipe(config) if recipe is None else recipe
