@@ -109,28 +109,28 @@ def as_fp32(model: GPT) -> GPT:
 
 
 # -- Gates II: the step's own loss, scale errors, the step form, parity at probe weights ----------
-def bf16_loss_train_step(model, optimizer, X, Y, view=None):
-    """``train_step`` with the cross entropy computed in the model's dtype (no fp32 cast)."""
-    def loss_fn(model, X, Y):
-        logits = model(X)                                                   # bf16
-        flat = logits.reshape(-1, logits.shape[-1])
-        return optax.softmax_cross_entropy_with_integer_labels(flat, Y.reshape(-1)).mean()
-    loss, grads = nnx.value_and_grad(loss_fn)(model, X, Y)
-    optimizer.update(model, grads)
-    return loss
+def _nll(logits, targets):
+    """Mean negative log-likelihood of ``targets`` (B, T) under ``logits`` (B, T, V), in the
+    logits' own dtype."""
+    logp = jax.nn.log_softmax(logits, axis=-1)                              # (B, T, V)
+    return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
 
 
-def shifted_targets_train_step(model, optimizer, X, Y, view=None):
-    """``train_step`` whose loss reads the targets one position late (misaligned inside the
-    step): a model gate with its own loss would never see it."""
-    def loss_fn(model, X, Y):
-        logits = model(X).astype(jnp.float32)
-        flat = logits.reshape(-1, logits.shape[-1])
-        return optax.softmax_cross_entropy_with_integer_labels(
-            flat, jnp.roll(Y, 1, axis=1).reshape(-1)).mean()
-    loss, grads = nnx.value_and_grad(loss_fn)(model, X, Y)
-    optimizer.update(model, grads)
-    return loss
+def _planted_step(loss_of):
+    """A ``train_step`` (same signature as the ladder's) whose loss is ``loss_of(model, X, Y)``."""
+    def step(model, optimizer, X, Y, view=None):
+        loss, grads = nnx.value_and_grad(loss_of)(model, X, Y)
+        optimizer.update(model, grads)
+        return loss
+    return step
+
+
+# the cross entropy left in the model's dtype (bf16): no fp32 cast before the loss
+bf16_loss_train_step = _planted_step(lambda m, X, Y: _nll(m(X), Y))
+# the targets read one position late inside the step: a model gate computing its own loss
+# would never see it
+shifted_targets_train_step = _planted_step(
+    lambda m, X, Y: _nll(m(X).astype(jnp.float32), jnp.roll(Y, 1, axis=1)))
 
 
 @jax.custom_vjp
