@@ -13,7 +13,7 @@ from _ladders import H200, ROOT, result, rung, seed_ladder
 
 from perfladder.config import get_config
 from perfladder.measure.evidence import Prediction
-from perfladder.pages import cards, report
+from perfladder.pages import cards, kernel_report, report
 from perfladder.pages.claims import call, short_reason
 from perfladder.results.committed import read_run
 from perfladder.results.record import LadderResult
@@ -121,9 +121,9 @@ def test_rung_view_of_a_skipped_rung_and_receipt(h200):
 
 
 def test_kernel_breakdown_table(h200):
-    r = cards.kernel_rung(h200["torch"])
+    r = kernel_report.kernel_rung(h200["torch"])
     assert r is not None and r.name == "B6"
-    html = cards.kernel_html(r.kernels, "B6")
+    html = kernel_report.kernel_html(r.kernels, "B6")
     tables = re.findall(r"<table.*?</table>", html)
     assert len(tables) == 2
     assert heads(tables[1])[:2] == ["ms/step", "share"]
@@ -197,14 +197,13 @@ def test_box_kinds():
 
 
 def test_kernel_report_shows_the_roofline_when_the_run_probed_its_ceilings():
-    from perfladder.pages import cards
     res = LadderResult.read(ROOT / "benchmarks" / "results" / "h200x2-run3" / "jax.json")
     kb = next(r for r in res.rungs if r.kernels).kernels
-    html, text = cards.kernel_html(kb), cards.kernel_text(kb)
+    html, text = kernel_report.kernel_html(kb), kernel_report.kernel_text(kb)
     assert "Roofline per kernel group" in html and "floor ms" in html
     assert f"floor {kb['roofline']['floor_ms']:.2f} ms" in text
     bare = {k: v for k, v in kb.items() if k != "roofline"}
-    assert "Roofline" not in cards.kernel_html(bare) and "roofline" not in cards.kernel_text(bare)
+    assert "Roofline" not in kernel_report.kernel_html(bare) and "roofline" not in kernel_report.kernel_text(bare)
 
 
 def test_a_model_gate_card_summarises_its_gradients():
@@ -252,7 +251,7 @@ def test_the_roofline_table_says_what_was_tried_against_each_group():
                 rung("B9", "fused_gelu", [250e3, 251e3, 252e3], "B8", stage="beyond", label="+fused GELU"),
                 rung("B10", "fused_addnorm", stage="beyond", label="+addnorm",
                      error="RuntimeError: Triton is not installed; the kernel cannot run")])
-    tried = cards.tried_against(r, decls)
+    tried = kernel_report.tried_against(r, decls)
     assert tried["elementwise: RoPE"] == [f"B8 +fused RoPE: {302e3 / 201e3:.2f}x B5, faster"]
     assert tried["elementwise: GELU"] == [f"B9 +fused GELU: {251e3 / 302e3:.2f}x B8, slower"]
     assert tried["layernorm/reductions"] == ["B10 +addnorm: skipped (RuntimeError: Triton is not installed)"]
@@ -260,10 +259,10 @@ def test_the_roofline_table_says_what_was_tried_against_each_group():
     rl = {"time_ms": 10.0, "floor_ms": 6.0,
           "rows": [{"group": g, "time_ms": 2.0, "floor_ms": 1.0, "above_ms": 1.0, "bound": "memory",
                     "bw_frac": 0.5, "mm_frac": None} for g in ("matmul", "elementwise: RoPE")]}
-    html = cards.roofline_html(rl, tried)
+    html = kernel_report.roofline_html(rl, tried)
     assert "tried against it" in html and "B8 +fused RoPE" in html
-    assert "tried against it" not in cards.roofline_html(rl)
-    text = cards.kernel_text({"steps": 1, "total_us": 1.0, "category_us": {}, "roofline": rl}, "t", tried)
+    assert "tried against it" not in kernel_report.roofline_html(rl)
+    text = kernel_report.kernel_text({"steps": 1, "total_us": 1.0, "category_us": {}, "roofline": rl}, "t", tried)
     assert "matmul  tried: -" in text and "elementwise: RoPE  tried: B8 +fused RoPE" in text
 
 
@@ -287,10 +286,10 @@ def test_a_group_under_its_floor_is_read_as_at_its_roof_not_past_the_hardware():
             {"group": "attention", "time_ms": 4.0, "floor_ms": 2.3, "above_ms": 1.7, "bw_frac": 0.58,
              "mm_frac": 0.12, "bound": "memory"}]
     rl = {"time_ms": 24.0, "floor_ms": 23.7, "rows": rows}
-    note = cards.under_floor_note(rl)
+    note = kernel_report.under_floor_note(rl)
     assert note.startswith("Under its floor: matmul (-1.40 ms, 107% of its roof).") and "attention" not in note
-    assert cards.esc(note) in cards.roofline_html(rl) and note in cards.kernel_text({"roofline": rl, "steps": 1})
-    assert cards.under_floor_note({**rl, "rows": rows[1:]}) == ""
+    assert kernel_report.esc(note) in kernel_report.roofline_html(rl) and note in kernel_report.kernel_text({"roofline": rl, "steps": 1})
+    assert kernel_report.under_floor_note({**rl, "rows": rows[1:]}) == ""
 
 
 def test_the_comparison_cell_credits_a_bound_as_the_card_does():

@@ -12,7 +12,7 @@ import pytest
 from conftest import timing_of
 
 from perfladder.ladder.rung import later
-from perfladder.pages import cards
+from perfladder.pages import cards, kernel_report
 from perfladder.pages.claims import call
 from perfladder.pages.ladder import read_run
 from perfladder.pages.story import ladder_numbers
@@ -39,7 +39,7 @@ def test_fastest_is_one_function_for_every_page_part():
     kept = res.fastest_rung()
     quicker = max((r for r in res.waterfall() if r.kept is False), key=lambda r: r.tokens_per_s)
     assert quicker.tokens_per_s > kept.tokens_per_s            # a faster median that was not kept
-    assert ladder_numbers(res)["fastest"] == kept.name == cards.kernel_rung(res).name
+    assert ladder_numbers(res)["fastest"] == kept.name == kernel_report.kernel_rung(res).name
     assert res.learning.configuration == kept.name
     res.fastest = quicker.name                                 # what the ladder recorded wins
     assert ladder_numbers(res)["fastest"] == quicker.name
@@ -89,4 +89,4 @@ def test_kernel_names_are_shortened_with_the_full_name_kept():
             "(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8::Params)")
     short = cards.short_name(name)
     assert short == "cutlass::Kernel2" and len(short) <= 56
-    assert f'title="{name}"' in cards._code(name).replace("&lt;", "<").replace("&gt;", ">")
+    assert f'title="{name}"' in cards.code_html(name).replace("&lt;", "<").replace("&gt;", ">")

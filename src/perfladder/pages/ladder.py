@@ -20,7 +20,7 @@ from pathlib import Path
 
 from perfladder.book.paths import build_results_dir
 from perfladder.config import pick_config
-from perfladder.pages import cards, multigpu, plot, report
+from perfladder.pages import cards, kernel_report, multigpu, plot, report
 from perfladder.pages.chapter import checks_for, numbers_for
 from perfladder.pages.claims import is_smoke
 from perfladder.pages.narrative import learning_text, smoke_check
@@ -199,15 +199,15 @@ class LadderPage:
             self._smoke_box(f"smoke check on {self.live.device}",
                             "the kernel breakdown ran: " + (f"{len(live.get('top', []))} top operators sorted"
                                                              if live else "it failed (see the notes)"))
-        r = cards.kernel_rung(self.shown)
+        r = kernel_report.kernel_rung(self.shown)
         if r is None:
             text = "No kernel breakdown was recorded in this ladder: " + "; ".join(
                 n for n in self.shown.notes if "kernel breakdown" in n)
             display_html(paragraphs_html([text]), text)
             return
         title = f"{r.name} ({r.label}), the fastest configuration"
-        tried = cards.tried_against(self.shown, self.fw.RUNGS)
-        display_html(cards.kernel_html(r.kernels, title, tried), cards.kernel_text(r.kernels, title, tried))
+        tried = kernel_report.tried_against(self.shown, self.fw.RUNGS)
+        display_html(kernel_report.kernel_html(r.kernels, title, tried), kernel_report.kernel_text(r.kernels, title, tried))
 
     def learning_check(self) -> None:
         """Train the fastest configuration (live); show the shown ladder's check and loss curve."""
