@@ -23,11 +23,18 @@ def code_cells(framework: str) -> list[str]:
 
 
 def library_code(framework: str) -> dict:
+    """The technique functions a page hands the ladder by name (the lab's ``code``)."""
     if framework == "torch":
         from perfladder.torch.lab import LIBRARY_CODE
         return LIBRARY_CODE
     from perfladder.jax.step import CODE
     return CODE
+
+
+def library_changes(framework: str) -> dict:
+    """The recipe changes a page hands the ladder as ``change=`` (``rungs/changes.py``)."""
+    import importlib
+    return importlib.import_module(f"perfladder.{framework}.rungs.changes").CHANGES
 
 
 def defined(cell: str) -> dict[str, str]:
@@ -39,18 +46,31 @@ def defined(cell: str) -> dict[str, str]:
 
 
 def runs(cell: str) -> list[tuple[str, list[str]]]:
-    """``[(rung, [technique keywords])]`` of the ``page.run(...)`` calls in a cell."""
+    """``[(rung, [technique keywords])]`` of the ``page.run(...)`` calls in a cell (the recipe
+    change, ``change=``, is not a technique keyword: ``changes(cell)``)."""
     out = []
     for node in ast.walk(ast.parse(cell.replace("%matplotlib inline", ""))):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "run" and getattr(node.func.value, "id", "") == "page"):
-            out.append((node.args[0].value, [k.arg for k in node.keywords]))
+            out.append((node.args[0].value, [k.arg for k in node.keywords if k.arg != "change"]))
+    return out
+
+
+def changes(cell: str) -> dict[str, str]:
+    """``{rung: the name of the function passed as change=}`` of a cell's ``page.run`` calls."""
+    out = {}
+    for node in ast.walk(ast.parse(cell.replace("%matplotlib inline", ""))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "run" and getattr(node.func.value, "id", "") == "page"):
+            for k in node.keywords:
+                if k.arg == "change":
+                    out[node.args[0].value] = k.value.id
     return out
 
 
 @pytest.mark.parametrize("framework", PAGES)
 def test_every_technique_cell_is_the_library_function(framework):
-    lib = library_code(framework)
+    lib = {**library_code(framework), **library_changes(framework)}
     shown = {}
     for cell in code_cells(framework):
         for name, source in defined(cell).items():
@@ -73,6 +93,12 @@ def test_every_declared_rung_is_run_by_a_cell_in_ladder_order_with_its_code(fram
     lib = library_code(framework)
     passed = {k for _, kws in calls for k in kws}
     assert passed == set(lib)                 # every technique function handed to the ladder
+    # every recipe change a cell shows is the one its rung declares, and every declared change
+    # of the library's is shown
+    shown = {rung: fn for cell in code_cells(framework) for rung, fn in changes(cell).items()}
+    chg = library_changes(framework)
+    assert all(rungs[rung].change is chg[fn] for rung, fn in shown.items()), shown
+    assert set(shown.values()) == set(chg)
 
 
 def _exec_cells(framework: str, page, rungs: tuple[str, ...], edit=None) -> dict:

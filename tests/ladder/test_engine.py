@@ -466,3 +466,24 @@ def test_resume_continues_an_earlier_run_from_its_file(tmp_path):
     other.config["name"] = "smoke"
     with pytest.raises(ValueError, match="cannot continue"):
         ladder(names=["M1"], resume=other)
+
+
+def test_a_cell_s_recipe_change_replaces_the_declared_one_for_this_ladder_only():
+    """``LadderRun.run(name, change=...)``: the rung runs the recipe the given change makes (an
+    edited cell measures the edit), later rungs build on what it ran, and the registry the
+    ladder was made from is untouched."""
+    from _ladders import FakeLab, fake_rungs
+
+    from perfladder.config import get_config
+    from perfladder.ladder.engine import LadderRun
+    rungs = fake_rungs()
+    declared = rungs["R3"].change
+    run = LadderRun(FakeLab(get_config("smoke")), rungs)
+    for name in ("R0", "R1", "R2"):
+        run.run(name)
+    r3 = run.run("R3", change=lambda r, c: r.replace(batch_size=48))
+    assert r3.recipe["batch_size"] == 48 and r3.recipe["bf16"] is True     # on R2's recipe
+    assert rungs["R3"].change is declared
+    assert run.run("B1").recipe["batch_size"] == 48                         # builds on what ran
+    with pytest.raises(ValueError, match="change='big' is not valid"):
+        LadderRun(FakeLab(get_config("smoke")), rungs).run("R0", change="big")

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMED = ["src/perfladder/ladder/techniques.py", "src/perfladder/torch/rungs/beyond.py",
+NAMED = ["src/perfladder/ladder/techniques.py", "src/perfladder/torch/rungs/changes.py",
+         "src/perfladder/torch/rungs/beyond.py", "src/perfladder/jax/rungs/changes.py",
          "src/perfladder/jax/rungs/beyond.py", "notebooks/01_pytorch_ladder.ipynb",
          "notebooks/02_jax_ladder.ipynb"]
 
@@ -36,7 +37,7 @@ def add_cell(notebook: Path, source: str, before: str) -> None:
 
 def test_the_walkthrough_adds_a_rung_to_both_frameworks_touching_only_what_it_names(tmp_path):
     blocks = walkthrough_blocks()
-    assert [f for f, _ in blocks] == NAMED[:3]
+    assert [f for f, _ in blocks] == NAMED[:5]
     tree = tmp_path / "tree"
     for part in ("src", "tests", "notebooks", "benchmarks/results", "pyproject.toml", "_config.yml", "_toc.yml"):
         src, dst = ROOT / part, tree / part
@@ -45,8 +46,9 @@ def test_the_walkthrough_adds_a_rung_to_both_frameworks_touching_only_what_it_na
     for rel, code in blocks:
         with open(tree / rel, "a") as f:
             f.write("\n\n" + code)
-    add_cell(tree / NAMED[3], 'page.run("B15")', before='page.run("R5")')
-    add_cell(tree / NAMED[4], 'page.run("B9")', before='page.run("R5")')
+    change = blocks[1][1].split("CHANGES[")[0].rstrip()           # the function of step 2
+    add_cell(tree / NAMED[5], change + '\n\n\npage.run("B15", change=batch_x8)', before='page.run("R5")')
+    add_cell(tree / NAMED[6], change + '\n\n\npage.run("B9", change=batch_x8)', before='page.run("R5")')
     touched = {str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and p.read_bytes() != before.get(p)}
     assert touched == set(NAMED)
 

@@ -189,7 +189,9 @@ class LadderRun:
     (``run_ladder``). ``result`` is the growing ``LadderResult``."""
 
     def __init__(self, lab, rungs: dict[str, Rung], resume: LadderResult | None = None):
-        self.lab, self.rungs, self.chain = lab, rungs, Chain(rungs, lab)
+        # this ladder's own copy: a cell may hand a rung another recipe change (``run``)
+        self.rungs = dict(rungs)
+        self.lab, self.chain = lab, Chain(self.rungs, lab)
         if resume is not None:
             self._resume(resume)
 
@@ -213,14 +215,21 @@ class LadderRun:
     def result(self) -> LadderResult:
         return self.lab.result
 
-    def run(self, name: str, **code: Callable) -> RungResult:
+    def run(self, name: str, change: Callable | None = None, **code: Callable) -> RungResult:
         """Run rung ``name`` (in any order the caller likes; its base is what ran so far).
 
         ``code``: technique functions to build this and every later step from, by name (the
-        lab's ``code``; e.g. ``compile_model=...``), so an edited notebook cell is measured."""
+        lab's ``code``; e.g. ``compile_model=...``), so an edited notebook cell is measured.
+        ``change(recipe, config) -> recipe``: what this rung changes in the recipe it builds on,
+        in place of its declaration's (the page shows each rung's change in its cell)."""
         check_rungs(self.rungs, [name])
         if any(r.name == name for r in self.result.rungs):
             raise ValueError(f"rung {name!r} already ran in this ladder")
+        if change is not None:
+            if not callable(change):
+                raise ValueError(f"change={change!r} is not valid; valid: a function "
+                                 "change(recipe, config) -> recipe")
+            self.rungs[name] = dataclasses.replace(self.rungs[name], change=change)
         self.lab.use(**code)
         return run_rung(self.rungs[name], self.lab, self.chain)
 

@@ -26,6 +26,7 @@ from perfladder.jax.checks import _compare, check_attention_parity
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.profile import host_overhead, per_step_times, step_stats
 from perfladder.jax.program import embedding_scatters
+from perfladder.jax.rungs import changes as ch
 from perfladder.jax.step import scatter_add_dtypes
 from perfladder.jax.trial import trial
 from perfladder.ladder.rung import Evidence, Given, Rung
@@ -159,32 +160,32 @@ def batch_rung(lab: JaxLab, given: Given) -> Evidence:
 LOSS_GATE = "loss over the first steps == the plain bf16 recipe's (same init, same batches)"
 STAGE = dict(stage="beyond")
 B1 = Rung("B1", "embed_fp32_lookup", "+fp32 embedding grad", b1_embed_fp32_lookup, **STAGE,
-          change=lambda r, c: r.replace(embed_fp32=True),
+          change=ch.fp32_embedding_lookup,
           gate=LOSS_GATE)
 B2 = Rung("B2", "onehot_embedding", "+one-hot embedding", b2_onehot_embedding, **STAGE,
-          change=lambda r, c: r.replace(embed="onehot"), alternative=True,
+          change=ch.onehot_embedding, alternative=True,
           gate="one-hot rows == gathered rows; " + LOSS_GATE)
 B3 = Rung("B3", "split_jit", "+split jit, donated", b3_split_jit, **STAGE,
-          change=lambda r, c: r.replace(jit="split"),
+          change=ch.split_jit,
           gate=LOSS_GATE)
 B4 = Rung("B4", "attention_kernel", "+cuDNN attention", b4_attention_kernel, **STAGE,
-          change=lambda r, c: r.replace(attn_impl="cudnn"),
+          change=ch.cudnn_attention,
           gate="logits == XLA attention's; " + LOSS_GATE,
           needs_gpu="cuDNN fused attention (jax.nn.dot_product_attention(implementation='cudnn'))")
 B5 = Rung("B5", "batch_x2", "+batch x2", batch_rung, **STAGE,
-          change=lambda r, c: r.replace(batch_size=2 * c.big_batch), gate="its base's step; only the batch changes")
+          change=ch.batch_x2, gate="its base's step; only the batch changes")
 B6 = Rung("B6", "batch_x4", "+batch x4", batch_rung, **STAGE,
-          change=lambda r, c: r.replace(batch_size=4 * c.big_batch), gate="its base's step; only the batch changes")
+          change=ch.batch_x4, gate="its base's step; only the batch changes")
 
 B7 = Rung("B7", "fused_addnorm", "+fused add+LayerNorm", kernel_rung, **STAGE,
-          change=lambda r, c: r.replace(fused=(*r.fused, "addnorm")), gate=LOSS_GATE,
+          change=ch.fused_addnorm, gate=LOSS_GATE,
           needs_gpu="Pallas kernels compile for a GPU; on CPU they run only through Pallas's "
                     "interpreter, in tests/jax/test_fused.py")
 
 # The fused attention kernel replaces jax.nn.dot_product_attention (so no implementation is
 # chosen) and rotates q and k itself, reading the QKV projection directly.
 B8 = Rung("B8", "fused_attention", "+fused attention", kernel_rung, **STAGE,
-          change=lambda r, c: r.replace(fused=(*r.fused, "attention"), attn_impl=None),
+          change=ch.fused_attention,
           gate=LOSS_GATE, needs_gpu=B7.needs_gpu)
 
 BEYOND = [B1, B2, B3, B4, B5, B6, B7, B8]

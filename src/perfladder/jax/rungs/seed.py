@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from perfladder.jax.checks import check_jit_parity, check_mirror
 from perfladder.jax.lab import EAGER_MAX_WINDOWS, EAGER_WINDOWS, JaxLab
+from perfladder.jax.rungs import changes as ch
 from perfladder.jax.trial import trial
 from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
@@ -90,10 +91,10 @@ R2 = Rung("R2", "bf16", "+bf16 (threaded)", r2_bf16, builds_on="R1",
           change=lambda r, c: r.replace(dtype="bfloat16"),
           gate="receipt: activations and logits bf16, every forward matmul bf16; fp32 masters")
 R3c = Rung("R3c", "fp32_control", "fp32 @ big batch", r3c_fp32_control, kind="control",
-           builds_on="R1", change=lambda r, c: r.replace(batch_size=c.big_batch),
+           builds_on="R1", change=ch.big_batch,
            gate="R1's step; only the batch changes")
 R3 = Rung("R3", "batch_up", "+big batch", r3_batch_up, builds_on="R2",
-          change=lambda r, c: r.replace(batch_size=c.big_batch),
+          change=ch.big_batch,
           gate="R2's step; only the batch changes")
 R4 = Rung("R4", "checkpoint", "+checkpoint", r4_checkpoint, builds_on="R3",
           change=lambda r, c: r.replace(checkpoint=True),

@@ -27,6 +27,7 @@ import torch
 from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
 from perfladder.torch.checks import onehot_check
 from perfladder.torch.kernels import BACKENDS, attention_backends, pick_backend
+from perfladder.torch.rungs import changes as ch
 from perfladder.torch.trial import trial
 
 
@@ -58,17 +59,8 @@ def b7_attention_kernel(lab, given: Given) -> Evidence:
     return trial(lab, given, recipe=pinned, loss_gate_=True, details=details)
 
 
-def _fuse(name: str, replaces: str | None = None, **also):
-    """Add fused option ``name`` (dropping ``replaces``, the option it subsumes)."""
-    return lambda r, c: r.replace(fused=(*(f for f in r.fused if f != replaces), name), **also)
-
-
 TRITON_ON_CPU = ("Triton compiles for a GPU; on CPU its kernels run only through the Triton "
                  "interpreter, in tests/torch/test_fused.py")
-
-
-def _times(factor: int):
-    return lambda r, c: r.replace(batch_size=c.big_batch * factor)
 
 
 GATE = "logits and every gradient vs the plain fp32 model; losses over 3 steps vs the eager bf16 reference"
@@ -77,25 +69,25 @@ BEYOND_ = dict(stage="beyond")
 
 BEYOND = [
     Rung("B1", "fused_adamw", "+fused AdamW", gated(optimizer=True), **BEYOND_,
-         change=lambda r, c: r.replace(optimizer="fused"), gate=OPT_GATE),
+         change=ch.fused_adamw, gate=OPT_GATE),
     Rung("B2", "compiled_adamw", "compiled AdamW", gated(optimizer=True), **BEYOND_,
-         change=lambda r, c: r.replace(optimizer="compiled"), alternative=True, gate=OPT_GATE),
+         change=ch.compiled_adamw, alternative=True, gate=OPT_GATE),
     Rung("B3", "cuda_graphs", "+CUDA graphs", gated(optimizer=True), **BEYOND_,
-         change=lambda r, c: r.replace(cudagraphs=True), gate=OPT_GATE,
+         change=ch.cuda_graphs, gate=OPT_GATE,
          needs_gpu="CUDA graphs exist only on a CUDA device (mode='reduce-overhead' on CPU would "
                    "compile the default mode)"),
     Rung("B4", "onehot_embedding", "+one-hot embedding", gated(checks=(onehot_check,)), **BEYOND_,
-         change=lambda r, c: r.replace(embed="onehot"),
+         change=ch.onehot_embedding,
          gate="one-hot == gather logits (true fp32) and table gradients; " + GATE),
-    Rung("B5", "batch_x2", "batch x2", gated(), **BEYOND_, change=_times(2), gate=GATE),
-    Rung("B6", "batch_x4", "batch x4", gated(), **BEYOND_, change=_times(4), gate=GATE),
+    Rung("B5", "batch_x2", "batch x2", gated(), **BEYOND_, change=ch.batch_x2, gate=GATE),
+    Rung("B6", "batch_x4", "batch x4", gated(), **BEYOND_, change=ch.batch_x4, gate=GATE),
     Rung("B7", "attention_kernel", "pinned attention kernel", b7_attention_kernel, **BEYOND_,
          alternative=True, gate=GATE),
-    Rung("B8", "fused_rope", "+fused RoPE", gated(), **BEYOND_, change=_fuse("rope"),
+    Rung("B8", "fused_rope", "+fused RoPE", gated(), **BEYOND_, change=ch.fused_rope,
          needs_gpu=TRITON_ON_CPU, gate=GATE),
-    Rung("B9", "fused_gelu", "+fused GELU", gated(), **BEYOND_, change=_fuse("gelu"),
+    Rung("B9", "fused_gelu", "+fused GELU", gated(), **BEYOND_, change=ch.fused_gelu,
          needs_gpu=TRITON_ON_CPU, gate=GATE),
-    Rung("B10", "fused_addnorm", "+fused add+LayerNorm", gated(), **BEYOND_, change=_fuse("addnorm"),
+    Rung("B10", "fused_addnorm", "+fused add+LayerNorm", gated(), **BEYOND_, change=ch.fused_addnorm,
          needs_gpu=TRITON_ON_CPU, gate=GATE),
     Rung("B11", "max_autotune", "+max-autotune", gated(), **BEYOND_,
          change=lambda r, c: r.replace(autotune=True), optional=True, gate=GATE,
@@ -103,10 +95,10 @@ BEYOND = [
     # The fused attention kernel replaces SDPA (so no backend is pinned) and rotates q and k
     # itself; the fused FFN computes GELU inside its GEMMs.
     Rung("B12", "fused_attention", "+fused attention", gated(), **BEYOND_,
-         change=_fuse("attention", replaces="rope", attn_backend=None),
+         change=ch.fused_attention,
          needs_gpu=TRITON_ON_CPU, gate=GATE),
     Rung("B13", "fused_mlp", "+fused FFN GEMMs", gated(), **BEYOND_,
-         change=_fuse("mlp", replaces="gelu"), needs_gpu=TRITON_ON_CPU, gate=GATE),
+         change=ch.fused_mlp, needs_gpu=TRITON_ON_CPU, gate=GATE),
     Rung("B14", "bf16_residual", "+bf16 residual stream", gated(), **BEYOND_,
-         change=lambda r, c: r.replace(residual="bf16"), gate=GATE),
+         change=ch.bf16_residual, gate=GATE),
 ]

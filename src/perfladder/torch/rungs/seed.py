@@ -18,6 +18,7 @@ from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
 from perfladder.measure.gates import COMPILE_ATOL, COMPILE_RTOL, MIRROR_ATOL
 from perfladder.torch.checks import check_compiled, check_mirror
+from perfladder.torch.rungs import changes as ch
 from perfladder.torch.trial import trial
 
 
@@ -82,10 +83,10 @@ SEED = [
     Rung("R2", "bf16", "+bf16", r2_bf16, builds_on="R1", change=lambda r, c: r.replace(bf16=True),
          gate="receipt: the timed step's logits are bf16"),
     Rung("R3c", "fp32_control", "fp32 compiled @ big batch", r3c_fp32_control, kind="control",
-         builds_on="R1", change=lambda r, c: r.replace(batch_size=c.big_batch),
+         builds_on="R1", change=ch.big_batch,
          gate="none: a control (R3 without bf16)"),
     Rung("R3", "batch_up", "+batch", r3_batch, builds_on="R2",
-         change=lambda r, c: r.replace(batch_size=c.big_batch),
+         change=ch.big_batch,
          gate="receipt: the timed step's logits are bf16"),
     Rung("R4", "checkpoint", "+checkpoint", r4_checkpoint, builds_on="R3",
          change=lambda r, c: r.replace(checkpoint=True),

@@ -1,0 +1,57 @@
+"""What each rung changes in the recipe it builds on: one small function per technique,
+``change(recipe, config) -> recipe``. The declarations in ``seed`` and ``beyond`` use them, and
+the ladder page shows each in its rung's cell (``page.run(name, change=...)`` measures an edited
+one). The recipe's fields are ``perfladder.jax.recipe.Recipe``; the model and the step read them."""
+from __future__ import annotations
+
+
+def big_batch(recipe, config):
+    """R3c and R3: the chapter's big batch, more sequences per step."""
+    return recipe.replace(batch_size=config.big_batch)
+
+
+def fp32_embedding_lookup(recipe, config):
+    """B1: GPT(embed_fp32=True): look up in the fp32 table, cast the rows
+    to bf16 after, so the gradient's scatter-add runs in fp32."""
+    return recipe.replace(embed_fp32=True)
+
+
+def onehot_embedding(recipe, config):
+    """B2: GPT(embed="onehot"): one_hot(X, V) @ table, no scatter at all."""
+    return recipe.replace(embed="onehot")
+
+
+def split_jit(recipe, config):
+    """B3: one jax.jit over the split state, donated (not nnx.jit)."""
+    return recipe.replace(jit="split")
+
+
+def cudnn_attention(recipe, config):
+    """B4: GPT(attn_impl="cudnn"): cuDNN's fused attention kernel."""
+    return recipe.replace(attn_impl="cudnn")
+
+
+def batch_x2(recipe, config):
+    """B5: twice the big batch."""
+    return recipe.replace(batch_size=2 * config.big_batch)
+
+
+def batch_x4(recipe, config):
+    """B6: four times the big batch."""
+    return recipe.replace(batch_size=4 * config.big_batch)
+
+
+def fused_addnorm(recipe, config):
+    """B7: GPT(fused=("addnorm",)): each residual add inside its LayerNorm."""
+    return recipe.replace(fused=(*recipe.fused, "addnorm"))
+
+
+def fused_attention(recipe, config):
+    """B8: split, RoPE, attention and merge in one Pallas kernel each way
+    (it replaces the attention implementation)."""
+    return recipe.replace(fused=(*recipe.fused, "attention"), attn_impl=None)
+
+
+CHANGES = {f.__name__: f for f in (
+    big_batch, fp32_embedding_lookup, onehot_embedding, split_jit, cudnn_attention, batch_x2,
+    batch_x4, fused_addnorm, fused_attention)}

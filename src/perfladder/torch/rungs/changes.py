@@ -1,0 +1,78 @@
+"""What each rung changes in the recipe it builds on: one small function per technique,
+``change(recipe, config) -> recipe``. The declarations in ``seed`` and ``beyond`` use them, and
+the ladder page shows each in its rung's cell (``page.run(name, change=...)`` measures an edited
+one). The recipe's fields are ``perfladder.torch.recipe.Recipe``; the model and the step read them."""
+from __future__ import annotations
+
+
+def big_batch(recipe, config):
+    """R3c and R3: the chapter's big batch, more sequences per step."""
+    return recipe.replace(batch_size=config.big_batch)
+
+
+def fused_adamw(recipe, config):
+    """B1: AdamW's update in one fused kernel per parameter group."""
+    return recipe.replace(optimizer="fused")
+
+
+def compiled_adamw(recipe, config):
+    """B2: the default AdamW, its step compiled (an alternative to B1)."""
+    return recipe.replace(optimizer="compiled")
+
+
+def cuda_graphs(recipe, config):
+    """B3: compile_model(model, mode="reduce-overhead"): CUDA graphs."""
+    return recipe.replace(cudagraphs=True)
+
+
+def onehot_embedding(recipe, config):
+    """B4: GPT(embed="onehot"): one_hot(X) @ W; its gradient is a matmul."""
+    return recipe.replace(embed="onehot")
+
+
+def batch_x2(recipe, config):
+    """B5: twice the big batch."""
+    return recipe.replace(batch_size=2 * config.big_batch)
+
+
+def batch_x4(recipe, config):
+    """B6: four times the big batch."""
+    return recipe.replace(batch_size=4 * config.big_batch)
+
+
+def fused_rope(recipe, config):
+    """B8: GPT(fused=("rope",)): q and k rotated by our Triton kernel."""
+    return recipe.replace(fused=(*recipe.fused, "rope"))
+
+
+def fused_gelu(recipe, config):
+    """B9: GPT(fused=("gelu",)): GELU and its derivative, one pass each."""
+    return recipe.replace(fused=(*recipe.fused, "gelu"))
+
+
+def fused_addnorm(recipe, config):
+    """B10: GPT(fused=("addnorm",)): the residual add inside LayerNorm."""
+    return recipe.replace(fused=(*recipe.fused, "addnorm"))
+
+
+def fused_attention(recipe, config):
+    """B12: split, RoPE, attention and merge in one Triton kernel each way.
+    It rotates q and k itself (so the RoPE kernel goes) and replaces SDPA."""
+    fused = tuple(f for f in recipe.fused if f != "rope")
+    return recipe.replace(fused=(*fused, "attention"), attn_backend=None)
+
+
+def fused_mlp(recipe, config):
+    """B13: GELU inside the FFN's GEMMs (so the GELU kernel goes)."""
+    fused = tuple(f for f in recipe.fused if f != "gelu")
+    return recipe.replace(fused=(*fused, "mlp"))
+
+
+def bf16_residual(recipe, config):
+    """B14: GPT(residual="bf16"): the stream between blocks kept in bf16."""
+    return recipe.replace(residual="bf16")
+
+
+CHANGES = {f.__name__: f for f in (
+    big_batch, fused_adamw, compiled_adamw, cuda_graphs, onehot_embedding, batch_x2, batch_x4,
+    fused_rope, fused_gelu, fused_addnorm, fused_attention, fused_mlp, bf16_residual)}
