@@ -183,7 +183,7 @@ def result_line(result: LadderResult, r: RungResult) -> str:
     if what is None:
         what = (f"{c.label} {c.against}, " if c.label else "") + c.word
         if c.bound is not None:
-            what = (f"at least {c.label.lstrip('≥')} {c.against}: every window above every window "
+            what = (f"{c.bound_text} {c.against}: every window above every window "
                     f"of {c.against} ({c.shaky})")
     if r.kind == "control":
         what = "a control, not a step of the waterfall"

@@ -132,6 +132,11 @@ class Call:
             return ""
         return ratio(self.ratio) if self.word != "within noise" else f"≈{ratio(self.ratio)}"
 
+    @property
+    def bound_text(self) -> str:
+        """A bound in words ("at least 42x"); "" when the call has none."""
+        return "" if self.bound is None else "at least " + self.label.lstrip("≥")
+
 
 def call_of(v: dict | None, r: RungResult, before: RungResult | None) -> Call:
     if not r.measured:

@@ -256,7 +256,7 @@ def credited_ratio(result: LadderResult, r: RungResult, before: RungResult | Non
     if c.ratio is not None:
         return ratio(c.ratio)
     if c.bound is not None:
-        return "at least " + c.label.lstrip("≥")
+        return c.bound_text
     return f"{ratio(r.tokens_per_s / before.tokens_per_s)} (not credited: the windows did not settle)"
 
 
