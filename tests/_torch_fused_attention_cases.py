@@ -110,6 +110,19 @@ def test_rope_attention_bf16_as_accurate_as_the_reference(monkeypatch):
     assert e_bwd < 1.25 * r_bwd + 1e-3 and e_bwd < 2e-2, (e_bwd, r_bwd)
 
 
+def test_receipt_reads_the_fused_attention_as_bf16(monkeypatch):
+    """The bf16 receipt's dispatch mode sees the fused kernel's forward and backward as two
+    attention ops on bf16 data (qkv, y, dy), not its fp32 logsumexp or RoPE tables."""
+    from perfladder.torch.program import MatmulDtypes
+    monkeypatch.setitem(fattn.FWD, "block_n", 16)
+    monkeypatch.setitem(fattn.BWD, "block_n", 16)
+    qkv, _, cos, sin, g = _attention_case(torch.bfloat16, T=24, H=2, Dh=32, padded=False)
+    with MatmulDtypes() as mode:
+        rope_attention(qkv, cos, sin, 2).backward(g.to(torch.bfloat16))
+    assert dict(mode.attention) == {"bfloat16": 2}
+    assert dict(mode.ops) == {"rope_attention_fwd": 1, "rope_attention_bwd": 1}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _ON_GPU, reason="needs a CUDA GPU")
 def test_rope_attention_full_shape_on_gpu_bf16():

@@ -102,6 +102,8 @@ def fake(name, kind="rung", pin=None):
         recipe, base = given.recipe, given.base_name
         lab.calls.append((name, recipe, base))
         p = lab.plan.get(name, [100.0, 100.0, 100.0])
+        with given.watch("gates"):                 # a phase, timed as the trials time theirs
+            pass
         if isinstance(p, Exception):
             raise p
         windows, stable = p if isinstance(p, tuple) else (p, True)
@@ -329,6 +331,9 @@ def test_a_raising_rung_is_a_loud_skip_and_the_ladder_goes_on(capsys):
     assert seen(lab)["B2"][0] == "R2"                                 # nothing kept
     assert res.learning is not None
     assert lab.freed >= len(res.rungs)                                # freed after every rung, failed too
+    # where the failed rung's time went, up to the failure
+    assert set(b1.details["seconds"]) == {"gates", "total"}
+    assert 0 <= b1.details["seconds"]["gates"] <= b1.details["seconds"]["total"]
 
 
 def test_a_raising_change_is_a_skip_too():

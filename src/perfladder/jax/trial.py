@@ -29,7 +29,6 @@ from perfladder.ladder.rung import Evidence, Given
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
 from perfladder.measure.gates import GATE_STEPS, LOSS_RTOL, ReceiptError
-from perfladder.measure.timing import Stopwatch
 
 __all__ = ["trial", "loss_gate", "LOSS_TOL", "GATE_STEPS"]
 GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its cost, not its power)
@@ -167,7 +166,7 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     ``eager``: an un-jitted step (no plan, short windows, no profile).
     """
     recipe = given.recipe if recipe is None else recipe
-    watch = Stopwatch()
+    watch = given.watch
     with watch("build"):
         step = lab.build_step(recipe, place)
     stream = lab.stream(recipe.batch_size) if stream is None else stream

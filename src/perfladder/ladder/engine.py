@@ -48,7 +48,7 @@ from perfladder.ladder.rung import (
     registry,
 )
 from perfladder.measure.gates import ReceiptError
-from perfladder.measure.timing import measure_settled
+from perfladder.measure.timing import Stopwatch, measure_settled
 from perfladder.measure.verdict import above_unsettled_base
 from perfladder.results.record import LadderResult, RungResult
 
@@ -144,12 +144,12 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
     """Build the rung's recipe on its base, run it (failures become skipped rungs), record it."""
     base, base_recipe = chain.base(rung)
     recipe = base_recipe
-    t0 = time.perf_counter()
+    t0, watch = time.perf_counter(), Stopwatch()
     try:
         if rung.change is not None:
             recipe = rung.change(base_recipe, lab.config)
         given = Given(rung=rung, recipe=recipe, base_name=base, base_recipe=base_recipe,
-                      base=_ran(lab.result, base))
+                      base=_ran(lab.result, base), watch=watch)
         if rung.needs_gpu and not lab.on_gpu:
             res = failed(rung, lab, base, recipe, f"not applicable on CPU: {rung.needs_gpu}")
         else:
@@ -162,7 +162,8 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
         res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc())
     finally:
         lab.free()
-    res.details.setdefault("seconds", {})["total"] = time.perf_counter() - t0
+    # a rung that failed says where its time went up to the failure, as a measured one does
+    res.details.setdefault("seconds", dict(watch.seconds))["total"] = time.perf_counter() - t0
     lab.result.add(res)
     if res.measured:
         chain.recipes[rung.name] = lab.recipe_from_dict(res.recipe) if res.recipe else recipe

@@ -27,6 +27,7 @@ from perfladder.measure.evidence import (
     Receipt,
     Timing,
 )
+from perfladder.measure.timing import Stopwatch
 
 KEY = re.compile(r"^[a-z0-9_]+$")
 STAGES = ("seed", "beyond", "multi-gpu")
@@ -96,6 +97,8 @@ class Given:
     base_name: str | None = None
     base: Any = None                           # the base's RungResult, when it ran
     base_recipe: Any = None
+    # the rung's wall seconds per phase, kept by the engine: what a rung that fails spent too
+    watch: Stopwatch = field(default_factory=Stopwatch)
 
 
 @dataclass

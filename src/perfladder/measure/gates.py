@@ -98,6 +98,15 @@ SCALE_TOL = {"fp32": 2.0 ** -13, "tf32": 2.0 ** -8, "bf16": 2.0 ** -6}
 #   over at least; an optimizer state discarded every step, by 0.17 (JAX, split step).
 OPTIMIZER_TOL = FORWARD_TOL["fp32"]
 OPTIMIZER_STEPS = 3
+# Where the reference's own steps do not reproduce (a GPU: XLA's scatter-add for the embedding
+#   gradient uses atomics, so step 2 starts from parameters an ulp apart, and TF32 matmuls and
+#   Adam amplify that), each parameter is judged against REPRO_FACTOR times its reference's
+#   run-to-run difference when that is larger than OPTIMIZER_TOL. Measured on the H200, full
+#   config, 8 rows, 3 op-by-op steps: the key bias (true gradient zero, so Adam normalises
+#   pure rounding noise into steps) reproduced only to 0.0021 .. 0.0032; at 4x, beta1 = 0.8
+#   (0.019 .. 0.055 on every parameter) stays over on every parameter whose reference
+#   reproduces. On CPU the reference reproduces exactly and OPTIMIZER_TOL alone applies.
+REPRO_FACTOR = 4.0
 
 # -- each rung's own equivalence check (the same metric unless said) --------------------------
 # torch R1, compiled vs eager logits at probe weights, max |diff| <= atol + rtol * |ref|, fp32:

@@ -6,8 +6,9 @@ jaxpr and the compiled HLO:
 * ``MatmulDtypes`` -- a ``TorchDispatchMode`` that counts, op by op as the dispatcher runs
   them (after autocast has chosen each op's dtype), the operand dtypes of every matmul
   (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul``, ``linear``, ...), of every attention
-  kernel (any ``*attention*`` op, forward and backward: its 4-D q / k / v / output
-  operands), and the input dtype of the loss's log-softmax;
+  kernel (any ``*attention*`` op, forward and backward: the operands its schema names as
+  data, ``ATTENTION_DATA``, not its softmax statistics), and the input dtype of the loss's
+  log-softmax;
 * ``arithmetic(step, X, Y)`` -- those counts over one gated forward and backward of a
   ``TrainStep``: the step's own ``forward_backward`` (its ``loss_and_grads`` and
   ``autocast_bf16`` code, whatever the reader passed), with the compiled module swapped
@@ -57,6 +58,13 @@ from perfladder.measure.counts import check_flops as _check_flops
 MATMUL_OPERANDS = {"mm": (0, 2), "bmm": (0, 2), "matmul": (0, 2), "linear": (0, 2), "mv": (0, 2),
                    "dot": (0, 2), "addmm": (1, 3), "baddbmm": (1, 3), "addmv": (1, 3),
                    "addbmm": (1, 3)}
+# the data operands of an attention op, by the name its schema gives them: q, k, v, the output
+# and the output's gradient (SDPA's kernels), the projection, output and its gradient (the
+# fused kernel's ``perfladder::rope_attention_*``). Not data: the logsumexp every kernel keeps
+# for its backward (fp32 by design, and 4-D in cuDNN's), RoPE tables, masks, RNG state.
+ATTENTION_DATA = frozenset({"query", "key", "value", "out", "grad_out", "grad_out_",
+                            "qkv", "y", "dy"})
+UNNAMED = "no data operand"     # an attention op whose schema names none: the receipt fails
 LOSS_OPS = ("_log_softmax", "log_softmax", "nll_loss_forward", "nll_loss2d_forward",
             "cross_entropy_loss")
 
@@ -65,9 +73,17 @@ def _dtypes(tensors) -> str:
     return "+".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors}))
 
 
+def attention_data(func, args, kwargs) -> list:
+    """The tensors ``func`` (an attention op) takes as ``ATTENTION_DATA``, read by name from its
+    schema, whether passed by position or keyword."""
+    names = [a.name for a in func._schema.arguments]
+    given = dict(zip(names, args)) | dict(kwargs or {})
+    return [t for n, t in given.items() if n in ATTENTION_DATA and isinstance(t, torch.Tensor)]
+
+
 class MatmulDtypes(TorchDispatchMode):
     """Counts ``{dtype or 'a+b': n}`` of every matmul's operands (``matmuls``), every attention
-    kernel's 4-D operands (``attention``) and every loss op's input (``loss_ops``), plus the
+    kernel's data operands (``attention``: ``attention_data``) and every loss op's input (``loss_ops``), plus the
     op names seen (``ops``), while it is active.
 
     ``ignore_compile_internals``: should a compiled module be called under it after all, dynamo
@@ -93,9 +109,8 @@ class MatmulDtypes(TorchDispatchMode):
             self.matmuls[_dtypes(ops)] += 1
             self.ops[name] += 1
         elif "attention" in name:
-            ops = [a for a in args if isinstance(a, torch.Tensor) and a.dim() == 4
-                   and a.is_floating_point()]
-            self.attention[_dtypes(ops)] += 1
+            ops = attention_data(func, args, kwargs)
+            self.attention[_dtypes(ops) if ops else UNNAMED] += 1
             self.ops[name] += 1
         elif name in LOSS_OPS:
             self.loss_ops[_dtypes(args[:1])] += 1

@@ -27,7 +27,6 @@ from perfladder.ladder.rung import Evidence, Given
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Timing
 from perfladder.measure.gates import GATE_STEPS, LOSS_ATOL
-from perfladder.measure.timing import Stopwatch
 from perfladder.torch.gates import GateError, model_gate, optimizer_gate
 from perfladder.torch.program import arithmetic
 from perfladder.torch.recipe import Recipe
@@ -50,7 +49,7 @@ def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: b
     docstring. ``checks``: ``check(lab, step, recipe) -> Gate`` run with the gates, on the
     fresh step."""
     recipe = given.recipe if recipe is None else recipe
-    B, watch = recipe.batch_size, Stopwatch()
+    B, watch = recipe.batch_size, given.watch
     if loss_gate_:
         with watch("reference"):
             reference_losses(lab, B)       # its memory is gone before the candidate is built
