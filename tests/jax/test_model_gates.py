@@ -93,10 +93,10 @@ def test_optimizer_gate_passes_the_steps_the_rungs_use(step):
 
 
 def _jittery_reference(monkeypatch, size=1e-6):
-    """The op-by-op reference step made not to reproduce, as on a GPU: each of its calls nudges
-    the first block's QKV bias by an amount that grows with the call, so its two runs differ."""
+    """The reference step made not to reproduce, as on a GPU: each of its calls nudges the first
+    block's QKV bias by an amount that grows with the call, so its two runs differ."""
     import perfladder.jax.gates as G
-    calls, real = [], G.train_step
+    calls, real = [], G._reference_step
 
     def step(m, opt, X, Y):
         loss = real(m, opt, X, Y)
@@ -104,7 +104,7 @@ def _jittery_reference(monkeypatch, size=1e-6):
         b = m.blks[0].attn.W_qkv.bias
         b[...] = b[...] + size * len(calls)
         return loss
-    monkeypatch.setattr(G, "train_step", step)
+    monkeypatch.setattr(G, "_reference_step", step)
 
 
 def test_optimizer_gate_allows_a_reference_its_own_spread_where_it_does_not_reproduce(monkeypatch):
@@ -116,14 +116,14 @@ def test_optimizer_gate_allows_a_reference_its_own_spread_where_it_does_not_repr
     from perfladder.measure.gates import REPRO_FACTOR, OptimizerGateError
     rows = fixed(CFG.batch_size, n=3)
     m = model()
-    exact = optimizer_gate(m, make_optimizer(m, CFG.lr), rows, lr=CFG.lr, step="nnx.jit",
-                           jit=False, same_gradients=False)
+    gate = dict(lr=CFG.lr, step="split", same_gradients=False)
+    exact = optimizer_gate(m, make_optimizer(m, CFG.lr), rows, **gate)
     assert exact.details["reproduction"]["reference_vs_itself"] == {}
     assert set(exact.tolerance.values()) == {OPTIMIZER_TOL}
 
     _jittery_reference(monkeypatch)
-    res = optimizer_gate(m, make_optimizer(m, CFG.lr), rows, lr=CFG.lr, step="nnx.jit",
-                         jit=False, same_gradients=False)
+    memo = {}
+    res = optimizer_gate(m, make_optimizer(m, CFG.lr), rows, memo=memo, **gate)
     floor = res.details["reproduction"]["reference_vs_itself"]
     bias = "step/blks.0.attn.W_qkv.bias"
     assert max(floor, key=floor.get) == bias and res.tolerance[bias] == REPRO_FACTOR * floor[bias]
@@ -132,7 +132,7 @@ def test_optimizer_gate_allows_a_reference_its_own_spread_where_it_does_not_repr
     assert sum(t == OPTIMIZER_TOL for t in res.tolerance.values()) > len(res.tolerance) / 2
     other_beta1 = nnx.Optimizer(m, optax.adamw(CFG.lr, b1=0.8), wrt=nnx.Param)
     with pytest.raises(OptimizerGateError):
-        optimizer_gate(m, other_beta1, rows, lr=CFG.lr, step="nnx.jit", jit=False, same_gradients=False)
+        optimizer_gate(m, other_beta1, rows, memo=memo, **gate)
 
 
 def test_optimizer_gate_needs_a_fresh_optimizer():

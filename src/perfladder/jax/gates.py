@@ -297,7 +297,7 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
     if step is None and not same_gradients:
         raise ValueError("optimizer_gate with same_gradients=False needs a step to compare")
     measured, floor = {}, {}
-    with jax.default_matmul_precision("highest"):
+    with _true_fp32(jax.default_backend() != "cpu"):          # TF32 exists only on a GPU
         if same_gradients:
             measured = _displacements("update", start,
                                       *_same_gradients(model, optimizer, batches, lr, jit))
