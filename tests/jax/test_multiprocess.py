@@ -9,6 +9,7 @@ if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles (the children inh
     fast_cpu_compiles()
 
 import json  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -55,3 +56,10 @@ def test_fast_form_is_predicted_then_measured(tmp_path, capsys):
     tokens = 2 * m.per_rank_batch * CFG.num_steps * 2
     assert check_global_rate(m.windows, tokens, s["seconds_per_process"], what="processes")
     assert m.efficiency_vs_linear == pytest.approx(m.measured_tokens_per_s / 2000.0)
+
+
+def test_a_launch_without_a_folder_leaves_none_behind_even_when_it_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(RuntimeError, match="jax.distributed with 2 processes failed"):
+        launch_local(2, CFG, "seed", timeout=0.01)            # killed while they start
+    assert not list(tmp_path.iterdir())

@@ -9,6 +9,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -56,13 +57,15 @@ def test_seed_form_ddp_on_four_ranks_predicts_after_its_baseline_and_before_its_
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_fast_form_runs_the_recipe_it_is_given(parallel):
+def test_fast_form_runs_the_recipe_it_is_given(parallel, tmp_path, monkeypatch):
     # the fast recipe minus torch.compile: inductor's CPU compile would dominate a 2-core test
     recipe = fast_recipe(CFG).replace(compiled=False)
     base = baseline_from_windows([1000.0, 1000.0])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))    # where its temporary folder goes
     m = dataparallel.measure(2, CFG, "fast", recipe, parallel=parallel, baseline=base,
                              backend="gloo", timeout=300, **TIMING)
     assert m.status == "measured", m.reason
+    assert not list(tmp_path.iterdir())          # the ranks' files went with the launch
     assert m.mechanism == parallel and m.per_rank_batch == 4 * CFG.big_batch
     assert (m.recipe["bf16"], m.recipe["optimizer"], m.recipe["embed"]) == (True, "fused", "onehot")
     assert {r["parallel"] for r in m.ranks} == {parallel}

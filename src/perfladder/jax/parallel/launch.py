@@ -236,7 +236,13 @@ def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
             "timed": config.timed if timed is None else timed,
             "windows": config.windows if windows is None else windows,
             "check_steps": int(check_steps)}
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="perfladder_jaxdist_"))
+    if out_dir is None:     # the processes' files live only until their summary is read
+        with tempfile.TemporaryDirectory(prefix="perfladder_jaxdist_") as where:
+            got = launch_local(num_processes, config, form, recipe, fsdp=fsdp, warmup=warmup,
+                               timed=timed, windows=windows, gpus=gpus, check_steps=check_steps,
+                               out_dir=where, timeout=timeout)
+        return {**got, "out_dir": None}
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("process*.json")]:
         stale.unlink()

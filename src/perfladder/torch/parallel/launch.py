@@ -15,6 +15,7 @@ On several machines, start ``torchrun --nnodes N ... -m perfladder.torch.paralle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -139,10 +140,11 @@ def rank_env() -> dict:
     return env
 
 
-def launch(spec: dict, k: int, out_dir=None, timeout: float = 900.0) -> tuple[list[dict], Path]:
-    """Run ``torchrun --standalone --nproc-per-node=k`` on the rank CLI; ``(ranks, out_dir)``."""
+def launch(spec: dict, k: int, out_dir, timeout: float = 900.0) -> tuple[list[dict], Path]:
+    """Run ``torchrun --standalone --nproc-per-node=k`` on the rank CLI, its files in ``out_dir``;
+    ``(ranks, out_dir)``."""
     check_k(k, spec["backend"])
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="perfladder_ddp_"))
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("rank*.json"), *out.glob("params_rank*.pt"), out / "ranks.json"]:
         stale.unlink(missing_ok=True)
@@ -211,7 +213,8 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
 
     Returns ``{'k', 'nodes', 'ranks', 'num_params', 'bus_bw_measured', 'timing' (a ``Timing``),
     'tokens_per_s', 'windows', 'spread', 'stable', 'step_time_s', 'peak_mem_bytes_per_gpu',
-    'peak_mem_bytes', 'spec', 'out_dir'}`` (timing fields absent with ``check_steps``, and for
+    'peak_mem_bytes', 'spec', 'out_dir'}`` (``out_dir``: None without one, the ranks' files
+    then removed once read; timing fields absent with ``check_steps``, and for
     a settled single-rank baseline, whose ``Baseline`` is in its rank's record).
     """
     backend = backend or default_backend()
@@ -219,11 +222,16 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
     spec = make_spec(config, form, recipe, parallel=parallel, backend=backend, warmup=warmup,
                      timed=timed, windows=windows, settle=settle, check_steps=check_steps,
                      bench_allreduce=bench_allreduce)
-    ranks, out = launch(spec, k, out_dir, timeout)
+    # without out_dir the ranks' files (logs, records, parameters) live only as long as it takes
+    # to read them: a ladder's R5 leaves nothing behind in the temporary folder
+    with contextlib.nullcontext(out_dir) if out_dir is not None else \
+            tempfile.TemporaryDirectory(prefix="perfladder_ddp_") as where:
+        ranks, _ = launch(spec, k, where, timeout)
     res = summarize(ranks, spec)
     if k > 1 and "windows" in res and all("seconds" in r for r in ranks):
         res["global_rate_checked"] = check_global_rate(res, spec)
-    return {**res, "spec": spec, "out_dir": str(out), "backend": backend}
+    return {**res, "spec": spec, "out_dir": None if out_dir is None else str(out_dir),
+            "backend": backend}
 
 
 # -- the rank CLI -----------------------------------------------------------------------------------
