@@ -234,11 +234,10 @@ def test_the_ladders_step_form_gate_passes_at_full_width_on_a_gpu():
     m = GPT(full.gpt(vocab_size=len(DATA.vocab)), rngs=nnx.Rngs(0))
     rows = [(X[:8], Y[:8]) for X, Y in
             (next(batches(TimeMachine(8, full.num_steps), 8, seed=s)) for s in range(3))]
-    memo = {}
-    for form in ("nnx.jit", "split"):
-        res = optimizer_gate(m, make_optimizer(m, full.lr), rows, lr=full.lr, step=form, jit=False,
-                             same_gradients=False, memo=memo)
-        assert res.passed, res.summary()
+    memo = {}            # one form: the reference's reproduction does not depend on it
+    res = optimizer_gate(m, make_optimizer(m, full.lr), rows, lr=full.lr, step="split", jit=False,
+                         same_gradients=False, memo=memo)
+    assert res.passed, res.summary()
     other_beta1 = nnx.Optimizer(m, optax.adamw(full.lr, b1=0.8), wrt=nnx.Param)
     with pytest.raises(OptimizerGateError):
         optimizer_gate(m, other_beta1, rows, lr=full.lr, step="nnx.jit", jit=False,
