@@ -302,3 +302,12 @@ def test_the_comparison_cell_credits_a_bound_as_the_card_does():
     assert c.bound is not None and c.label.startswith("≥")
     row = next(line for line in report.comparison_markdown([j]).splitlines() if line.startswith("| compile"))
     assert f"· {c.label} R0 · faster" in row
+
+
+def test_its_time_names_the_phases_that_took_time_or_only_the_total():
+    r = seed_ladder()
+    b1 = r.rung("B1")
+    b1.details["seconds"] = {"gates": 12.4, "time": 9.6, "receipt": 0.01, "total": 22.3}
+    assert dict(cards.compact_rows(r, b1))["its time"] == "22 s: gates 12 s, time 10 s"
+    b1.details["seconds"] = {"gates": 0.2, "time": 0.3, "total": 0.6}
+    assert dict(cards.compact_rows(r, b1))["its time"] == "0.6 s"

@@ -238,8 +238,8 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
     secs = {k: v for k, v in r.details.get("seconds", {}).items() if k != "total"}
     if secs:
         total = r.details["seconds"].get("total", sum(secs.values()))
-        out.append(("its time", f"{total:.0f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items()
-                                                              if v >= 0.5) or f"{total:.1f} s"))
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in secs.items() if v >= 0.5)
+        out.append(("its time", f"{total:.0f} s: {parts}" if parts else f"{total:.1f} s"))
     return out
 
 
