@@ -221,9 +221,9 @@ def test_cudnn_attention_passes_on_a_gpu():
 
 @pytest.mark.gpu
 def test_the_ladders_step_form_gate_passes_at_full_width_on_a_gpu():
-    """The ladder's optimizer gate as its rungs run it (op by op, fp32, 8 rows of 128, three
-    steps) at the full config's width: on a GPU the reference does not reproduce exactly
-    (atomics, TF32), and an honest step must still pass while beta1 = 0.8 fails."""
+    """The ladder's optimizer gate as its jitted rungs run it (compiled, fp32, 8 rows of 128,
+    three steps) at the full config's width: on a GPU the reference does not reproduce exactly
+    (atomics), and an honest step must still pass while beta1 = 0.8 fails."""
     import jax
     import optax
 
@@ -235,10 +235,10 @@ def test_the_ladders_step_form_gate_passes_at_full_width_on_a_gpu():
     rows = [(X[:8], Y[:8]) for X, Y in
             (next(batches(TimeMachine(8, full.num_steps), 8, seed=s)) for s in range(3))]
     memo = {}            # one form: the reference's reproduction does not depend on it
-    res = optimizer_gate(m, make_optimizer(m, full.lr), rows, lr=full.lr, step="split", jit=False,
+    res = optimizer_gate(m, make_optimizer(m, full.lr), rows, lr=full.lr, step="split",
                          same_gradients=False, memo=memo)
     assert res.passed, res.summary()
     other_beta1 = nnx.Optimizer(m, optax.adamw(full.lr, b1=0.8), wrt=nnx.Param)
     with pytest.raises(OptimizerGateError):
-        optimizer_gate(m, other_beta1, rows, lr=full.lr, step="nnx.jit", jit=False,
-                       same_gradients=False, memo=memo)
+        optimizer_gate(m, other_beta1, rows, lr=full.lr, step="nnx.jit", same_gradients=False,
+                       memo=memo)

@@ -95,8 +95,8 @@ class _Capture:       # the optimizer a step is handed: keeps its gradients, app
 
 def step_gradients(step_fn, model, X, Y, view=None):
     """``(loss, logits, gradients)`` as ``step_fn(model, optimizer, X, Y, view)`` -- a training
-    step such as the lab's ``train_step`` technique -- computes them, op by op: its own loss,
-    its gradients caught at ``optimizer.update``; the logits from the same forward module."""
+    step such as the lab's ``train_step`` technique -- computes them: its own loss, its
+    gradients caught at ``optimizer.update``; the logits from the same forward module."""
     capture = _Capture()
     loss = step_fn(model, capture, X, Y, view)
     if not hasattr(capture, "grads"):
@@ -107,12 +107,15 @@ def step_gradients(step_fn, model, X, Y, view=None):
     return loss, logits, capture.grads
 
 
+_step_gradients_jit = nnx.jit(step_gradients, static_argnums=(0, 4))
+
+
 def gradients(model, X, Y, view=None, chunks: int = 1, jit: bool = True, step_fn=None,
               with_loss: bool = False):
     """``(logits as fp32 numpy, {parameter name: gradient})`` of the mean cross entropy on
     ``(X, Y)``, compiled (``jit``) or op by op; with ``with_loss``, ``(loss, logits, grads)``.
-    ``step_fn``: the loss and gradients are that training step's own (``step_gradients``, op
-    by op). ``chunks`` > 1 splits the batch into that many equal parts and averages their
+    ``step_fn``: the loss and gradients are that training step's own (``step_gradients``).
+    ``chunks`` > 1 splits the batch into that many equal parts and averages their
     gradients: the same mean over the whole batch, computed at a smaller batch."""
     B = X.shape[0]
     if not isinstance(chunks, int) or chunks < 1 or B % chunks:
@@ -125,7 +128,7 @@ def gradients(model, X, Y, view=None, chunks: int = 1, jit: bool = True, step_fn
         if step_fn is None:
             lo, lg, g = run(model, Xi, Yi, view)                                # (n, T, V), ...
         else:
-            lo, lg, g = step_gradients(step_fn, model, Xi, Yi, view)
+            lo, lg, g = (_step_gradients_jit if jit else step_gradients)(step_fn, model, Xi, Yi, view)
         logits.append(np.asarray(lg.astype(jnp.float32)))
         loss += float(lo) / chunks
         g = {k: np.asarray(v, np.float64) for k, v in named(g).items()}
@@ -185,11 +188,9 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     ``reference_chunks`` runs the reference on that many equal slices of each batch and
     averages (a batch rung against the reference at the smaller batch). The reference runs op
     by op (the plain eager model) unless ``reference_jit``; the candidate is compiled unless
-    ``candidate_jit`` is False (the ladder's trial: the gate checks the model's arithmetic, and
-    compiling a second program per rung for it would cost a GPU ladder seconds per rung; the
-    compiled step itself is checked by the loss gate, which runs it). ``step_fn``: the
-    candidate's loss and gradients are those of that training step function (the lab's
-    ``train_step``, op by op: ``step_gradients``), not the gate's own loss. Besides the logits,
+    ``candidate_jit`` is False. ``step_fn``: the candidate's loss and gradients are those of
+    that training step function (the lab's ``train_step``: ``step_gradients``), not the gate's
+    own loss. Besides the logits,
     the loss and every gradient, every matrix gradient's scale is compared (``scale/<name>``,
     ``perfladder.measure.gates.SCALE_TOL``: Adam would hide a scaled gradient from the loss gate).
     Raises ``ModelGateError`` (the worst parameter and its numbers); returns the ``GateResult``.
@@ -206,8 +207,6 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
         p_ref = "fp32"                      # run below at full precision
     tol = tolerances(p_ref, p_cand)
     measured: dict = {}
-    if step_fn is not None and candidate_jit:
-        raise ValueError("step_fn runs the candidate's step op by op: pass candidate_jit=False")
     for X, Y in batches:
         with _true_fp32(p_ref == "fp32"):
             ref_loss, ref_logits, ref_grads = gradients(ref, X, Y, chunks=reference_chunks,

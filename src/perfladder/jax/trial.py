@@ -37,7 +37,7 @@ LOSS_TOL = LOSS_RTOL            # the loss gate's tolerance: perfladder.measure.
 
 def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate]:
     """The first line, before the step's first call: its model computes the plain fp32 model's
-    logits and, through the step's own ``train_step`` (the lab's technique code, op by op),
+    logits and, through the step's own ``train_step`` (the lab's technique code, compiled),
     its loss and every parameter's gradient (``perfladder.jax.gates.model_gate``, on a few rows
     of a fixed batch); then the optimizer gate of its step form (``step_form_gate``). Not for
     the naive cast, whose bf16-rounded weights are a real model change (its lesson is its
@@ -46,8 +46,12 @@ def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate
     if recipe.naive_cast or recipe.replace(jit="nnx") == plain:
         return []
     n = min(GATE_ROWS, X.shape[0])
+    # both sides compiled: op by op, a ladder's first bf16 gate dispatched and compiled every
+    # operation of a forward and backward on its own (27 s of the CPU smoke ladder's R2, most
+    # of the H200's 189 s); compiled, the reference is one program for the whole ladder and
+    # the candidate one small program per rung
     return [model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])],
-                       candidate_jit=False, step_fn=lab.code["train_step"]).evidence(),
+                       reference_jit=True, step_fn=lab.code["train_step"]).evidence(),
             step_form_gate(lab, recipe)]
 
 
@@ -55,10 +59,12 @@ def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
     """The optimizer gate of ``recipe``'s step form ('none', 'nnx' or 'split', built by
     ``TrainStep.of`` with the lab's technique code): ``GATE_STEPS`` steps of that form against
     the library's AdamW step, every parameter's displacement (``perfladder.jax.gates.
-    optimizer_gate``, ``jit=False``). Run op by op on the plain fp32 model at ``GATE_ROWS``
-    rows -- the form (state threading, donation, write-back) does not depend on the model's
-    dtype, and compiling it again for the gate would cost a GPU ladder a compile per rung --
-    and once per form and code, for the ladder (``lab.memo``)."""
+    optimizer_gate``), on the plain fp32 model at ``GATE_ROWS`` rows -- the form (state
+    threading, donation, write-back) does not depend on the model's dtype -- once per form and
+    code for the ladder (``lab.memo``). A jitted form runs compiled against the compiled
+    reference: op by op, the first gate of a ladder dispatched and compiled every operation
+    of three steps on its own (27 s of the CPU smoke ladder's R2; most of the H200's 189 s);
+    the un-jitted form runs op by op against the reference op by op (the same arithmetic)."""
     code = (recipe.jit, lab.code["train_step"], lab.code["jit_step"])
     cache = lab.memo.setdefault("step_form_gates", {})
     if code not in cache:
@@ -69,9 +75,11 @@ def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
             return TrainStep.of(m, opt, plain, code=lab.code)
         form.step_form, form.__name__ = True, f"TrainStep(jit={recipe.jit!r})"
         rows = [(X[:GATE_ROWS], Y[:GATE_ROWS]) for X, Y in gate_batches(lab, lab.config.batch_size)]
+        jit = recipe.jit != "none"
         cache[code] = optimizer_gate(model, make_optimizer(model, lab.config.lr), rows,
-                                     lr=lab.config.lr, step=form, jit=False, same_gradients=False,
-                                     memo=lab.memo.setdefault("step_form_reference", {})).evidence()
+                                     lr=lab.config.lr, step=form, jit=jit, same_gradients=False,
+                                     memo=lab.memo.setdefault(f"step_form_reference jit={jit}", {})
+                                     ).evidence()
     return dataclasses.replace(cache[code])
 
 
