@@ -47,8 +47,8 @@ def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate
         return []
     n = min(GATE_ROWS, X.shape[0])
     # both sides compiled: op by op, a ladder's first bf16 gate dispatched and compiled every
-    # operation of a forward and backward on its own (27 s of the CPU smoke ladder's R2, most
-    # of the H200's 189 s); compiled, the reference is one program for the whole ladder and
+    # operation of a forward and backward on its own (27 s of the CPU smoke ladder's R2);
+    # compiled, the reference is one program for the whole ladder and
     # the candidate one small program per rung
     return [model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])],
                        reference_jit=True, step_fn=lab.code["train_step"]).evidence(),
@@ -63,7 +63,7 @@ def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
     threading, donation, write-back) does not depend on the model's dtype -- once per form and
     code for the ladder (``lab.memo``). A jitted form runs compiled against the compiled
     reference: op by op, the first gate of a ladder dispatched and compiled every operation
-    of three steps on its own (27 s of the CPU smoke ladder's R2; most of the H200's 189 s);
+    of three steps on its own (27 s of the CPU smoke ladder's R2 with the model gate);
     the un-jitted form runs op by op against the reference op by op (the same arithmetic)."""
     code = (recipe.jit, lab.code["train_step"], lab.code["jit_step"])
     cache = lab.memo.setdefault("step_form_gates", {})
