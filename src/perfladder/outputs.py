@@ -16,10 +16,14 @@ existing results file is replaced only by a run that measured something and whos
 passed, or when the user says ``--overwrite``; any other run keeps its own results in
 ``NAME.partial.json`` beside it.
 
+``work_folder(out_dir, prefix)`` is where a data-parallel launch keeps its processes' files:
+the folder the caller named, or a temporary one removed once the launch has read them.
+
 No framework imports; matplotlib only to ask which formats it writes.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
@@ -255,3 +259,16 @@ class RunFiles:
             self.progress.unlink(missing_ok=True)
         self.progress, self.saved = self.target, [r.name for r in result.rungs]
         return self.written
+
+
+@contextlib.contextmanager
+def work_folder(out_dir, prefix: str):
+    """``out_dir`` as a ``Path`` (created), kept; without one, a fresh temporary folder named
+    ``prefix...`` that is removed on exit, so a launch leaves nothing behind in it."""
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as where:
+        yield Path(where)

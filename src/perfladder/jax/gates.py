@@ -169,7 +169,7 @@ def _same_start(reference, candidate) -> None:
 
 
 def _true_fp32(on: bool):
-    """Full-precision fp32 matmuls (no TF32) for the reference, when it computes in fp32."""
+    """Full-precision fp32 matmuls (no TF32) while ``on``: a gate's fp32 side."""
     return jax.default_matmul_precision("highest") if on else contextlib.nullcontext()
 
 

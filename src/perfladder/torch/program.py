@@ -83,8 +83,8 @@ def attention_data(func, args, kwargs) -> list:
 
 class MatmulDtypes(TorchDispatchMode):
     """Counts ``{dtype or 'a+b': n}`` of every matmul's operands (``matmuls``), every attention
-    kernel's data operands (``attention``: ``attention_data``) and every loss op's input (``loss_ops``), plus the
-    op names seen (``ops``), while it is active.
+    kernel's data operands (``attention``: ``attention_data``) and every loss op's input
+    (``loss_ops``), plus the op names seen (``ops``), while it is active.
 
     ``ignore_compile_internals``: should a compiled module be called under it after all, dynamo
     runs the compiled graph (the mode then sees none of its ops, and the receipt fails for

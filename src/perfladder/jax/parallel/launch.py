@@ -23,10 +23,10 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from perfladder.checks import check_int
+from perfladder.outputs import work_folder
 
 ENV_SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
@@ -236,14 +236,13 @@ def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
             "timed": config.timed if timed is None else timed,
             "windows": config.windows if windows is None else windows,
             "check_steps": int(check_steps)}
-    if out_dir is None:     # the processes' files live only until their summary is read
-        with tempfile.TemporaryDirectory(prefix="perfladder_jaxdist_") as where:
-            got = launch_local(num_processes, config, form, recipe, fsdp=fsdp, warmup=warmup,
-                               timed=timed, windows=windows, gpus=gpus, check_steps=check_steps,
-                               out_dir=where, timeout=timeout)
-        return {**got, "out_dir": None}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with work_folder(out_dir, "perfladder_jaxdist_") as out:    # the processes' logs, records
+        summary = _run_processes(out, spec, num_processes, gpus, timeout)
+    return {**summary, "out_dir": None if out_dir is None else str(out)}
+
+
+def _run_processes(out: Path, spec: dict, num_processes: int, gpus: int, timeout: float) -> dict:
+    """Start the processes of ``launch_local`` with their files in ``out``; process 0's summary."""
     for stale in [*out.glob("process*.json")]:
         stale.unlink()
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
@@ -276,7 +275,7 @@ def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
         tails = "\n".join(f"--- process {i} (exit {rc}):\n" + (out / f"process{i}.log").read_text()[-2000:]
                           for i, rc in failed)
         raise RuntimeError(f"jax.distributed with {num_processes} processes failed:\n{tails}")
-    return {**json.loads((out / "processes.json").read_text()), "out_dir": str(out)}
+    return json.loads((out / "processes.json").read_text())
 
 
 def measure_distributed(num_processes: int, config, form: str = "fast", recipe=None, *,

@@ -15,13 +15,11 @@ On several machines, start ``torchrun --nnodes N ... -m perfladder.torch.paralle
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from perfladder.checks import check_int
@@ -31,6 +29,7 @@ from perfladder.ladder.engine import registry
 from perfladder.measure.evidence import Timing
 from perfladder.measure.timing import settles
 from perfladder.multigpu.measurement import FORMS, check_form
+from perfladder.outputs import work_folder
 from perfladder.results.record import LadderResult
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.model import EMBEDS
@@ -145,7 +144,6 @@ def launch(spec: dict, k: int, out_dir, timeout: float = 900.0) -> tuple[list[di
     ``(ranks, out_dir)``."""
     check_k(k, spec["backend"])
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("rank*.json"), *out.glob("params_rank*.pt"), out / "ranks.json"]:
         stale.unlink(missing_ok=True)
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
@@ -222,10 +220,7 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
     spec = make_spec(config, form, recipe, parallel=parallel, backend=backend, warmup=warmup,
                      timed=timed, windows=windows, settle=settle, check_steps=check_steps,
                      bench_allreduce=bench_allreduce)
-    # without out_dir the ranks' files (logs, records, parameters) live only as long as it takes
-    # to read them: a ladder's R5 leaves nothing behind in the temporary folder
-    with contextlib.nullcontext(out_dir) if out_dir is not None else \
-            tempfile.TemporaryDirectory(prefix="perfladder_ddp_") as where:
+    with work_folder(out_dir, "perfladder_ddp_") as where:   # the ranks' logs, records, parameters
         ranks, _ = launch(spec, k, where, timeout)
     res = summarize(ranks, spec)
     if k > 1 and "windows" in res and all("seconds" in r for r in ranks):
