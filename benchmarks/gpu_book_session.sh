@@ -9,7 +9,8 @@
 # installs the book's wheels from .whl/ offline; build_book.sh picks the full config because a
 # GPU is present). With two or more GPUs the build runs the two ladder notebooks side by side,
 # one GPU and half the physical cores each (PERFLADDER_BOOK_PARALLEL=1); with one GPU, one
-# notebook after another. The GPU-only tests run after the build (GPU_TESTS_S seconds at most). ANOMALY=1 adds the
+# notebook after another. The GPU-only tests run after the build (GPU_TESTS_S seconds at most);
+# PRE_TESTS (node ids) run before it, on the idle GPU, and are not run again after. ANOMALY=1 adds the
 # JAX bf16 anomaly diagnostics first. It runs detached (setsid), so it survives the shell or
 # ssh connection that started it; `wait` can be called again from a later one. Everything
 # lands in /tmp/perfladder-job. `start` refuses while a job is still running (it would wipe
@@ -51,6 +52,15 @@ case "${1:-}" in
         echo "anomaly exit $?" >> '"$JOB"'/status
       fi
       unset PYTHONPATH
+      # PRE_TESTS: GPU tests (pytest node ids) to run first, on the idle GPU, so that a fault
+      # they catch is known before the build has spent its time; the tests after skip them
+      deselect=""
+      if [ -n "${PRE_TESTS:-}" ]; then
+        bash scripts/setup.sh > '"$JOB"'/setup.log 2>&1
+        timeout ${PRE_TESTS_S:-400} .venv/bin/python -m pytest -v -p no:cacheprovider --durations=0 $PRE_TESTS > '"$JOB"'/pre_tests.log 2>&1
+        echo "pre tests exit $?" >> '"$JOB"'/status
+        for t in $PRE_TESTS; do deselect="$deselect --deselect $t"; done
+      fi
       par=0; [ "$ngpu" -ge 2 ] && par=1
       echo "PERFLADDER_BOOK_PARALLEL=$par PYTHON=python3 make book" > '"$JOB"'/command
       PERFLADDER_BOOK_PARALLEL=$par PYTHON=python3 make book > '"$JOB"'/book.log 2>&1
@@ -58,7 +68,7 @@ case "${1:-}" in
       date +%s > '"$JOB"'/t_book
       cp -r _build/side_by_side '"$JOB"'/ 2>/dev/null
       # the GPU-only tests after the build, never beside a ladder (they would disturb its timing)
-      timeout ${GPU_TESTS_S:-300} .venv/bin/python -m pytest -v -m gpu -p no:cacheprovider --durations=0 tests > '"$JOB"'/gpu_tests.log 2>&1
+      timeout ${GPU_TESTS_S:-300} .venv/bin/python -m pytest -v -m gpu -p no:cacheprovider --durations=0 $deselect tests > '"$JOB"'/gpu_tests.log 2>&1
       echo "gpu tests exit $?" >> '"$JOB"'/status
       date +%s > '"$JOB"'/t1
     ' > /dev/null 2>&1 < /dev/null &
@@ -72,7 +82,8 @@ case "${1:-}" in
       sleep 10; waited=$((waited + 10))
     done
     echo "== job $(cat "$JOB/id"): status after ${waited}s =="; cat "$JOB/status" 2>/dev/null
-    tail -n 5 "$JOB/anomaly.log" 2>/dev/null; grep -v USDT "$JOB/book.log" 2>/dev/null | tail -n 25
+    tail -n 5 "$JOB/anomaly.log" 2>/dev/null; grep -E "PASSED|FAILED|ERROR|passed|failed" "$JOB/pre_tests.log" 2>/dev/null | tail -n 8
+    grep -v USDT "$JOB/book.log" 2>/dev/null | tail -n 25
     # the ladder notebooks' own output lands in the notebooks, not in book.log: show the GPUs
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
     if [ -f "$JOB/t1" ]; then echo "DONE"

@@ -111,3 +111,11 @@ def test_expected_num_params_by_hand():
 
 def test_flops_per_token_formula():
     assert config.flops_per_token(1000, 2, 16, 8) == 6 * 1000 + 12 * 2 * 16 * 8
+
+
+def test_window_and_warmup_steps_keep_their_tokens_past_the_big_batch():
+    full = config.get_config("full")              # warmup 30, timed 40, big batch 512
+    assert [full.timed_steps(b) for b in (64, 512, 1024, 2048, 1 << 20)] == [40, 40, 20, 10, 2]
+    assert [full.warmup_steps(b) for b in (64, 512, 1024, 2048, 1 << 20)] == [30, 30, 15, 8, 5]
+    smoke = config.get_config("smoke")            # warmup 2: the floor never raises it
+    assert smoke.warmup_steps(4 * smoke.big_batch) == 2 and smoke.timed_steps(4 * smoke.big_batch) == 2

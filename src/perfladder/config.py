@@ -135,6 +135,20 @@ class LadderConfig:
         kw.update(overrides)
         return GPTConfig(**kw)
 
+    def timed_steps(self, batch_size: int) -> int:
+        """Steps per timed window: ``timed`` up to the big batch, fewer beyond it so that a
+        window holds about as many tokens (never fewer than 2)."""
+        return self.timed if batch_size <= self.big_batch else max(2, round(self.timed * self.big_batch / batch_size))
+
+    def warmup_steps(self, batch_size: int) -> int:
+        """Steps before the first window: ``warmup`` up to the big batch, fewer beyond it by the
+        same rule (the compile happened in the first call, before; what is warmed past here is
+        allocator growth and clocks, which scale with tokens, not steps); never fewer than
+        ``min(warmup, 5)``."""
+        if batch_size <= self.big_batch:
+            return self.warmup
+        return max(min(self.warmup, 5), round(self.warmup * self.big_batch / batch_size))
+
     def replace(self, **changes) -> "LadderConfig":
         return dataclasses.replace(self, **changes)
 

@@ -67,6 +67,9 @@ def test_b_rungs_follow_the_seed_and_are_well_formed(run):
         assert r.kind == "rung", (r.name, r.error)                  # no run-time failure on CPU
         assert r.tokens_per_s > 0 and r.timing.settled == CFG.windows and r.precision == "bf16"
         assert r.batch_size == r.recipe["batch_size"] and r.seq_len == CFG.num_steps
+        # windows of about the big batch's tokens (fewer steps past it), as in PyTorch
+        assert r.timing.steps_per_window == CFG.timed_steps(r.batch_size)
+        assert r.timing.warmup == CFG.warmup_steps(r.batch_size)
         assert r.receipt.ok and r.receipt.observed["logits"] == "bfloat16"
         assert r.details["matmul_dtypes"].get("bfloat16", 0) > 0 and isinstance(r.kept, bool)
         assert r.memory.bytes > 0 and r.profile.device_ms > 0 and r.gate("fp32 masters").passed

@@ -114,6 +114,24 @@ def test_real_trace_files_agree(tmp_path):
     assert {m for _, m in from_json.ops} == {"jit__lambda"}
 
 
+def test_the_trace_records_no_python_calls(tmp_path):
+    """The breakdown's trace leaves Python's own calls out (they only cost the time to stop it)
+    and keeps the XLA ops it reads."""
+    f = jax.jit(lambda a, b: jnp.tanh(a @ b).sum())
+    a = jnp.ones((32, 32))
+    f(a, a).block_until_ready()
+
+    def python_work():
+        return sum(i for i in range(50))
+    jk._start(str(tmp_path), perfetto=False)
+    python_work()
+    f(a, a).block_until_ready()
+    jax.profiler.stop_trace()
+    rows = jk._xspace_rows(str(tmp_path))
+    assert not [n for _, _, n, *_ in rows if n.startswith("$")]       # '$file:line function'
+    assert K.select_kernel_events(rows, expect="cpu")
+
+
 def test_recompile_while_profiling_raises(monkeypatch):
     # A real retrace under the profiler costs ~15 s on this CPU; the guard only reads the
     # counter, so make the counter move the way one compilation inside the trace would.

@@ -311,3 +311,22 @@ def test_its_time_names_the_phases_that_took_time_or_only_the_total():
     assert dict(cards.compact_rows(r, b1))["its time"] == "22 s: gates 12 s, time 10 s"
     b1.details["seconds"] = {"gates": 0.2, "time": 0.3, "total": 0.6}
     assert dict(cards.compact_rows(r, b1))["its time"] == "0.6 s"
+
+
+def test_time_spent_sums_rungs_kernel_report_and_learning_check():
+    r = seed_ladder()
+    timed = [x for x in r.rungs if x.kind == "rung"][:3]
+    for i, x in enumerate(timed):
+        x.details["seconds"] = {"gates": 10.0 * (i + 1), "total": 10.0 * (i + 1) + 1}
+    for x in r.rungs:
+        if x not in timed:
+            x.details.pop("seconds", None)
+    line = cards.time_spent(r)
+    untimed = len(r.rungs) - 3
+    assert line.startswith("this ladder's own time: 63 s: 3 rungs 63 s (costliest: "
+                           f"{timed[2].name} 31 s, {timed[1].name} 21 s, {timed[0].name} 11 s)")
+    assert line.endswith(f"{untimed} rung(s) without recorded phases") == (untimed > 0)
+    timed[0].kernels = {"seconds": 7.0}
+    r.learning = type("Check", (), {"seconds": 30.0})()
+    line = cards.time_spent(r)
+    assert line.startswith("this ladder's own time: 100 s: ") and "; kernel report 7 s; learning check 30 s" in line

@@ -29,15 +29,6 @@ KERNELS = ["B12", "B13"]          # after the optional B11 (not in the smoke run
 MEASURED = ["B1", "B2", "B4", "B5", "B6", "B14"] + (["B3", *FUSED, *KERNELS] if ON_GPU else [])
 
 
-def timed_steps(config, batch_size):
-    """``TorchLab.timed_steps`` of a lab with ``config`` (without loading any data)."""
-    class Sizes:
-        pass
-    sizes = Sizes()
-    sizes.config = config
-    return TorchLab.timed_steps(sizes, batch_size)
-
-
 @pytest.fixture(scope="module")
 def res(torch_smoke_ladder):
     return torch_smoke_ladder.result
@@ -66,7 +57,8 @@ def test_measured_beyond_rung_is_well_formed(res, name):
     assert sorted(r.timing.settled_windows)[1] == pytest.approx(r.tokens_per_s)
     assert r.precision == "bf16" and r.receipt.ok and r.receipt.where.startswith("TrainStep.forward_backward")
     assert r.batch_size == r.recipe["batch_size"] and r.seq_len == CFG.num_steps
-    assert r.timing.steps_per_window == timed_steps(CFG, r.batch_size)
+    assert r.timing.steps_per_window == CFG.timed_steps(r.batch_size)
+    assert r.timing.warmup == CFG.warmup_steps(r.batch_size)
     prev = res.rung(r.builds_on)
     assert r.ratio_prev == pytest.approx(r.tokens_per_s / prev.tokens_per_s)
     assert r.ratio_base == pytest.approx(r.tokens_per_s / res.rung("R0").tokens_per_s)
@@ -211,7 +203,7 @@ def test_batch_rungs_scale_the_big_batch(res):
     assert res.rung("B6").batch_size == 4 * CFG.big_batch
     for name in ("B5", "B6"):
         r = res.rung(name)
-        assert r.timing.steps_per_window == timed_steps(CFG, r.batch_size) >= 2
+        assert r.timing.steps_per_window == CFG.timed_steps(r.batch_size) >= 2
 
 
 def test_b7_measured_every_backend_and_pinned_the_fastest(res):
@@ -266,12 +258,6 @@ def test_learning_check_trains_the_fastest_configuration(res):
     fastest = [r for r in res.rungs if r.stage == "beyond" and r.kept][-1]
     assert res.learning.passed and res.learning.steps == CFG.learn_steps
     assert res.learning.configuration == fastest.name
-
-
-def test_timed_steps_keep_the_tokens_of_a_window():
-    full = get_config("full")
-    ts = lambda b: timed_steps(CFG.replace(timed=full.timed, big_batch=full.big_batch), b)  # noqa: E731
-    assert ts(64) == ts(512) == 40 and ts(1024) == 20 and ts(2048) == 10 and ts(1 << 20) == 2
 
 
 # -- bad inputs --------------------------------------------------------------------------------------------

@@ -91,13 +91,28 @@ def _files_under(log_dir: str) -> list[str]:
     return sorted(out)
 
 
+def profiler_options():
+    """The trace's options: no Python tracer. The breakdown reads device (or XLA:CPU) events
+    only, and the Python tracer records every Python call of the traced steps (nnx walks the
+    model graph in Python on every call): with it, stopping the trace of 5 smoke-config steps
+    took 0.9-1.2 s on CPU and wrote 4.1 MB; without it 0.09 s and 1.2 MB. The host tracer
+    stays: it carries the annotations that tie each kernel to its HLO op."""
+    cls = getattr(jax.profiler, "ProfileOptions", None)
+    if cls is None:
+        return None
+    options = cls()
+    options.python_tracer_level = 0
+    return options
+
+
 def _start(log_dir: str, perfetto: bool) -> None:
-    if not perfetto:
-        jax.profiler.start_trace(log_dir)
-        return
+    options = profiler_options()
+    kw = {} if options is None else {"profiler_options": options}
+    if perfetto:
+        kw["create_perfetto_trace"] = True
     try:
-        jax.profiler.start_trace(log_dir, create_perfetto_trace=True)
-    except TypeError:           # a jax without the perfetto switch: the xplane/JSON files remain
+        jax.profiler.start_trace(log_dir, **kw)
+    except TypeError:           # a jax without these switches: the xplane/JSON files remain
         jax.profiler.start_trace(log_dir)
 
 

@@ -206,7 +206,8 @@ class JaxLab:
             kw = dict(warmup=1, timed=c.eager_timed, windows=EAGER_WINDOWS,
                       max_windows=EAGER_MAX_WINDOWS)
         else:
-            kw = dict(warmup=c.warmup, timed=c.timed, windows=c.windows, max_windows=c.max_windows)
+            kw = dict(warmup=c.warmup_steps(batch_size), timed=c.timed_steps(batch_size),
+                      windows=c.windows, max_windows=c.max_windows)
         return measure_settled(lambda: throughput(step, stream, target_spread=c.target_spread,
                                                   budget_s=c.timing_budget_s, **kw),
                                budget_s=c.timing_budget_s)

@@ -309,8 +309,10 @@ def kernel_report(lab, chain: Chain) -> dict | None:
     """The kernel breakdown of the fastest configuration, stored under that name in the result
     (``LadderResult.kernel_reports``); a profiler failure costs the report, not the ladder."""
     name, recipe = fastest(lab, chain)
+    t0 = time.perf_counter()
     try:
         report = lab.kernel_report(name, recipe)
+        report["seconds"] = time.perf_counter() - t0
     except Exception as e:
         reraise_if_interrupt(e)
         msg = f"{type(e).__name__}: {e}"[:2000]
@@ -327,10 +329,12 @@ def kernel_report(lab, chain: Chain) -> dict | None:
 def learning_check(lab, chain: Chain):
     """Train the fastest configuration from a fresh init; the check is stored on the result."""
     name, recipe = fastest(lab, chain)
+    t0 = time.perf_counter()
     try:
         check = lab.learning_check(name, recipe)
     finally:
         lab.free()
+    check.seconds = time.perf_counter() - t0
     check.configuration = name
     lab.result.learning = check
     return check

@@ -84,6 +84,7 @@ class LearningCheck:
     threshold: float | None = None    # val_after must be at most this
     evaluated_with: str = ""          # which implementation computed the validation losses
     configuration: str = ""           # which rung's configuration was trained
+    seconds: float | None = None      # wall seconds the check took (build, compile, train, judge)
 
     def reasons(self) -> list[str]:
         """What failed (empty when it passed); a missing or non-finite loss fails what it is in."""

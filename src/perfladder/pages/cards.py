@@ -243,6 +243,28 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
     return out
 
 
+def time_spent(result: LadderResult) -> str:
+    """Where the ladder's own wall time went, in one line: every rung's total (the three
+    costliest named), the kernel report's and the learning check's. Rungs from a file written
+    before rungs recorded their phases are left out, and the line says how many."""
+    totals = {r.name: r.details["seconds"].get("total", sum(r.details["seconds"].values()))
+              for r in result.rungs if r.details.get("seconds")}
+    untimed = len(result.rungs) - len(totals)
+    kb = next((r.kernels.get("seconds") for r in result.rungs if r.kernels), None)
+    learn = getattr(result.learning, "seconds", None)
+    parts = [f"{len(totals)} rungs {sum(totals.values()):.0f} s"]
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:3]
+    if top:
+        parts[0] += " (costliest: " + ", ".join(f"{n} {s:.0f} s" for n, s in top) + ")"
+    if kb is not None:
+        parts.append(f"kernel report {kb:.0f} s")
+    if learn is not None:
+        parts.append(f"learning check {learn:.0f} s")
+    total = sum(totals.values()) + (kb or 0.0) + (learn or 0.0)
+    return (f"this ladder's own time: {total:.0f} s: " + "; ".join(parts)
+            + (f"; {untimed} rung(s) without recorded phases" if untimed else ""))
+
+
 def rung_html(result: LadderResult, name: str, label: str = "") -> str:
     """The rung as a page shows it: the result line, the compact table, all the evidence behind a
     toggle (and the profile's top kernels, names shortened)."""

@@ -247,4 +247,5 @@ class LadderPage:
         best = self.live.fastest_rung() if self.live.waterfall() else None
         print(f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s"
                                             f"{', smoke' if self.config.is_smoke else ''})" if best else ""))
+        print(cards.time_spent(self.live))
         return path, png

@@ -147,12 +147,6 @@ class TorchLab:
     def fp32_label(self) -> str:
         return "tf32" if self.on_gpu else "fp32"
 
-    def timed_steps(self, batch_size: int) -> int:
-        """Steps per window: the config's up to the big batch, fewer beyond it so a window holds
-        about as many tokens (never fewer than 2)."""
-        c = self.config
-        return c.timed if batch_size <= c.big_batch else max(2, round(c.timed * c.big_batch / batch_size))
-
     # -- measuring -----------------------------------------------------------------------------
     def reset_memory(self) -> None:
         gc.collect()
@@ -165,11 +159,12 @@ class TorchLab:
         """``(Throughput, remeasured, Memory)``: timed until the windows settle, once more if
         they did not, with the peak device memory of the measurement."""
         c = self.config
-        timed = self.timed_steps(batch_size) if timed is None else timed
+        timed = c.timed_steps(batch_size) if timed is None else timed
+        warmup = c.warmup_steps(batch_size) if warmup is None else warmup
 
         def once():
             self.reset_memory()
-            return throughput(step, self.stream(batch_size), warmup=c.warmup if warmup is None else warmup,
+            return throughput(step, self.stream(batch_size), warmup=warmup,
                               timed=timed, windows=c.windows if windows is None else windows,
                               target_spread=c.target_spread, max_windows=c.max_windows,
                               budget_s=c.timing_budget_s)
