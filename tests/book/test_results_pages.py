@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from _ladders import seed_ladder
 
+from perfladder.results.committed import reference_run
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 GLUE_REF = re.compile(r"\{glue:text\}`\.\./notebooks/04_h200_reference\.ipynb::([a-z0-9_]+):s`")
@@ -69,8 +71,9 @@ def reference():
 def test_reference_page_starts_with_the_runs_reference_txt_names(reference):
     text = shown(reference)
     body = text[text.index("## The reference runs"):]
-    order = [body.index(s) for s in ("file: benchmarks/results/h200x2-book/torch.json",
-                                     "file: benchmarks/results/h200x2-run3/jax.json", "### Data parallelism",
+    files = [f"file: {(reference_run(framework=fw) / f'{fw}.json').relative_to(ROOT).as_posix()}"
+             for fw in ("torch", "jax")]
+    order = [body.index(s) for s in (*files, "### Data parallelism",
                                      "## Lab notes", "## Earlier runs")]
     assert order == sorted(order)
     assert "This build ran the `smoke` configuration" in text
@@ -95,7 +98,7 @@ def test_every_number_the_text_pages_paste_is_glued(reference):
     keys = {k for p in pages for k in GLUE_REF.findall(p)}
     values = glued(reference)
     assert keys and keys <= set(values), sorted(keys - set(values))
-    probe = json.loads((ROOT / "benchmarks/results/h200x2-book/device.json").read_text())
+    probe = json.loads((reference_run(framework="torch") / "device.json").read_text())
     assert values["h200_bf16_tflops"].strip("'") == f"{probe['bf16_matmul_tflops']:.0f}"
     assert "not available" not in " ".join(values[k] for k in keys)
 

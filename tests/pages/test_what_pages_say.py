@@ -38,7 +38,9 @@ def test_fastest_is_one_function_for_every_page_part():
     res = copy.deepcopy(ref("jax"))
     kept = res.fastest_rung()
     quicker = max((r for r in res.waterfall() if r.kept is False), key=lambda r: r.tokens_per_s)
-    assert quicker.tokens_per_s > kept.tokens_per_s            # a faster median that was not kept
+    quicker.tokens_per_s = 1.01 * kept.tokens_per_s           # a faster median that was not kept
+    quicker.timing.windows = [1.01 * w for w in kept.timing.windows]
+    assert res.fastest_rung() is kept
     assert ladder_numbers(res)["fastest"] == kept.name == kernel_report.kernel_rung(res).name
     assert res.learning.configuration == kept.name
     res.fastest = quicker.name                                 # what the ladder recorded wins

@@ -134,13 +134,16 @@ class _Worker:
         self.err.close()
 
 
-def _paired_ratios(a: _Worker, b: _Worker, quartets: int) -> list[float]:
+def _paired_ratios(a: _Worker, b: _Worker, quartets: int, rates: list | None = None) -> list[float]:
     """``a``'s rate over ``b``'s, one ratio per quartet of windows taken a, b, b, a: adjacent in
-    time, so a drift common to both (or linear within the quartet) cancels."""
+    time, so a drift common to both (or linear within the quartet) cancels. ``rates`` collects
+    each quartet's own windows (a1, b1, b2, a2): which process moved, if the ratio did."""
     out = []
     for _ in range(quartets):
         a1, b1, b2, a2 = (float(w.ask("window")) for w in (a, b, b, a))
         out.append((a1 + a2) / (b1 + b2))
+        if rates is not None:
+            rates.append((round(a1), round(b1), round(b2), round(a2)))
     return out
 
 
@@ -162,14 +165,16 @@ def test_timing_after_a_profile_is_not_taxed():
     a, b = _Worker(steps), _Worker(steps)
     try:
         assert a.read() == "ready" and b.read() == "ready"
-        before = _paired_ratios(a, b, quartets=3)
+        rates: list = []
+        before = _paired_ratios(a, b, quartets=3, rates=rates)
         profiled = a.ask("profile").split()
         assert profiled[:2] == ["profiled", "gpu"] and float(profiled[2]) > 0, profiled
-        after = _paired_ratios(a, b, quartets=3)
+        after = _paired_ratios(a, b, quartets=3, rates=rates)
     finally:
         a.close()
         b.close()
     mid = statistics.median(before)
     noise = (max(before) - min(before)) / mid        # how far the untouched pairs wander
     tax = statistics.median(after) / mid             # < 1: the profiled process got slower
-    assert tax >= 1 - (noise + 0.03), (before, after)
+    assert tax >= 1 - (noise + 0.03), {"ratios before": before, "after": after,
+                                       "windows (a1, b1, b2, a2), a profiled after the third": rates}

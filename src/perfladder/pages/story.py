@@ -28,6 +28,8 @@ from perfladder.results.record import LadderResult, RungResult
 
 Test = Callable[[LadderResult], tuple[bool, str]]
 NOT_SUPPORTED = "⚠ not supported by the run shown"
+HOST = "host-bound"                                              # the regimes a claim may name
+DEVICE = ("memory-bound", "compute-bound", "mixed", "device-bound")  # the device sets the pace
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,18 @@ METRICS: dict[str, Callable[[RungResult], float | None]] = {
     "first_call": lambda r: r.compile.first_call_s if r.compile else None,
     "tokens_per_s": lambda r: r.tokens_per_s,
 }
+
+
+def _category_ms(r: RungResult, category: str) -> float | None:
+    """Milliseconds per step of the rung's profiled kernels of ``category`` (matmul, elementwise,
+    reduction/norm, ...)."""
+    if not r.profile or r.profile.device_ms is None or category not in (r.profile.shares or {}):
+        return None
+    return r.profile.shares[category] * r.profile.device_ms
+
+
+for _cat in ("matmul", "elementwise", "reduction/norm", "attention"):
+    METRICS[f"{_cat}_ms"] = lambda r, c=_cat: _category_ms(r, c)
 
 
 def _metric(result, name, metric) -> float:
@@ -218,6 +232,16 @@ def all_of(*tests: Test) -> Test:
 
 
 # -- numbers ------------------------------------------------------------------------------------
+def category_ms_of(name: str, category: str) -> Callable[[LadderResult], str]:
+    """The glue value of a rung's profiled kernel time in ``category``, per step."""
+    def value(result):
+        v = _category_ms(_rung(result, name), category)
+        if v is None:
+            raise ValueError(f"{name} recorded no {category} kernel time")
+        return _ms(v)
+    return value
+
+
 def ratio_of(a: str, b: str) -> Callable[[LadderResult], str]:
     """The glue value ``a``'s tokens/s over ``b``'s."""
     return lambda result: ratio(_rung(result, a).tokens_per_s / _rung(result, b).tokens_per_s)
