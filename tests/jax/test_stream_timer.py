@@ -159,3 +159,24 @@ def test_stream_position_counts_batches_across_epochs():
         assert stream.position == i + 1
     assert sorted(firsts[0] + firsts[1]) == list(range(16))   # one epoch, every row once
     assert firsts[0] + firsts[1] != firsts[2] + firsts[3]     # the next epoch: a new permutation
+
+
+@pytest.mark.parametrize("eager, attempts", [(True, 1), (False, 2)])
+def test_an_unsettled_un_jitted_step_is_measured_once(monkeypatch, eager, attempts):
+    """The un-jitted R0 is a price list: one brief attempt even when it wanders; a jitted step
+    that does not settle is measured once more."""
+    import perfladder.jax.lab as lab_module
+    from perfladder.config import get_config
+    calls = []
+
+    def wandering(step, stream, **kw):
+        calls.append(kw)
+        return Throughput(tokens_per_s=1.0, windows=[1.0, 2.0], seconds=[0.01, 0.01],
+                          steps_per_window=kw["timed"], tokens_per_window=1, warmup=kw["warmup"],
+                          stable=False)
+    monkeypatch.setattr(lab_module, "throughput", wandering)
+    lab = lab_module.JaxLab(get_config("smoke"))
+    t, remeasured = lab.measure(None, 8, stream=iter(()), eager=eager)
+    assert len(calls) == attempts and remeasured == (attempts == 2) and t.stable is False
+    if eager:
+        assert calls[0]["max_windows"] == lab_module.EAGER_MAX_WINDOWS and calls[0]["warmup"] == 1

@@ -71,6 +71,13 @@ NAMED = [
     ("aten::view", "other"),
     ("AddmmBackward0", "other"),
     ("autograd::engine::evaluate_function: AddmmBackward0", "other"),
+    # perfladder's fused attention: the Triton kernels (and their first names, in a committed
+    # run) and the Pallas ones
+    ("_rope_attention_fwd_kernel", "attention"),
+    ("_rope_attention_bwd_kernel", "attention"),
+    ("_bwd_kernel", "attention"),
+    ("rope_attention_fwd", "attention"),
+    ("_rope_fwd_kernel", "elementwise"),
     # XLA:CPU YNNPACK fusions: a dot or a reduction alike, the name cannot tell
     ("ynn_fusion.4", "other"),
     ("some_kernel_nobody_knows", "other"),

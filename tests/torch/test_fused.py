@@ -114,8 +114,8 @@ def _sm90_cases():
     fc1 = {**ptrs, "part_ptr": "*fp32", "M": B * T, "N": F, "s_am": D, "s_ak": 1, "s_bk": 1, "s_bn": D}
     dgelu = {**fc1, "s_bk": F, "s_bn": 1}
     return {
-        "attention fwd": (fattn._fwd_kernel, fwd, attn(fattn.FWD), fattn.FWD),
-        "attention bwd": (fattn._bwd_kernel, bwd, attn(fattn.BWD), fattn.BWD),
+        "attention fwd": (fattn._rope_attention_fwd_kernel, fwd, attn(fattn.FWD), fattn.FWD),
+        "attention bwd": (fattn._rope_attention_bwd_kernel, bwd, attn(fattn.BWD), fattn.BWD),
         "mlp fc1+gelu": (fmlp._gemm_kernel, fc1, gemm(False), g),
         "mlp fc2 dx+dgelu": (fmlp._gemm_kernel, dgelu, gemm(True), g),
     }
@@ -131,7 +131,7 @@ def test_kernel_compiles_for_sm90_without_spills(which):
     import triton
 
     from perfladder.torch.fused import attention as fattn
-    if not isinstance(fattn._fwd_kernel, triton.runtime.jit.JITFunction):
+    if not isinstance(fattn._rope_attention_fwd_kernel, triton.runtime.jit.JITFunction):
         pytest.skip("triton was imported under TRITON_INTERPRET=1 in this process")
     kernel, args, consts, cfg = _sm90_cases()[which]
     compiled = _compile_like_jit(kernel, args, consts, cfg["num_warps"], cfg["num_stages"])

@@ -199,7 +199,9 @@ class JaxLab:
     def measure(self, step, batch_size: int, *, stream=None, eager: bool = False
                 ) -> tuple[Throughput, bool]:
         """``(Throughput, remeasured)`` of ``step`` on fresh batches (``stream``, default the
-        training stream of ``batch_size``), measured once more when its windows did not settle."""
+        training stream of ``batch_size``), measured once more when its windows did not settle;
+        an un-jitted step (``eager``) is measured once, briefly: a price list, not a baseline (on
+        the H200 its second attempt cost 10 s and settled no better)."""
         c = self.config
         stream = self.stream(batch_size) if stream is None else stream
         if eager:    # nothing to compile past: one warm-up step, short windows
@@ -208,9 +210,12 @@ class JaxLab:
         else:
             kw = dict(warmup=c.warmup_steps(batch_size), timed=c.timed_steps(batch_size),
                       windows=c.windows, max_windows=c.max_windows)
-        return measure_settled(lambda: throughput(step, stream, target_spread=c.target_spread,
-                                                  budget_s=c.timing_budget_s, **kw),
-                               budget_s=c.timing_budget_s)
+
+        def once():
+            return throughput(step, stream, target_spread=c.target_spread, budget_s=c.timing_budget_s, **kw)
+        if eager:
+            return once(), False
+        return measure_settled(once, budget_s=c.timing_budget_s)
 
     def first_call(self, step, X, Y) -> tuple[Compile, jax.Array]:
         """The step's first (compiling) call, outside any timed window: ``(Compile, loss)``."""

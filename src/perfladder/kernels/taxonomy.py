@@ -53,6 +53,9 @@ PATTERNS: tuple[tuple[str, str, str], ...] = (
      "CUDA copy/fill activities: 'Memcpy HtoD (Pageable -> Device)', 'Memset (Device)', XLA 'MemcpyH2D'"),
     ("optimizer", r"multi_tensor_apply|adam|_foreach_|^optimizer\.|fused_sgd",
      "torch foreach/fused AdamW kernels, aten::_foreach_* ops, the Optimizer.step annotation"),
+    ("attention", r"^_(fwd|bwd)_kernel$",
+     "perfladder's fused attention Triton kernels under their first names (the committed "
+     "h200-serial-book run); now _rope_attention_fwd_kernel / _rope_attention_bwd_kernel"),
     ("attention", r"flash|fmha|sdpa|scaled_dot_product|efficient_attention|mem_eff|attention"
                   r"|cudnn.*(attn|mha)",
      "FlashAttention (flash_fwd_kernel), cuDNN SDPA (cudnn_generated_fort_native_sdpa_...), "

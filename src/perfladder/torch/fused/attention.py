@@ -96,9 +96,10 @@ def _store_unrotated(ptr, pos, pmask, stride_t, g1, g2, c, s, HALF: tl.constexpr
 
 
 @triton.jit
-def _fwd_kernel(qkv_ptr, cos_ptr, sin_ptr, y_ptr, lse_ptr, T, s_b, s_t, y_b, y_t, qk_scale,
-                HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-                BLOCK_N: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+def _rope_attention_fwd_kernel(qkv_ptr, cos_ptr, sin_ptr, y_ptr, lse_ptr, T, s_b, s_t, y_b, y_t,
+                               qk_scale, HEADS: tl.constexpr, HALF: tl.constexpr,
+                               BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                               UPCAST: tl.constexpr):
     DH: tl.constexpr = 2 * HALF
     D: tl.constexpr = HEADS * DH
     pid = tl.program_id(0)                                          # b * HEADS + h
@@ -136,10 +137,10 @@ def _fwd_kernel(qkv_ptr, cos_ptr, sin_ptr, y_ptr, lse_ptr, T, s_b, s_t, y_b, y_t
 
 
 @triton.jit
-def _bwd_kernel(qkv_ptr, y_ptr, dy_ptr, lse_ptr, cos_ptr, sin_ptr, dqkv_ptr,
-                T, s_b, s_t, y_b, y_t, dy_b, dy_t, qk_scale, sm_scale,
-                HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-                BLOCK_N: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+def _rope_attention_bwd_kernel(qkv_ptr, y_ptr, dy_ptr, lse_ptr, cos_ptr, sin_ptr, dqkv_ptr,
+                               T, s_b, s_t, y_b, y_t, dy_b, dy_t, qk_scale, sm_scale,
+                               HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+                               BLOCK_N: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
     DH: tl.constexpr = 2 * HALF
     D: tl.constexpr = HEADS * DH
     pid = tl.program_id(0)
@@ -223,14 +224,14 @@ def rope_attention_fwd(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(y (B, T, D), lse (B, H, T) fp32 base-2 logsumexp of the scaled scores)."""
     B, T, D, Dh = _check(qkv, cos, num_heads)
-    check_device(_fwd_kernel, qkv, cos, sin)
+    check_device(_rope_attention_fwd_kernel, qkv, cos, sin)
     qkv = _unit_last(qkv)
     y = qkv.new_empty(B, T, D)
     lse = torch.empty(B, num_heads, T, dtype=torch.float32, device=qkv.device)
-    _fwd_kernel[(B * num_heads,)](
+    _rope_attention_fwd_kernel[(B * num_heads,)](
         qkv, cos.contiguous(), sin.contiguous(), y, lse, T, qkv.stride(0), qkv.stride(1),
         y.stride(0), y.stride(1), LOG2E / math.sqrt(Dh), HEADS=num_heads,
-        **_launch_args(T, Dh, qkv.dtype, _fwd_kernel, FWD))
+        **_launch_args(T, Dh, qkv.dtype, _rope_attention_fwd_kernel, FWD))
     return y, lse
 
 
@@ -245,14 +246,14 @@ def rope_attention_bwd(qkv: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, lse
                        cos: torch.Tensor, sin: torch.Tensor, num_heads: int) -> torch.Tensor:
     """d(qkv) (B, T, 3D), contiguous, in ``qkv``'s dtype."""
     B, T, D, Dh = _check(qkv, cos, num_heads)
-    check_device(_bwd_kernel, qkv, y, dy, lse, cos, sin)
+    check_device(_rope_attention_bwd_kernel, qkv, y, dy, lse, cos, sin)
     qkv, y, dy = _unit_last(qkv), _unit_last(y), _unit_last(dy).to(qkv.dtype)
     dqkv = qkv.new_empty(B, T, 3 * D)
-    _bwd_kernel[(B * num_heads,)](
+    _rope_attention_bwd_kernel[(B * num_heads,)](
         qkv, y, dy, lse.contiguous(), cos.contiguous(), sin.contiguous(), dqkv, T,
         qkv.stride(0), qkv.stride(1), y.stride(0), y.stride(1), dy.stride(0), dy.stride(1),
         LOG2E / math.sqrt(Dh), 1.0 / math.sqrt(Dh), HEADS=num_heads,
-        **_launch_args(T, Dh, qkv.dtype, _bwd_kernel, BWD))
+        **_launch_args(T, Dh, qkv.dtype, _rope_attention_bwd_kernel, BWD))
     return dqkv
 
 
