@@ -121,3 +121,25 @@ def test_an_inserted_ratio_says_what_the_card_beside_it_credits(framework):
             assert "not credited" in said, (r.name, said)
     if framework == "jax":
         assert bounds >= 2          # R1 and R3 in the committed reference
+
+
+def test_the_roofline_reading_follows_the_kernel_report():
+    from perfladder.pages.story import largest_gap, roofline_of
+    ref = reference("torch")
+    kb = next(r for r in ref.rungs if r.kernels).kernels
+    rows = {row["group"]: row for row in kb["roofline"]["rows"]}
+    assert roofline_of(None, "time_ms")(ref) == f"{kb['roofline']['time_ms']:.1f} ms"
+    assert roofline_of("attention", "floor_ms")(ref) == f"{rows['attention']['floor_ms']:.1f} ms"
+    holds, why = largest_gap("attention")(ref)
+    assert holds and "attention" in why
+    planted = copy.deepcopy(ref)
+    for row in next(r for r in planted.rungs if r.kernels).kernels["roofline"]["rows"]:
+        if row["group"] == "matmul":
+            row["above_ms"] = rows["attention"]["above_ms"] + 1.0       # the matmuls fall further behind
+    holds, why = largest_gap("attention")(planted)
+    assert not holds and "matmul" in why
+    bare = copy.deepcopy(ref)
+    for r in bare.rungs:
+        r.kernels = None
+    check = Check("c_x", "attention stands furthest above its floor", largest_gap("attention"))
+    assert not check.judge(bare)[0] and "cannot be judged" in check.judge(bare)[1]

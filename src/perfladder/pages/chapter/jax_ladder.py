@@ -12,6 +12,7 @@ from perfladder.pages.story import (
     beats,
     credited_ratio,
     fastest_is,
+    largest_gap,
     learned,
     less,
     loses_to,
@@ -19,6 +20,7 @@ from perfladder.pages.story import (
     ratio_of,
     recorded,
     regime,
+    roofline_numbers,
     settled,
     verdict,
 )
@@ -59,7 +61,8 @@ CHECKS = [
     Check("c_B7_not_faster", "the Pallas add+LayerNorm buys nothing", verdict("B7", *NOT_FASTER)),
     Check("c_B8_faster", "attention as one kernel pays", verdict("B8", "faster")),
     Check("c_B8_fastest", "it is the fastest configuration", fastest_is("B8")),
+    Check("c_attention_gap", "attention stands furthest above its roofline floor", largest_gap("attention")),
     Check("c_learned", "the fastest configuration learns", learned()),
 ]
 
-NUMBERS = {"R1_vs_R0": gain_of("R1"), "R3_vs_R3c": ratio_of("R3", "R3c")}
+NUMBERS = {**roofline_numbers(), "R1_vs_R0": gain_of("R1"), "R3_vs_R3c": ratio_of("R3", "R3c")}

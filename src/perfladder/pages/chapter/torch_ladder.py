@@ -15,12 +15,14 @@ from perfladder.pages.story import (
     difference_of,
     differs_in,
     fastest_is,
+    largest_gap,
     largest_step,
     learned,
     less,
     more,
     ratio_of,
     regime,
+    roofline_numbers,
     verdict,
 )
 
@@ -61,10 +63,11 @@ CHECKS = [
     Check("c_B13_matmul_more", "its GEMMs take longer than cuBLAS's", more("matmul_ms", "B13", "B12")),
     Check("c_B14_faster", "the bf16 residual stream pays", verdict("B14", "faster")),
     Check("c_B14_fastest", "it is the fastest configuration", fastest_is("B14")),
+    Check("c_attention_gap", "attention stands furthest above its roofline floor", largest_gap("attention")),
     Check("c_learned", "the fastest configuration learns", learned()),
 ]
 
-NUMBERS = {"R3_vs_R3c": ratio_of("R3", "R3c"), "R3_vs_R2": ratio_of("R3", "R2"),
+NUMBERS = {**roofline_numbers(), "R3_vs_R3c": ratio_of("R3", "R3c"), "R3_vs_R2": ratio_of("R3", "R2"),
            "R3c_vs_R1": ratio_of("R3c", "R1"), "R3c_differs": difference_of("R3c", "R3"),
            "B12_matmul_ms": category_ms_of("B12", "matmul"),
            "B13_matmul_ms": category_ms_of("B13", "matmul"),
