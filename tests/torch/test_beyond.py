@@ -13,6 +13,7 @@ from perfladder.measure.verdict import REGIMES, VERDICTS
 from perfladder.torch import GPT, RUNGS, Ladder, MirrorError, TorchLab, run_ladder
 from perfladder.torch.checks import embed_gate
 from perfladder.torch.kernels import BACKENDS, pick_backend
+from perfladder.torch.lab import LIBRARY_CODE
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs import beyond as bz
 from perfladder.torch.step import make_optimizer, make_step
@@ -240,6 +241,31 @@ def test_b7_does_not_remeasure_the_default_kernel(monkeypatch):
     assert r.kind == "skipped" and "already runs the fastest kernel (flash)" in r.error
     assert r.details["attention_ms"] is fake and r.recipe["attn_backend"] == "flash"
     assert r.key == "attention_kernel" and r.builds_on == "R3" and r.kept is False
+
+
+def test_b7_times_each_kernel_with_the_labs_time_attention(lab):
+    """A reader's ``time_attention`` (lab.use) is what times every kernel B7 compares: here one
+    that makes up each kernel's milliseconds and refuses the kernels it does not know."""
+    from perfladder.torch.kernels import attention_backends
+    from perfladder.torch.model import ATTN_BACKENDS
+    made_up = {ATTN_BACKENDS["math"]: 1.0, ATTN_BACKENDS["flash"]: 3.0, None: 3.0}
+    seen = []
+
+    def time_attention(attend, backend=None, reps=20):
+        seen.append(backend)
+        if backend not in made_up:
+            raise RuntimeError(f"{backend} refused (planted)")
+        attend()                                       # the real kernel still runs
+        return made_up[backend]
+    lab.use(time_attention=time_attention)
+    try:
+        t = attention_backends(lab, 2, reps=1)
+    finally:
+        lab.use(time_attention=LIBRARY_CODE["time_attention"])
+    assert seen == [None, *(ATTN_BACKENDS[n] for n in BACKENDS)]
+    assert t["math"]["ms"] == 1.0 and t["flash"]["ms"] == 3.0 and t["default"]["ms"] == 3.0
+    assert not t["cudnn"]["available"] and "refused (planted)" in t["cudnn"]["error"]
+    assert pick_backend(t) == "math"
 
 
 # -- the kernel report and the learning check -------------------------------------------------------

@@ -185,9 +185,27 @@ def quiet_kineto():
 BACKENDS = ("flash", "efficient", "cudnn", "math")   # the SDPA kernels B7 measures
 
 
+def time_attention(attend, backend=None, reps=20):
+    """B7: median ms of attend() (causal attention, forward and backward) with SDPA
+    pinned to `backend` (None: PyTorch's own pick). A kernel that cannot take the
+    inputs raises when it is pinned."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+        attend()                                    # the warm-up, or the refusal
+        sync()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            attend()
+            sync()                                  # the clock stops on the kernels
+            times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[reps // 2]
+
+
 def attention_backends(lab, batch_size: int, reps: int | None = None) -> dict:
     """Causal SDPA forward + backward on the model's q/k/v shape in bf16, for PyTorch's own
-    choice ('default') and each of ``BACKENDS`` pinned: ``{name: {"available", "ms" | "error"}}``."""
+    choice ('default') and each of ``BACKENDS`` pinned, each timed by the lab's
+    ``time_attention`` technique: ``{name: {"available", "ms" | "error"}}``."""
     c = lab.gpt_config
     B, H, T, Dh = batch_size, c.num_heads, lab.config.num_steps, c.head_dim
     reps = reps or (20 if lab.on_gpu else 5)
@@ -197,27 +215,19 @@ def attention_backends(lab, batch_size: int, reps: int | None = None) -> dict:
     dy = torch.randn(B, H, T, Dh, device=lab.device, dtype=torch.bfloat16, generator=gen)
     scale = 1.0 / Dh ** 0.5
 
-    def call():
+    def attend():
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         torch.autograd.grad(y, (q, k, v), dy)
 
+    timer = lab.code["time_attention"]
     out = {}
     picks = default_choice(q, k, v, scale)
     for name in ("default", *BACKENDS):
-        ctx = contextlib.nullcontext() if name == "default" else sdpa_kernel(ATTN_BACKENDS[name])
         try:
-            with ctx, warnings.catch_warnings():
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")            # a refusal's reasons come as warnings
-                call()
-                sync()
-                times = []
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    call()
-                    sync()
-                    times.append(time.perf_counter() - t0)
-            times.sort()
-            out[name] = {"available": True, "ms": 1e3 * times[len(times) // 2]}
+                ms = timer(attend, None if name == "default" else ATTN_BACKENDS[name], reps)
+            out[name] = {"available": True, "ms": float(ms)}
         except RuntimeError as e:
             out[name] = {"available": False, "error": str(e).strip().splitlines()[0][:300]}
     out["default"]["picks"] = picks

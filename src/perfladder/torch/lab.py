@@ -28,13 +28,14 @@ from perfladder.measure.evidence import (
 from perfladder.measure.timing import measure_settled
 from perfladder.results.record import LadderResult
 from perfladder.torch.device import device_name, probe_roofs, versions
+from perfladder.torch.kernels import time_attention
 from perfladder.torch.model import GPT, checkpoint_block
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.step import CODE, TrainStep, make_step
 from perfladder.torch.stream import batches
 from perfladder.torch.timer import throughput
 
-LIBRARY_CODE = {**CODE, "checkpoint_block": checkpoint_block}
+LIBRARY_CODE = {**CODE, "checkpoint_block": checkpoint_block, "time_attention": time_attention}
 
 
 class TorchLab:
