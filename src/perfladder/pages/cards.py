@@ -237,18 +237,23 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
                     + ("" if r.mfu is None else f", {r.mfu:.1%} MFU")))
     secs = {k: v for k, v in r.details.get("seconds", {}).items() if k != "total"}
     if secs:
-        total = r.details["seconds"].get("total", sum(secs.values()))
+        total = rung_seconds(r)
         parts = ", ".join(f"{k} {v:.0f} s" for k, v in secs.items() if v >= 0.5)
         out.append(("its time", f"{total:.0f} s: {parts}" if parts else f"{total:.1f} s"))
     return out
+
+
+def rung_seconds(r: RungResult) -> float:
+    """A rung's own wall seconds: its recorded total, else the sum of its phases (0 if none)."""
+    secs = r.details.get("seconds") or {}
+    return secs.get("total", sum(secs.values()))
 
 
 def time_spent(result: LadderResult) -> str:
     """Where the ladder's own wall time went, in one line: every rung's total (the three
     costliest named), the kernel report's and the learning check's. Rungs from a file written
     before rungs recorded their phases are left out, and the line says how many."""
-    totals = {r.name: r.details["seconds"].get("total", sum(r.details["seconds"].values()))
-              for r in result.rungs if r.details.get("seconds")}
+    totals = {r.name: rung_seconds(r) for r in result.rungs if r.details.get("seconds")}
     untimed = len(result.rungs) - len(totals)
     kb = next((r.kernels.get("seconds") for r in result.rungs if r.kernels), None)
     learn = getattr(result.learning, "seconds", None)

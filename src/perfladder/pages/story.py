@@ -22,6 +22,7 @@ from typing import Callable
 
 from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
 from perfladder.pages.comparison import CHAPTER
+from perfladder.pages.kernel_report import kernel_rung
 from perfladder.pages.words import gib, percent, rate, ratio
 from perfladder.pages.words import ms as words_ms
 from perfladder.results.record import LadderResult, RungResult
@@ -233,8 +234,8 @@ def all_of(*tests: Test) -> Test:
 
 def _roofline(result: LadderResult) -> dict:
     """The fastest configuration's roofline (its kernel report's): totals and ``rows``."""
-    with_kb = [r for r in result.rungs if r.kernels]
-    rl = (with_kb[-1].kernels or {}).get("roofline") if with_kb else None
+    r = kernel_rung(result)
+    rl = r.kernels.get("roofline") if r is not None else None
     if not rl or not rl.get("rows"):
         raise ValueError("the run recorded no kernel report with a roofline")
     return rl
@@ -270,15 +271,9 @@ def roofline_numbers() -> dict[str, Callable[[LadderResult], str]]:
                for k, field in (("kernel_ms", "time_ms"), ("floor_ms", "floor_ms"))}}
 
 
-
 def category_ms_of(name: str, category: str) -> Callable[[LadderResult], str]:
     """The glue value of a rung's profiled kernel time in ``category``, per step."""
-    def value(result):
-        v = _category_ms(_rung(result, name), category)
-        if v is None:
-            raise ValueError(f"{name} recorded no {category} kernel time")
-        return _ms(v)
-    return value
+    return lambda result: _ms(_metric(result, name, f"{category}_ms"))
 
 
 def ratio_of(a: str, b: str) -> Callable[[LadderResult], str]:
