@@ -55,7 +55,7 @@ class FakeLab:
     def kernel_report(self, name, recipe):
         return None
 
-    def learning_check(self, name, recipe):
+    def learning_check(self, name, recipe, watch=None):
         return LearningCheck(steps=40, first=3.0, last=2.0, window=20)
 
     def use(self, **code):

@@ -164,7 +164,7 @@ class FakeLab:
                 "top": [{"name": "aten::mm", "category": "matmul", "total_us": 3000.0, "calls": 4, "share": 0.75}],
                 "num_kernels": 1, "num_events": 4, "other_names": [], "notes": []}
 
-    def learning_check(self, name, recipe):
+    def learning_check(self, name, recipe, watch=None):
         self.calls.append(f"learning:{name}")
         return check_learning([3.0 - 0.02 * i for i in range(60)])
 

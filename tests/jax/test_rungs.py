@@ -167,6 +167,8 @@ def test_learning_check_and_progress(run, small_run):
     assert check.threshold == pytest.approx(val_threshold(data.train_arrays()[1], len(data.vocab)))
     assert check.threshold < math.log(len(data.vocab))
     assert "plain fp32" in check.evaluated_with and check.configuration in RUNGS
+    assert set(check.phases) == {"data", "build", "val before", "train", "val after"}
+    assert sum(check.phases.values()) <= check.seconds and check.phases["train"] > 0
     small, events = small_run
     assert [n for e, n, _ in events if e == "start"] == ["R3", "B4", "R5", "learning"]   # ladder order
     assert [(e, n) for e, n, _ in events] == [(e, n) for n in ["R3", "B4", "R5", "learning"]

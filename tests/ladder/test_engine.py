@@ -90,7 +90,7 @@ class FakeLab:
             raise self.kernel_error
         return {"framework": "fake", "of": name}
 
-    def learning_check(self, name, recipe):
+    def learning_check(self, name, recipe, watch=None):
         self.learn_calls.append((name, recipe))
         return LearningCheck(steps=40, first=3.0, last=2.0, window=20)
 

@@ -34,7 +34,8 @@ def test_an_honest_run_passes_and_round_trips():
     assert c.first == pytest.approx(sum(FALLING[:20]) / 20)
     d = json.loads(json.dumps(c.to_dict()))
     assert set(d) == {"steps", "window", "first", "last", "val_before", "val_after",
-                      "threshold", "passed", "losses", "evaluated_with", "configuration", "seconds"}
+                      "threshold", "passed", "losses", "evaluated_with", "configuration", "seconds",
+                      "phases"}
     assert L.LearningCheck.from_dict(d) == c
     with pytest.raises(ValueError, match="unknown LearningCheck field"):
         L.LearningCheck.from_dict({**d, "train_first": 1.0})

@@ -330,3 +330,11 @@ def test_time_spent_sums_rungs_kernel_report_and_learning_check():
     r.learning = type("Check", (), {"seconds": 30.0})()
     line = cards.time_spent(r)
     assert line.startswith("this ladder's own time: 100 s: ") and "; kernel report 7 s; learning check 30 s" in line
+
+
+def test_time_spent_names_the_learning_checks_costly_parts():
+    r = seed_ladder()
+    r.learning = type("Check", (), {"seconds": 50.0, "phases": {"train": 26.0, "val before": 9.0,
+                                                                "data": 0.2}})()
+    line = cards.time_spent(r)
+    assert "learning check 50 s (train 26 s, val before 9 s)" in line and "data" not in line

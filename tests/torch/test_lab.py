@@ -264,6 +264,8 @@ def test_learning_check(ladder_run):
     assert "plain eager fp32" in lc.evaluated_with and "trained weights" in lc.evaluated_with
     kept = [r.name for r in res.rungs if r.stage == "beyond" and r.kept]
     assert lc.configuration == kept[-1]
+    assert set(lc.phases) == {"data", "build", "val before", "train", "val after"}
+    assert sum(lc.phases.values()) <= lc.seconds and lc.phases["train"] > 0
 
 
 def test_json_round_trip(ladder_run, small_run, tmp_path):

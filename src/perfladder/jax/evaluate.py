@@ -19,6 +19,7 @@ from flax import nnx
 from perfladder.data import TimeMachine
 from perfladder.jax.model import GPT
 from perfladder.measure.learning import LearningCheck, check_learning, val_threshold
+from perfladder.measure.timing import Stopwatch, phase
 
 REFERENCE = ("the plain fp32 JAX GPT (gather embedding, XLA attention, no checkpointing, "
              "'highest' matmul precision) with the trained weights loaded")
@@ -60,19 +61,24 @@ def reference_val_loss(trained, data: TimeMachine) -> float:
 
 def learning_check(step: Callable, stream, data: TimeMachine, *, model, steps: int,
                    window: int = 20, commit: Callable | None = None,
-                   threshold: float | None = None) -> LearningCheck:
+                   threshold: float | None = None, watch: Stopwatch | None = None) -> LearningCheck:
     """Train with ``step(X, Y) -> loss`` for ``steps`` steps on ``stream``; ``model`` is the
     model it trains, at its initial weights now. ``commit`` (e.g. ``SplitStep.commit``) writes
     the trained state back into ``model`` afterwards. The validation loss before and after is
     computed by the reference model; ``LearningCheck`` asserted (``LearningError`` if it fails).
-    ``threshold`` defaults to ``perfladder.measure.learning.val_threshold`` of the training split."""
+    ``threshold`` defaults to ``perfladder.measure.learning.val_threshold`` of the training split.
+    ``watch`` (a ``Stopwatch``) records the seconds of each part."""
     if threshold is None:
-        threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
-    before = reference_val_loss(model, data)
-    losses = [step(*next(stream)) for _ in range(steps)]                   # device scalars
-    curve = np.asarray(jax.device_get(jnp.stack(losses)), np.float64).tolist()
+        with phase(watch, "data"):
+            threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
+    with phase(watch, "val before"):
+        before = reference_val_loss(model, data)
+    with phase(watch, "train"):
+        losses = [step(*next(stream)) for _ in range(steps)]                   # device scalars
+        curve = np.asarray(jax.device_get(jnp.stack(losses)), np.float64).tolist()
     if commit is not None:
         commit()
-    after = reference_val_loss(model, data)
+    with phase(watch, "val after"):
+        after = reference_val_loss(model, data)
     return check_learning(curve, before, after, threshold=threshold, window=window,
                           evaluated_with=REFERENCE)

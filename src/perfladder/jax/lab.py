@@ -36,7 +36,7 @@ from perfladder.measure.evidence import (
     Receipt,
 )
 from perfladder.measure.learning import LearningCheck
-from perfladder.measure.timing import Throughput, measure_settled
+from perfladder.measure.timing import Stopwatch, Throughput, measure_settled, phase
 from perfladder.results.record import LadderResult
 
 EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
@@ -139,17 +139,22 @@ class JaxLab:
                                stream_fp32=not recipe.bf16, embed=recipe.embed)
         return d
 
-    def learning_check(self, name: str, recipe: Recipe) -> LearningCheck:
+    def learning_check(self, name: str, recipe: Recipe, watch: Stopwatch | None = None) -> LearningCheck:
+        """Train ``recipe`` from a fresh init on the learning split, judged on held-out text by
+        the reference model (``perfladder.jax.evaluate``); a failed check is returned, not
+        raised. ``watch``: seconds per part."""
         from perfladder.jax.evaluate import learning_check
         from perfladder.measure.learning import LearningError
         c = self.config
-        data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
-                           num_val=c.num_val)
-        stream = batches(data, recipe.batch_size, seed=c.seed + 1000)
-        step = self.build_step(recipe)
+        with phase(watch, "data"):
+            data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
+                               num_val=c.num_val)
+            stream = batches(data, recipe.batch_size, seed=c.seed + 1000)
+        with phase(watch, "build"):
+            step = self.build_step(recipe)
         try:
             check = learning_check(step, stream, data, model=step.model, steps=c.learn_steps,
-                                   commit=step.commit)
+                                   commit=step.commit, watch=watch)
         except LearningError as e:
             check = e.check
         return check

@@ -329,12 +329,13 @@ def kernel_report(lab, chain: Chain) -> dict | None:
 def learning_check(lab, chain: Chain):
     """Train the fastest configuration from a fresh init; the check is stored on the result."""
     name, recipe = fastest(lab, chain)
-    t0 = time.perf_counter()
+    t0, watch = time.perf_counter(), Stopwatch()
     try:
-        check = lab.learning_check(name, recipe)
+        check = lab.learning_check(name, recipe, watch=watch)
     finally:
         lab.free()
     check.seconds = time.perf_counter() - t0
+    check.phases = dict(watch.seconds)
     check.configuration = name
     lab.result.learning = check
     return check

@@ -85,6 +85,7 @@ class LearningCheck:
     evaluated_with: str = ""          # which implementation computed the validation losses
     configuration: str = ""           # which rung's configuration was trained
     seconds: float | None = None      # wall seconds the check took (build, compile, train, judge)
+    phases: dict = field(default_factory=dict)  # where those seconds went: data, build, val, train
 
     def reasons(self) -> list[str]:
         """What failed (empty when it passed); a missing or non-finite loss fails what it is in."""

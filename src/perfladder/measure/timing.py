@@ -259,3 +259,8 @@ class Stopwatch:
             yield
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+def phase(watch: Stopwatch | None, name: str):
+    """``watch(name)``, or a block that records nothing when there is no ``watch``."""
+    return contextlib.nullcontext() if watch is None else watch(name)

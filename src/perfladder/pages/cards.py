@@ -264,7 +264,9 @@ def time_spent(result: LadderResult) -> str:
     if kb is not None:
         parts.append(f"kernel report {kb:.0f} s")
     if learn is not None:
-        parts.append(f"learning check {learn:.0f} s")
+        phases = getattr(result.learning, "phases", None) or {}
+        big = [f"{k} {v:.0f} s" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v >= 0.5]
+        parts.append(f"learning check {learn:.0f} s" + (f" ({', '.join(big)})" if big else ""))
     total = sum(totals.values()) + (kb or 0.0) + (learn or 0.0)
     return (f"this ladder's own time: {total:.0f} s: " + "; ".join(parts)
             + (f"; {untimed} rung(s) without recorded phases" if untimed else ""))

@@ -15,6 +15,7 @@ from torch import nn
 
 from perfladder.data import TimeMachine
 from perfladder.measure.learning import LearningCheck, check_learning, val_threshold
+from perfladder.measure.timing import Stopwatch, phase
 from perfladder.torch.gates import true_fp32
 from perfladder.torch.model import GPT
 
@@ -56,16 +57,21 @@ def reference_val_loss(trained: nn.Module, data: TimeMachine) -> float:
 
 
 def learning_check(step, stream, data: TimeMachine, *, steps: int, window: int = 20,
-                   threshold: float | None = None) -> LearningCheck:
+                   threshold: float | None = None, watch: Stopwatch | None = None) -> LearningCheck:
     """Train ``step`` (a ``TrainStep`` at its initial weights) for ``steps`` steps on ``stream``;
     the validation loss before and after, by the reference model; ``LearningCheck`` asserted
     (``LearningError`` if it fails). ``threshold`` defaults to ``perfladder.measure.learning.val_threshold``
-    of the training split. The training losses stay on the device until the end (one read)."""
+    of the training split. The training losses stay on the device until the end (one read).
+    ``watch`` (a ``Stopwatch``) records the seconds of each part."""
     if threshold is None:
-        threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
-    before = reference_val_loss(step.model, data)
-    losses = [step(*next(stream)) for _ in range(steps)]              # device scalars
-    curve = torch.stack(losses).float().cpu().tolist()                 # one host read
-    after = reference_val_loss(step.model, data)
+        with phase(watch, "data"):
+            threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
+    with phase(watch, "val before"):
+        before = reference_val_loss(step.model, data)
+    with phase(watch, "train"):
+        losses = [step(*next(stream)) for _ in range(steps)]              # device scalars
+        curve = torch.stack(losses).float().cpu().tolist()                 # one host read
+    with phase(watch, "val after"):
+        after = reference_val_loss(step.model, data)
     return check_learning(curve, before, after, threshold=threshold, window=window,
                           evaluated_with=REFERENCE)

@@ -25,7 +25,7 @@ from perfladder.measure.evidence import (
     ProfileSummary,
     Receipt,
 )
-from perfladder.measure.timing import measure_settled
+from perfladder.measure.timing import Stopwatch, measure_settled, phase
 from perfladder.results.record import LadderResult
 from perfladder.torch.device import device_name, probe_roofs, versions
 from perfladder.torch.kernels import time_attention
@@ -241,18 +241,21 @@ class TorchLab:
                                stream_fp32=True, embed=recipe.embed)   # autocast: fp32 stream
         return d
 
-    def learning_check(self, name: str, recipe: Recipe):
+    def learning_check(self, name: str, recipe: Recipe, watch: Stopwatch | None = None):
         """Train ``recipe`` from a fresh init on the learning split; judged on held-out text by
         the reference model (``perfladder.torch.evaluate``). A failed check is returned, not
-        raised: the result records it and the caller decides."""
+        raised: the result records it and the caller decides. ``watch``: seconds per part."""
         from perfladder.measure.learning import LearningError
         from perfladder.torch.evaluate import learning_check
         c = self.config
-        data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
-                           num_val=c.num_val)
-        stream = batches(data, recipe.batch_size, self.device, seed=c.seed + 1000)
+        with phase(watch, "data"):
+            data = TimeMachine(recipe.batch_size, c.num_steps, num_train=c.learn_num_train,
+                               num_val=c.num_val)
+            stream = batches(data, recipe.batch_size, self.device, seed=c.seed + 1000)
+        with phase(watch, "build"):
+            step = self.build_step(recipe)
         try:
-            check = learning_check(self.build_step(recipe), stream, data, steps=c.learn_steps)
+            check = learning_check(step, stream, data, steps=c.learn_steps, watch=watch)
         except LearningError as e:
             check = e.check
         return check
