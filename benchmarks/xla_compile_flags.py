@@ -4,6 +4,7 @@ LLVM compilation spread over threads: the same optimized program (compared as te
     PYTHONPATH=src TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=gpu_compiler=1,nvptx_compiler=1 \
         python3 benchmarks/xla_compile_flags.py
 """
+import sys
 import time
 
 import jax
@@ -11,8 +12,6 @@ import jax
 from perfladder.config import get_config
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.recipe import Recipe
-
-import sys
 
 PARALLEL = {"xla_gpu_force_compilation_parallelism": 16}
 ONLY_DEFAULT = "--once" in sys.argv
