@@ -1,9 +1,10 @@
 """The programs the JAX gates compile: a model's (or a training step's own) loss, logits and
-gradients, as ``perfladder.jax.gates`` compares them.
+gradients, as ``perfladder.jax.gates`` compares them; ``gate_jit`` also compiles the learning
+check's judge (``perfladder.jax.evaluate``).
 
-They are compiled without XLA's GEMM autotuning (``GATE_COMPILE``): a gate needs the arithmetic,
-not the fastest kernels, and on an H200 the ladder's first bf16 gate program spent 55 s of its
-rung autotuning GEMMs at the gate's 8 rows, the shapes no timed step runs. The timed steps are
+They are compiled without XLA's GEMM autotuning (``GATE_COMPILE``): a gate or a judge needs the
+arithmetic, not the fastest kernels, and autotuning times candidate kernels for shapes (the
+gate's 8 rows, the judge's evaluation batch) that no timed step runs. The timed steps are
 compiled as their rungs build them, autotuning included.
 """
 from __future__ import annotations
