@@ -178,6 +178,17 @@ def test_learning_check_and_progress(run, small_run):
     assert [ends[r.name] for r in small.rungs] == small.rungs and ends["B4"].kind == "skipped"
 
 
+def test_each_gate_records_its_seconds_inside_the_gates_phase(run):
+    seen = set()
+    for r in run.result.rungs:
+        secs = r.details.get("seconds") or {}
+        parts = {k: v for k, v in secs.items() if k.startswith("gates/")}
+        if parts:
+            assert sum(parts.values()) <= secs["gates"] + 1e-6, (r.name, secs)
+        seen |= set(parts)
+    assert {"gates/model", "gates/step form", "gates/loss steps", "gates/loss reference"} <= seen
+
+
 def test_results_round_trip(run, small_run, tmp_path):
     res = run.result
     back = LadderResult.read(res.write(tmp_path / "jax.json"))

@@ -338,3 +338,9 @@ def test_time_spent_names_the_learning_checks_costly_parts():
                                                                 "data": 0.2}})()
     line = cards.time_spent(r)
     assert "learning check 50 s (train 26 s, val before 9 s)" in line and "data" not in line
+
+
+def test_a_rungs_seconds_without_a_total_count_gate_parts_once():
+    r = seed_ladder().rungs[1]
+    r.details["seconds"] = {"gates": 10.0, "gates/model": 6.0, "gates/optimizer": 3.0, "time": 5.0}
+    assert cards.rung_seconds(r) == 15.0

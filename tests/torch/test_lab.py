@@ -322,3 +322,15 @@ def test_a_rung_that_raises_is_a_skipped_entry(monkeypatch):
     assert "broken" in r0.details["traceback"] and r0.key == "eager"
     assert res.rung("R3c").measured                        # not profiled: it ran
     assert isinstance(res.rung("R3c"), RungResult) and res.rung("R3c").ratio_base is None
+
+
+def test_each_gate_records_its_seconds_inside_the_gates_phase(ladder_run):
+    """Where a rung's gate time goes: every gate has its own clock, inside the ``gates`` one."""
+    seen = set()
+    for r in ladder_run.result.rungs:
+        secs = r.details.get("seconds") or {}
+        parts = {k: v for k, v in secs.items() if k.startswith("gates/")}
+        if parts:
+            assert sum(parts.values()) <= secs["gates"] + 1e-6, (r.name, secs)
+        seen |= set(parts)
+    assert {"gates/model", "gates/optimizer", "gates/loss steps"} <= seen

@@ -26,6 +26,7 @@ from perfladder.jax.step import TrainStep, make_optimizer, scatter_add_dtypes
 from perfladder.jax.stream import batches
 from perfladder.jax.timer import compile_count
 from perfladder.ladder.rung import Evidence, Given
+from perfladder.measure.timing import Stopwatch, phase
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
 from perfladder.measure.gates import GATE_STEPS, LOSS_RTOL, ReceiptError
@@ -35,13 +36,15 @@ GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its 
 LOSS_TOL = LOSS_RTOL            # the loss gate's tolerance: perfladder.measure.gates says why
 
 
-def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate]:
+def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y,
+                watch: Stopwatch | None = None) -> list[Gate]:
     """The first line, before the step's first call: its model computes the plain fp32 model's
     logits and, through the step's own ``train_step`` (the lab's technique code, compiled),
     its loss and every parameter's gradient (``perfladder.jax.gates.model_gate``, on a few rows
     of a fixed batch); then the optimizer gate of its step form (``step_form_gate``). Not for
     the naive cast, whose bf16-rounded weights are a real model change (its lesson is its
-    receipt), nor for the plain recipe itself."""
+    receipt), nor for the plain recipe itself. ``watch``: each gate's seconds, as
+    ``gates/model`` and ``gates/step form``."""
     plain = Recipe(batch_size=recipe.batch_size)
     if recipe.naive_cast or recipe.replace(jit="nnx") == plain:
         return []
@@ -50,9 +53,12 @@ def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Gate
     # operation of a forward and backward on its own (27 s of the CPU smoke ladder's R2);
     # compiled, the reference is one program for the whole ladder and
     # the candidate one small program per rung
-    return [model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])],
-                       reference_jit=True, step_fn=lab.code["train_step"]).evidence(),
-            step_form_gate(lab, recipe)]
+    with phase(watch, "gates/model"):
+        model = model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])],
+                           reference_jit=True, step_fn=lab.code["train_step"]).evidence()
+    with phase(watch, "gates/step form"):
+        form = step_form_gate(lab, recipe)
+    return [model, form]
 
 
 def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
@@ -181,8 +187,10 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     X, Y = next(stream)
     details = dict(details or {})
     with watch("gates"):
-        gates = model_gates(lab, recipe, step, X, Y) if devices == 1 else [distinct_shards(X)]
-        gates += list(check(step, X, Y)) if check is not None else []
+        gates = model_gates(lab, recipe, step, X, Y, watch) if devices == 1 else [distinct_shards(X)]
+        if check is not None:
+            with watch("gates/checks"):
+                gates += list(check(step, X, Y))
         details["matmul_dtypes"] = matmul_dtypes(lab.code["cast_arrays"](step.model)
                                                  if recipe.naive_cast else step.model, X)
         if evidence:             # before the first call: a split step donates the model's arrays
@@ -190,10 +198,12 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     c0 = compile_count()
     if loss_gate_:
         with watch("gates"):
-            want = reference_losses(lab, recipe.batch_size)     # before the candidate's first call
+            with watch("gates/loss reference"):
+                want = reference_losses(lab, recipe.batch_size)  # before the candidate's first call
             fixed = gate_batches(lab, recipe.batch_size)
             c0 = compile_count()
-            losses = [step(*b) for b in fixed]                  # its first call among them
+            with watch("gates/loss steps"):
+                losses = [step(*b) for b in fixed]              # its first call among them
             gates.append(loss_gate(losses, want, f"the plain bf16 recipe ({reference_recipe(recipe.batch_size)}), "
                                    f"same init, same {len(fixed)} batches", loss_tol))
     else:

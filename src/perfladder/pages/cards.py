@@ -244,9 +244,10 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
 
 
 def rung_seconds(r: RungResult) -> float:
-    """A rung's own wall seconds: its recorded total, else the sum of its phases (0 if none)."""
+    """A rung's own wall seconds: its recorded total, else the sum of its phases (0 if none;
+    ``gates/model`` and the like are parts of ``gates``, not counted twice)."""
     secs = r.details.get("seconds") or {}
-    return secs.get("total", sum(secs.values()))
+    return secs.get("total", sum(v for k, v in secs.items() if "/" not in k))
 
 
 def time_spent(result: LadderResult) -> str:

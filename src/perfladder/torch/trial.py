@@ -27,6 +27,7 @@ from perfladder.ladder.rung import Evidence, Given
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Timing
 from perfladder.measure.gates import GATE_STEPS, LOSS_ATOL
+from perfladder.measure.timing import Stopwatch, phase
 from perfladder.torch.gates import GateError, model_gate, optimizer_gate
 from perfladder.torch.program import arithmetic
 from perfladder.torch.recipe import Recipe
@@ -57,10 +58,13 @@ def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: b
     with watch("build"):
         step = lab.build_step(recipe)
     with watch("gates"):
-        gates = model_gates(lab, step, recipe, optimizer=optimizer_gate_)
-        gates += [check(lab, step, recipe) for check in checks]
+        gates = model_gates(lab, step, recipe, optimizer=optimizer_gate_, watch=watch)
+        if checks:
+            with watch("gates/checks"):
+                gates += [check(lab, step, recipe) for check in checks]
         if loss_gate_:
-            gates.append(loss_gate(lab, step, B))
+            with watch("gates/loss steps"):
+                gates.append(loss_gate(lab, step, B))
     with watch("first call"):
         if "optimizer" not in step.first_call_s:       # nothing above took a whole step
             step(*next(lab.stream(B)))
@@ -92,22 +96,26 @@ def gate_batches(lab, batch_size: int) -> list:
     return cache[batch_size]
 
 
-def model_gates(lab, step, recipe: Recipe, optimizer: bool = True) -> list[Gate]:
+def model_gates(lab, step, recipe: Recipe, optimizer: bool = True,
+                watch: Stopwatch | None = None) -> list[Gate]:
     """The first line: ``step`` computes the plain model's logits, loss and every parameter's
     gradient (``perfladder.torch.gates.model_gate``) against the eager fp32 model of the same
     weights, on a fixed batch of its own shape; with ``optimizer`` (every step form: fused,
     compiled or default AdamW, CUDA graphs), its optimizer step moves every parameter as the
     default AdamW does on the same gradients, over ``GATE_STEPS`` steps (one would hide the
     betas behind Adam's bias correction) on ``GATE_ROWS`` rows. Raises a ``GateError``;
-    returns the evidence."""
+    returns the evidence. ``watch``: each gate's seconds (``gates/model``, ``gates/optimizer``;
+    a compiled step compiles inside the model gate)."""
     plain = Recipe(batch_size=recipe.batch_size)
     if recipe == plain:
         return []
     fixed = gate_batches(lab, recipe.batch_size)
-    out = [model_gate(lab.build_step(plain, plain_code=True), step, fixed[:1]).evidence()]
+    with phase(watch, "gates/model"):
+        out = [model_gate(lab.build_step(plain, plain_code=True), step, fixed[:1]).evidence()]
     if optimizer:
         rows = [(X[:GATE_ROWS], Y[:GATE_ROWS]) for X, Y in fixed]
-        out.append(optimizer_gate(lab.build_step(plain, plain_code=True), step, rows).evidence())
+        with phase(watch, "gates/optimizer"):
+            out.append(optimizer_gate(lab.build_step(plain, plain_code=True), step, rows).evidence())
     lab.free(graphs=False)
     return out
 
