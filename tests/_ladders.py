@@ -184,3 +184,16 @@ class FakeModule:
         lab = FakeLab(config, self.device)
         self.labs.append(lab)
         return LadderRun(lab, self.RUNGS)
+
+
+def gate_clocks(result) -> set[str]:
+    """The per-gate clocks (``gates/...``) a real ladder's rungs recorded, each rung's inside its
+    ``gates`` phase (asserted)."""
+    seen: set[str] = set()
+    for r in result.rungs:
+        secs = r.details.get("seconds") or {}
+        parts = {k: v for k, v in secs.items() if k.startswith("gates/")}
+        if parts:
+            assert sum(parts.values()) <= secs["gates"] + 1e-6, (r.name, secs)
+        seen |= set(parts)
+    return seen

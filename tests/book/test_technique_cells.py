@@ -27,8 +27,8 @@ def library_code(framework: str) -> dict:
     if framework == "torch":
         from perfladder.torch.lab import LIBRARY_CODE
         return LIBRARY_CODE
-    from perfladder.jax.step import CODE
-    return CODE
+    from perfladder.jax.lab import LIBRARY_CODE
+    return LIBRARY_CODE
 
 
 def library_changes(framework: str) -> dict:

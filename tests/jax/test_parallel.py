@@ -43,7 +43,14 @@ out["fsdp_specs"] = shardings_of(m)
 Xs, _ = next(batches(lab.data, 8, sharding=batch_sharding(mesh)))
 out["stream_shards"] = sorted(tuple(s.data.shape) for s in Xs.addressable_shards)
 run = Ladder(cfg)
-out["r5"] = run.run("R5").to_dict()
+placed = []
+
+def page_place_state(mesh, *nodes, fsdp=False):      # a page's own cell: the library's, counted
+    placed.append((mesh.devices.size, fsdp))
+    place_state(mesh, *nodes, fsdp=fsdp)
+
+out["r5"] = run.run("R5", place_state=page_place_state).to_dict()
+out["placed_by_the_page"] = placed
 print("RESULT" + json.dumps(out))
 '''
 
@@ -97,6 +104,7 @@ def test_r5_measures_after_writing_down_its_prediction(four_devices):
     assert p["assumptions"]["single_device_source"] == "measured here on one device"
     assert r5["profile"]["device_ms"] > 0 and r5["receipt"]["observed"]["logits"] == "float32"
     assert stdout.index("R5 jax predict k=4") < stdout.index("RESULT")
+    assert out["placed_by_the_page"] and all(p == [4, False] for p in out["placed_by_the_page"])
 
 
 def test_fsdp_spec_by_hand():

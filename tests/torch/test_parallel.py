@@ -15,16 +15,25 @@ from perfladder.measure.timing import settles
 from perfladder.results.record import LadderResult, RungResult
 from perfladder.torch import RUNGS, TorchLab
 from perfladder.torch.parallel import launch as ddp
+from perfladder.torch.parallel import worker
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs import multigpu as mg
 
 CFG = get_config("smoke")
 
 
+def page_parallelize(model, parallel, device):
+    """A page's own cell (sent to the ranks as source): DDP as the library's wraps it."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return DDP(model)
+
+
 def test_gloo_two_ranks_hold_identical_parameters_after_a_step(tmp_path):
     res = ddp.data_parallel_tokens(2, CFG, "seed", parallel="ddp", backend="gloo", check_steps=1,
-                                   bench_allreduce=False, out_dir=tmp_path, timeout=300)
+                                   bench_allreduce=False, out_dir=tmp_path, timeout=300,
+                                   parallelize=page_parallelize)
     r0, r1 = res["ranks"]
+    assert r0["parallelize"] == r1["parallelize"] == f"{worker.PAGE_MODULE}.page_parallelize"
     assert (r0["rank"], r1["rank"], r0["world_size"]) == (0, 1, 2)
     assert r0["first_batch_digest"] != r1["first_batch_digest"]      # each rank saw its own data
     assert r0["batch_digests"] == r1["batch_digests"] and len(set(r0["batch_digests"])) == 2   # checked
@@ -170,3 +179,25 @@ def test_rank_cli_sets_switches_on_the_fast_form():
     assert not Recipe.from_dict(ddp.spec_from_args(args)["recipe"]).compiled
     with pytest.raises(SystemExit, match="--batch applies to --form fast"):
         ddp.spec_from_args(argparse.Namespace(**{**vars(args), "form": "seed", "no_compile": False}))
+
+
+def test_a_rank_runs_the_parallelize_it_is_sent_and_the_librarys_otherwise():
+    """The page's function travels as source and is what the rank calls (here one that wraps
+    nothing, so the step trains the bare GPT); the library's own is not sent."""
+    def no_wrap(model, parallel, device):
+        return model
+    cpu = torch.device("cpu")
+    spec = ddp.make_spec(CFG, "seed", parallel="ddp", backend="gloo", parallelize=no_wrap)
+    assert spec["parallelize"]["name"] == "no_wrap" and "return model" in spec["parallelize"]["source"]
+    model, step, _, _ = worker.build(spec, cpu, 0)
+    assert model.wrapped_by == f"{worker.PAGE_MODULE}.no_wrap" and step.model is model
+    lib = ddp.make_spec(CFG, "seed", parallel="none", backend="gloo",
+                        parallelize=TorchLab(CFG).code["parallelize"])
+    assert lib["parallelize"] is None
+    assert worker.build(lib, cpu, 0)[0].wrapped_by == "perfladder.torch.parallel.worker.parallelize"
+
+
+@pytest.mark.parametrize("fn", [lambda m, p, d: m, print])
+def test_a_parallelize_without_source_is_refused_in_one_line(fn):
+    with pytest.raises(ValueError, match="cannot be sent to the ranks: give a function defined with def"):
+        ddp.make_spec(CFG, "seed", parallelize=fn)

@@ -4,8 +4,8 @@
 versions, one on-device batch stream per batch size (continued from rung to rung, so no
 batch is ever timed twice), how a ``Recipe`` becomes a model, its AdamW and a step, how a
 step is timed (``measure``), profiled (``profile``) and planned by the compiler (``plan``),
-and which technique code steps are built from (``code``: ``perfladder.jax.step.CODE``;
-``use(name=fn)`` swaps in a reader's own version for this and every later step, while the
+and which technique code steps are built from (``code``: ``LIBRARY_CODE``, the step's
+``perfladder.jax.step.CODE`` and R5's ``place_state``; ``use(name=fn)`` swaps in a reader's own version for this and every later step, while the
 gates' references keep the library's).
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for
 from perfladder.jax.device import device_name, has_gpu, versions
 from perfladder.jax.model import GPT
+from perfladder.jax.parallel.layout import place_state
 from perfladder.jax.program import planned_temp_bytes
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
@@ -38,6 +39,9 @@ from perfladder.measure.evidence import (
 from perfladder.measure.learning import LearningCheck
 from perfladder.measure.timing import Stopwatch, Throughput, measure_settled, phase
 from perfladder.results.record import LadderResult
+
+# the techniques a page may hand the lab (``use``): the step's, and R5's layout of the state
+LIBRARY_CODE = {**CODE, "place_state": place_state}
 
 EAGER_WINDOWS = 2        # R0 is a price list, not a baseline: two short windows settle it
 EAGER_MAX_WINDOWS = 4    # ... and it gives up early (an un-jitted step is slow)
@@ -91,7 +95,7 @@ class JaxLab:
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
             roofs=roofs, notes=notes)
         self._streams: dict[int, Batches] = {}
-        self.code = dict(CODE)
+        self.code = dict(LIBRARY_CODE)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
 
     def _check_flops(self) -> str:
@@ -173,9 +177,9 @@ class JaxLab:
 
     def use(self, **code) -> None:
         """Build this and every later step with these technique functions (by name)."""
-        unknown = sorted(set(code) - set(CODE))
+        unknown = sorted(set(code) - set(LIBRARY_CODE))
         if unknown:
-            raise ValueError(f"no technique named {', '.join(unknown)}; valid choices: {', '.join(CODE)}")
+            raise ValueError(f"no technique named {', '.join(unknown)}; valid choices: {', '.join(LIBRARY_CODE)}")
         bad = [k for k, f in code.items() if not callable(f)]
         if bad:
             raise TypeError(f"technique {bad[0]}={code[bad[0]]!r} must be a function")

@@ -26,10 +26,10 @@ from perfladder.jax.step import TrainStep, make_optimizer, scatter_add_dtypes
 from perfladder.jax.stream import batches
 from perfladder.jax.timer import compile_count
 from perfladder.ladder.rung import Evidence, Given
-from perfladder.measure.timing import Stopwatch, phase
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
 from perfladder.measure.gates import GATE_STEPS, LOSS_RTOL, ReceiptError
+from perfladder.measure.timing import Stopwatch, phase
 
 __all__ = ["trial", "loss_gate", "LOSS_TOL", "GATE_STEPS"]
 GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its cost, not its power)

@@ -30,12 +30,14 @@ from perfladder.results.record import LadderResult
 from perfladder.torch.device import device_name, probe_roofs, versions
 from perfladder.torch.kernels import time_attention
 from perfladder.torch.model import GPT, checkpoint_block
+from perfladder.torch.parallel.worker import parallelize
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.step import CODE, TrainStep, make_step
 from perfladder.torch.stream import batches
 from perfladder.torch.timer import throughput
 
-LIBRARY_CODE = {**CODE, "checkpoint_block": checkpoint_block, "time_attention": time_attention}
+LIBRARY_CODE = {**CODE, "checkpoint_block": checkpoint_block, "time_attention": time_attention,
+                "parallelize": parallelize}
 
 
 class TorchLab:

@@ -52,7 +52,7 @@ def fsdp_spec(shape, k: int) -> P:
 
 
 def place_state(mesh, *nodes, fsdp: bool = False) -> None:
-    """Lay out the arrays of ``nodes`` (model, optimizer) on ``mesh``, in place.
+    """R5: lay out the arrays of ``nodes`` (model, optimizer) on ``mesh``, in place.
 
     ``fsdp=False``: every array replicated (data parallelism). ``fsdp=True``: every array
     sharded along its largest ``k``-divisible dimension (parameters and Adam moments alike).

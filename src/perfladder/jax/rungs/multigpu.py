@@ -21,7 +21,6 @@ from perfladder.jax.parallel.layout import (
     batch_sharding,
     make_data_mesh,
     peak_mem_bytes,
-    place_state,
 )
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.stream import batches
@@ -75,7 +74,7 @@ def sharded(lab: JaxLab, given: Given, fsdp: bool) -> Evidence:
     stream = batches(lab.data, k * recipe.batch_size, seed=lab.config.seed + STREAM_SEED_OFFSET,
                      sharding=batch_sharding(mesh))
     ev = trial(lab, given, stream=stream, devices=k, prediction=pred,
-               place=lambda model, opt: place_state(mesh, model, opt, fsdp=fsdp))
+               place=lambda model, opt: lab.code["place_state"](mesh, model, opt, fsdp=fsdp))
     rate = statistics.median(ev.timing.settled_windows)
     pred.predicted_tokens_per_s = at_k.predicted_tokens_per_s
     pred.measured_tokens_per_s = rate

@@ -15,11 +15,13 @@ On several machines, start ``torchrun --nnodes N ... -m perfladder.torch.paralle
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from perfladder.checks import check_int
@@ -34,6 +36,7 @@ from perfladder.results.record import LadderResult
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.model import EMBEDS
 from perfladder.torch.parallel.worker import PARALLELS
+from perfladder.torch.parallel.worker import parallelize as library_parallelize
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs.beyond import BEYOND
 from perfladder.torch.rungs.seed import SEED
@@ -95,8 +98,10 @@ def recipe_for(config: LadderConfig, form: str, recipe=None) -> Recipe:
 def make_spec(config: LadderConfig, form: str = "fast", recipe=None, *, parallel: str = "ddp",
               backend: str = "gloo", warmup: int | None = None, timed: int | None = None,
               windows: int | None = None, settle: bool = False, check_steps: int = 0,
-              bench_allreduce: bool = True) -> dict:
-    """Everything a rank needs, as plain JSON-able data."""
+              bench_allreduce: bool = True, parallelize=None) -> dict:
+    """Everything a rank needs, as plain JSON-able data. ``parallelize``: the function that wraps
+    each rank's model (``worker.parallelize``'s signature); its source travels in the spec unless
+    it is the library's own."""
     if parallel not in PARALLELS:
         raise ValueError(f"parallel={parallel!r} is not valid; valid choices: {PARALLELS}")
     if backend not in BACKENDS:
@@ -108,7 +113,24 @@ def make_spec(config: LadderConfig, form: str = "fast", recipe=None, *, parallel
             "timed": config.timed if timed is None else timed,
             "windows": config.windows if windows is None else windows,
             "settle": bool(settle), "check_steps": int(check_steps),
-            "bench_allreduce": bool(bench_allreduce)}
+            "bench_allreduce": bool(bench_allreduce), "parallelize": shipped_source(parallelize)}
+
+
+def shipped_source(fn) -> dict | None:
+    """``{'name', 'source'}`` of a ``parallelize`` function for the ranks (None for the
+    library's): they run in other processes, so the function goes as its source, which each
+    rank compiles."""
+    if fn is None or fn is library_parallelize:
+        return None
+    name = getattr(fn, "__name__", "")
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        source = None
+    if not callable(fn) or not name.isidentifier() or source is None:
+        raise ValueError(f"parallelize={fn!r} cannot be sent to the ranks: give a function "
+                         "defined with def in a file or a notebook cell (its source is what they run)")
+    return {"name": name, "source": source}
 
 
 # -- the launcher ---------------------------------------------------------------------------------
@@ -206,7 +228,8 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
                          parallel: str = "ddp", backend: str | None = None,
                          warmup: int | None = None, timed: int | None = None,
                          windows: int | None = None, settle: bool = False, check_steps: int = 0,
-                         bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0) -> dict:
+                         bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0,
+                         parallelize=None) -> dict:
     """Launch ``k`` ranks of ``form`` (``parallel`` 'ddp' | 'fsdp2' | 'none') and sum them.
 
     Returns ``{'k', 'nodes', 'ranks', 'num_params', 'bus_bw_measured', 'timing' (a ``Timing``),
@@ -219,7 +242,7 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
     check_k(k, backend)
     spec = make_spec(config, form, recipe, parallel=parallel, backend=backend, warmup=warmup,
                      timed=timed, windows=windows, settle=settle, check_steps=check_steps,
-                     bench_allreduce=bench_allreduce)
+                     bench_allreduce=bench_allreduce, parallelize=parallelize)
     with work_folder(out_dir, "perfladder_ddp_") as where:   # the ranks' logs, records, parameters
         ranks, _ = launch(spec, k, where, timeout)
     res = summarize(ranks, spec)

@@ -54,8 +54,10 @@ def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
 def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
             parallel: str = "ddp", baseline: Baseline | None = None, link=None,
             backend: str | None = None, warmup: int | None = None, timed: int | None = None,
-            windows: int | None = None, out_dir=None, timeout: float = 900.0):
-    """``k`` ranks of ``form`` under ``parallel`` ('ddp' | 'fsdp2' | 'none'), predicted first.
+            windows: int | None = None, out_dir=None, timeout: float = 900.0,
+            parallelize=None):
+    """``k`` ranks of ``form`` under ``parallel`` ('ddp' | 'fsdp2' | 'none'), predicted first;
+    ``parallelize``: the function each rank wraps its model with (default: the library's).
 
     ``parallel='none'`` is the control (mechanism 'independent'): the ranks run the bare
     single-device step side by side; no prediction (there is no communication to price).
@@ -80,7 +82,8 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
         costmodel.announce([pred], label=f"R5 torch {parallel} {form}")    # before the launch
     try:
         res = data_parallel_tokens(k, config, form, recipe, parallel=parallel, backend=backend,
-                                   out_dir=out_dir, timeout=timeout, **timing)
+                                   out_dir=out_dir, timeout=timeout,
+                                   parallelize=parallelize, **timing)
     except RuntimeError as e:
         what = "FSDP2 (fully_shard) did not run here" if parallel == "fsdp2" else "launch failed"
         return not_measured(status="skipped" if parallel == "fsdp2" else "failed",

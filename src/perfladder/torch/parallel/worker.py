@@ -9,7 +9,10 @@ The spec (a dict, JSON on disk) says:
 * ``parallel`` -- ``'ddp'`` (``DistributedDataParallel``), ``'fsdp2'`` (``fully_shard`` on
   every block and the root), or ``'none'`` (the single-device baseline, one rank);
 * timing (``warmup``, ``timed``, ``windows``), ``settle`` (re-measure an unsettled
-  baseline once), ``check_steps`` (take steps and save parameters instead of timing).
+  baseline once), ``check_steps`` (take steps and save parameters instead of timing);
+* ``parallelize`` (optional) -- ``{'name', 'source'}`` of the function that wraps the model,
+  when it is not this module's ``parallelize``: the page's own cell, which every rank compiles and runs
+  (``technique``), so an edit on the page is what the ranks measure.
 
 Every rank builds the same GPT from the same seed and streams its *own* batches (weak
 scaling). Rank 0 gathers every rank's record and writes ``ranks.json``; with several nodes
@@ -28,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 PARALLELS = ("ddp", "fsdp2", "none")
+PAGE_MODULE = "page"        # the module a shipped function's source is compiled as
 
 
 def allreduce_bus_bw(numel: int, device, iters: int = 5, warmup: int = 2) -> float:
@@ -77,8 +81,10 @@ def _local_params(model):
         yield p.to_local() if hasattr(p, "to_local") else p
 
 
-def wrap(model, parallel: str, device):
-    """``model`` made data-parallel the ``parallel`` way (in place for FSDP2)."""
+def parallelize(model, parallel, device):
+    """R5: ``model`` made data-parallel the ``parallel`` way: DDP
+    all-reduces the gradients after backward; FSDP2 shards parameters,
+    gradients and optimizer state over the ranks (in place)."""
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -90,7 +96,21 @@ def wrap(model, parallel: str, device):
         return model
     if parallel == "none":
         return model
-    raise ValueError(f"parallel={parallel!r} is not valid; valid choices: {PARALLELS}")
+    raise ValueError(f"parallel={parallel!r} is not valid; "
+                     "valid choices: ('ddp', 'fsdp2', 'none')")
+
+
+def technique(shipped: dict | None):
+    """The ``parallelize`` function ``spec['parallelize']`` ships (its source compiled here), or
+    this module's."""
+    if shipped is None:
+        return parallelize
+    env: dict = {"__name__": PAGE_MODULE}
+    exec(compile(shipped["source"], f"<the page's {shipped['name']}>", "exec"), env)
+    fn = env.get(shipped["name"])
+    if not callable(fn):
+        raise ValueError(f"the shipped source defines no function {shipped['name']!r}")
+    return fn
 
 
 def build(spec: dict, device, rank: int):
@@ -107,7 +127,9 @@ def build(spec: dict, device, rank: int):
     torch.manual_seed(cfg.seed)                          # identical initial weights on every rank
     gpt_cfg = cfg.gpt(vocab_size=len(data.vocab))
     model = GPT(gpt_cfg, **recipe.model_kw()).to(device)
-    wrapped = wrap(model, spec["parallel"], device)
+    fn = technique(spec.get("parallelize"))
+    wrapped = fn(model, spec["parallel"], device)
+    model.wrapped_by = f"{fn.__module__}.{fn.__name__}"   # the rank's record says which ran
     opt = make_optimizer(wrapped, cfg.lr, recipe.optimizer)
     step = make_step(wrapped, opt, device_type=device.type, **recipe.step_kw())
     stream = batches(data, recipe.batch_size, device, seed=cfg.seed + 1000 + rank)  # own data
@@ -133,6 +155,7 @@ def worker(spec: dict, out: Path) -> None:
         world = dist.get_world_size()
         info = {"rank": rank, "local_rank": local, "world_size": world, "host": socket.gethostname(),
                 "backend": backend, "parallel": spec["parallel"], "device": str(device),
+                "parallelize": model.wrapped_by,
                 "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 "num_params": num_params, "init_digest": _digest(_flat_params(model))}
         if spec["bench_allreduce"] and world > 1:

@@ -59,7 +59,7 @@ def data_parallel(lab: TorchLab, given: Given, *, form: str, parallel: str) -> E
     for k in ks:
         lab.reset_memory()                               # hand the ranks the parent's cache
         runs.append(dataparallel.measure(k, lab.config, form, per_rank, parallel=parallel,
-                                         baseline=baseline, link=link))
+                                         baseline=baseline, link=link, parallelize=lab.code["parallelize"]))
     m = runs[-1]
     details = {"runs": [r.to_dict() | {"ranks": []} for r in runs],
                "not_carried_under_ddp": dropped}
