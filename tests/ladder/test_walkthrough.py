@@ -47,8 +47,8 @@ def test_the_walkthrough_adds_a_rung_to_both_frameworks_touching_only_what_it_na
         with open(tree / rel, "a") as f:
             f.write("\n\n" + code)
     change = blocks[1][1].split("CHANGES[")[0].rstrip()           # the function of step 2
-    add_cell(tree / NAMED[5], change + '\n\n\npage.run("B15", change=batch_x8)', before='page.run("R5")')
-    add_cell(tree / NAMED[6], change + '\n\n\npage.run("B9", change=batch_x8)', before='page.run("R5")')
+    add_cell(tree / NAMED[5], change + '\n\n\npage.run("B15", change=batch_x8)', before='page.run("R5"')
+    add_cell(tree / NAMED[6], change + '\n\n\npage.run("B9", change=batch_x8)', before='page.run("R5"')
     touched = {str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and p.read_bytes() != before.get(p)}
     assert touched == set(NAMED)
 
