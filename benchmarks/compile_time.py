@@ -27,6 +27,10 @@ def torch_part() -> None:
     from perfladder.torch.lab import TorchLab
     from perfladder.torch.recipe import Recipe
 
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
     print("inductor compile_threads:", ic.compile_threads, flush=True)
     lab = TorchLab(get_config(CONFIG))
     for i, recipe in enumerate([Recipe(64, compiled=True),
@@ -39,7 +43,7 @@ def torch_part() -> None:
         if prof:
             prof.enable()
         step(X, Y)
-        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        sync()
         if prof:
             prof.disable()
         print(f"\n== torch {recipe}: first call {time.perf_counter() - t0:.1f} s"
@@ -51,10 +55,10 @@ def torch_part() -> None:
             print(s.getvalue()[:12000], flush=True)
         t0 = time.perf_counter()
         step(X, Y)
-        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        sync()
         print(f"second call {time.perf_counter() - t0:.3f} s", flush=True)
         del step
-        lab.free() if hasattr(lab, "free") else None
+        lab.reset_memory()
 
 
 def jax_part() -> None:
