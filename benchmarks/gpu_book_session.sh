@@ -2,7 +2,8 @@
 # Rebuild the book with the full config on a GPU machine, in the background, and gather the evidence.
 #
 #   benchmarks/gpu_book_session.sh start    # launches the job in its own process session
-#   benchmarks/gpu_book_session.sh wait N   # waits up to N seconds, then reports
+#   benchmarks/gpu_book_session.sh wait N [DIR]  # waits up to N seconds, reports (and packs
+#                                                # what the job has so far into DIR)
 #   benchmarks/gpu_book_session.sh collect DIR   # packs logs, results and HTML into DIR
 #
 # The job: the device probe (matmul and copy ceilings) and `make book` (scripts/setup.sh
@@ -26,6 +27,16 @@ running() {   # the PID of a job that is still running, or nothing
   [ -f "$JOB/t1" ] && return 0
   kill -0 "$pid" 2>/dev/null && echo "$pid"
   return 0
+}
+collect() {   # DIR: pack what the job has so far (logs, results, executed notebooks, HTML) into DIR
+  local out=$1; mkdir -p "$out"
+  [ -n "$(running)" ] && echo "$0: job $(cat "$JOB/id" 2>/dev/null) is still running: collecting what it has so far" >&2
+  cp "$JOB/id" "$out/job_id" 2>/dev/null
+  cp "$JOB"/device.json "$JOB"/status "$out"/ 2>/dev/null
+  tar czf "$out/evidence.tgz" -C "$JOB" . 2>/dev/null
+  [ -d "$TREE/_build/html" ] && tar czf "$out/html.tgz" -C "$TREE/_build" html
+  [ -d "$TREE/_build/results" ] && tar czf "$out/results.tgz" -C "$TREE/_build" results jupyter_execute 2>/dev/null
+  ls -la "$out"
 }
 case "${1:-}" in
   start)
@@ -89,16 +100,12 @@ case "${1:-}" in
     if [ -f "$JOB/t1" ]; then echo "DONE"
     elif [ -n "$(running)" ]; then echo "RUNNING"
     else echo "STOPPED (the job ended without finishing: see $JOB/book.log)"; fi
+    # DIR: pack what the job has so far, so that a wait that is the last call to reach this
+    # machine still brings back every file finished by then (a ladder's JSON, the logs)
+    if [ -n "${3:-}" ]; then collect "$3" > /dev/null; fi
     ;;
   collect)
-    out=${2:?collect DIR}; mkdir -p "$out"
-    [ -n "$(running)" ] && echo "$0: job $(cat "$JOB/id" 2>/dev/null) is still running: collecting what it has so far" >&2
-    cp "$JOB/id" "$out/job_id" 2>/dev/null
-    cp "$JOB"/device.json "$JOB"/status "$out"/ 2>/dev/null
-    tar czf "$out/evidence.tgz" -C "$JOB" . 2>/dev/null
-    [ -d "$TREE/_build/html" ] && tar czf "$out/html.tgz" -C "$TREE/_build" html
-    [ -d "$TREE/_build/results" ] && tar czf "$out/results.tgz" -C "$TREE/_build" results jupyter_execute
-    ls -la "$out"
+    collect "${2:?collect DIR}"
     ;;
-  *) echo "usage: $0 start | wait SECONDS | collect DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 start | wait SECONDS [DIR] | collect DIR" >&2; exit 2 ;;
 esac

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tarfile
 import sys
 import time
 from pathlib import Path
@@ -183,6 +184,21 @@ def test_the_gpu_session_refuses_to_start_over_a_running_job(tmp_path):
         w = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_book_session.sh"), "wait", "0"],
                            env=env, capture_output=True, text=True, timeout=60)
         assert "job 2026-01-01T00:00:00Z" in w.stdout and w.stdout.strip().endswith("RUNNING")
+        assert w.returncode == 0
+        # a wait given a folder also packs what the job has so far: a ladder's JSON written
+        # mid-build comes back even if no later call reaches the machine
+        (tree / "_build" / "results").mkdir(parents=True)
+        (tree / "_build" / "results" / "torch.json").write_text("{}")
+        (job / "book.log").write_text("the torch notebook ran\n")
+        packed = tmp_path / "packed"
+        w = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_book_session.sh"), "wait", "0",
+                            str(packed)], env=env, capture_output=True, text=True, timeout=60)
+        assert w.returncode == 0 and w.stdout.strip().endswith("RUNNING"), w.stderr
+        assert "still running: collecting what it has so far" in w.stderr
+        with tarfile.open(packed / "results.tgz") as t:
+            assert "results/torch.json" in t.getnames()
+        with tarfile.open(packed / "evidence.tgz") as t:
+            assert "./book.log" in t.getnames()
     finally:
         runner.kill()
         runner.wait()
