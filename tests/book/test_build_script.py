@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import tarfile
 import sys
+import tarfile
 import time
 from pathlib import Path
 
