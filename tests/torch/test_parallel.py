@@ -189,12 +189,14 @@ def test_a_rank_runs_the_parallelize_it_is_sent_and_the_librarys_otherwise():
     cpu = torch.device("cpu")
     spec = ddp.make_spec(CFG, "seed", parallel="ddp", backend="gloo", parallelize=no_wrap)
     assert spec["parallelize"]["name"] == "no_wrap" and "return model" in spec["parallelize"]["source"]
-    model, step, _, _ = worker.build(spec, cpu, 0)
-    assert model.wrapped_by == f"{worker.PAGE_MODULE}.no_wrap" and step.model is model
+    wrap = worker.technique(spec["parallelize"])
+    model, step, _, _ = worker.build(spec, cpu, 0, wrap)
+    assert worker.technique_name(wrap) == f"{worker.PAGE_MODULE}.no_wrap" and step.model is model
     lib = ddp.make_spec(CFG, "seed", parallel="none", backend="gloo",
                         parallelize=TorchLab(CFG).code["parallelize"])
     assert lib["parallelize"] is None
-    assert worker.build(lib, cpu, 0)[0].wrapped_by == "perfladder.torch.parallel.worker.parallelize"
+    assert worker.technique_name(worker.technique(lib["parallelize"])) == \
+        "perfladder.torch.parallel.worker.parallelize"
 
 
 @pytest.mark.parametrize("fn", [lambda m, p, d: m, print])

@@ -5,8 +5,8 @@ versions, one on-device batch stream per batch size (continued from rung to rung
 batch is ever timed twice), how a ``Recipe`` becomes a model, its AdamW and a step, how a
 step is timed (``measure``), profiled (``profile``) and planned by the compiler (``plan``),
 and which technique code steps are built from (``code``: ``LIBRARY_CODE``, the step's
-``perfladder.jax.step.CODE`` and R5's ``place_state``; ``use(name=fn)`` swaps in a reader's own version for this and every later step, while the
-gates' references keep the library's).
+``perfladder.jax.step.CODE`` and R5's ``place_state``; ``use(name=fn)`` swaps in a reader's own
+version for this and every later step, while the gates' references keep the library's).
 """
 from __future__ import annotations
 

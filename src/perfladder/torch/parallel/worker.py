@@ -11,8 +11,8 @@ The spec (a dict, JSON on disk) says:
 * timing (``warmup``, ``timed``, ``windows``), ``settle`` (re-measure an unsettled
   baseline once), ``check_steps`` (take steps and save parameters instead of timing);
 * ``parallelize`` (optional) -- ``{'name', 'source'}`` of the function that wraps the model,
-  when it is not this module's ``parallelize``: the page's own cell, which every rank compiles and runs
-  (``technique``), so an edit on the page is what the ranks measure.
+  when it is not this module's ``parallelize``: the page's own cell, which every rank compiles
+  and runs (``technique``), so an edit on the page is what the ranks measure.
 
 Every rank builds the same GPT from the same seed and streams its *own* batches (weak
 scaling). Rank 0 gathers every rank's record and writes ``ranks.json``; with several nodes
@@ -113,8 +113,14 @@ def technique(shipped: dict | None):
     return fn
 
 
-def build(spec: dict, device, rank: int):
-    """``(model, step, stream, num_params)`` for this rank, as ``spec`` describes."""
+def technique_name(fn) -> str:
+    """Which function wrapped a rank's model, for its record: ``page.<name>`` for a shipped one."""
+    return f"{fn.__module__}.{fn.__name__}"
+
+
+def build(spec: dict, device, rank: int, wrap=None):
+    """``(model, step, stream, num_params)`` for this rank, as ``spec`` describes; ``wrap``: the
+    ``parallelize`` function to use (default: ``technique(spec['parallelize'])``)."""
     from perfladder.config import LadderConfig, expected_num_params
     from perfladder.data import TimeMachine
     from perfladder.torch.model import GPT
@@ -127,9 +133,8 @@ def build(spec: dict, device, rank: int):
     torch.manual_seed(cfg.seed)                          # identical initial weights on every rank
     gpt_cfg = cfg.gpt(vocab_size=len(data.vocab))
     model = GPT(gpt_cfg, **recipe.model_kw()).to(device)
-    fn = technique(spec.get("parallelize"))
-    wrapped = fn(model, spec["parallel"], device)
-    model.wrapped_by = f"{fn.__module__}.{fn.__name__}"   # the rank's record says which ran
+    wrap = technique(spec.get("parallelize")) if wrap is None else wrap
+    wrapped = wrap(model, spec["parallel"], device)
     opt = make_optimizer(wrapped, cfg.lr, recipe.optimizer)
     step = make_step(wrapped, opt, device_type=device.type, **recipe.step_kw())
     stream = batches(data, recipe.batch_size, device, seed=cfg.seed + 1000 + rank)  # own data
@@ -151,11 +156,12 @@ def worker(spec: dict, out: Path) -> None:
     dist.init_process_group(backend)
     try:
         torch.set_float32_matmul_precision("high")       # fp32 matmuls as TF32 on CUDA
-        model, step, stream, num_params = build(spec, device, rank)
+        wrap = technique(spec.get("parallelize"))
+        model, step, stream, num_params = build(spec, device, rank, wrap)
         world = dist.get_world_size()
         info = {"rank": rank, "local_rank": local, "world_size": world, "host": socket.gethostname(),
                 "backend": backend, "parallel": spec["parallel"], "device": str(device),
-                "parallelize": model.wrapped_by,
+                "parallelize": technique_name(wrap),
                 "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 "num_params": num_params, "init_digest": _digest(_flat_params(model))}
         if spec["bench_allreduce"] and world > 1:
