@@ -44,3 +44,19 @@ def test_gate_programs_are_compiled_with_the_gate_options(monkeypatch):
     run = gp.gate_jit(lambda m, X: m(X).sum())                # jax.jit is looked up here
     assert float(run(model(), X)) == want
     assert seen == [gp.GATE_COMPILE] and gp.GATE_COMPILE == {"xla_gpu_autotune_level": 0}
+
+
+def test_a_model_gate_compiled_ahead_compiles_nothing_when_it_runs():
+    from perfladder.jax.gates import model_gate, model_gate_programs
+    X, Y = fixed(3)[0]                     # a batch no other test here compiles for
+    # the gate's own op-by-op work (clones, probe weights) compiles its operations once per
+    # process: a gate at another batch size runs it first
+    model_gate(model(), model(), fixed(2), reference_jit=True, step_fn=train_step)
+    reference, candidate = model(), model()
+    before = compile_count()
+    for job in model_gate_programs(reference, candidate, X, Y, step_fn=train_step):
+        job()
+    assert compile_count() == before + 2                   # the reference's and the candidate's ...
+    before = compile_count()
+    res = model_gate(reference, candidate, [(X, Y)], reference_jit=True, step_fn=train_step)
+    assert res.passed and compile_count() == before        # ... everything the gate then runs

@@ -184,6 +184,23 @@ def test_each_gate_records_its_seconds_inside_the_gates_phase(run):
     assert want <= gate_clocks(run.result)
 
 
+def test_jitted_rungs_compile_their_step_with_the_model_gates_programs_beside_it(run):
+    res = run.result
+    assert "compile" not in res.rung("R0").details["seconds"]            # nothing to compile
+    for r in res.rungs:
+        if r.measured and r.name != "R0" and r.name not in MULTI:
+            beside = r.details["compiled beside the step"]
+            assert "compile" in r.details["seconds"] and "error" not in beside, r.name
+            assert r.compile.first_call_s > 0 and r.compile.compilations >= 1
+    # R2 is the first rung with a model gate: its two programs and the step-form gate's
+    # reference step were compiled beside its step; later rungs find that reference run
+    # already; R2a (the naive cast) has no model gate, so nothing beside it
+    beside = res.rung("R2").details["compiled beside the step"]
+    assert beside["jobs"] == 3 and beside["compilations"] >= 3
+    assert res.rung("R3").details["compiled beside the step"]["jobs"] == 2
+    assert res.rung("R2a").details["compiled beside the step"]["jobs"] == 0
+
+
 def test_results_round_trip(run, small_run, tmp_path):
     res = run.result
     back = LadderResult.read(res.write(tmp_path / "jax.json"))

@@ -293,3 +293,31 @@ def test_bad_arguments(monkeypatch, kw, name):
     dev = FakeDevice([0.1] * 20)
     with pytest.raises(ValueError, match=name.replace("(", r"\(")):
         run(dev, monkeypatch, **kw)
+
+
+# -- window_s: a slow step gets shorter windows, priced by a pilot after the warm-up -------------
+def test_window_s_shortens_the_windows_of_a_slow_step_after_a_synced_pilot(monkeypatch):
+    dev = FakeDevice([0.5] * 200)                  # 0.5 s per step: 20 steps would take 10 s
+    tp = run(dev, monkeypatch, warmup=2, timed=20, windows=3, window_s=2.0)
+    assert tp.steps_per_window == 4 and tp.seconds == pytest.approx([2.0] * 3)
+    assert tp.extra["pilot"] == {"steps": 3, "step_s": pytest.approx(0.5), "window_s": 2.0,
+                                 "timed_asked": 20}
+    syncs = [n for kind, n in dev.log if kind == "sync"]
+    assert syncs == [2, 5, 9, 13, 17]              # warm-up, pilot, then each 4-step window
+    assert tp.tokens_per_window == 4 * TOKENS and tp.warmup == 2 + 3     # the pilot warmed up too
+    from perfladder.measure.evidence import Timing
+    assert Timing.of(tp).window_s == 2.0 and Timing.of(run(FakeDevice([0.1] * 50), monkeypatch)).window_s is None
+
+
+def test_window_s_never_lengthens_a_window_nor_cuts_it_below_the_minimum(monkeypatch):
+    fast = run(FakeDevice([0.01] * 200), monkeypatch, timed=5, window_s=2.0)
+    assert fast.steps_per_window == 5 and fast.extra["pilot"]["timed_asked"] == 5
+    slow = run(FakeDevice([3.0] * 200), monkeypatch, timed=5, window_s=2.0)
+    assert slow.steps_per_window == timing.MIN_WINDOW_STEPS
+    assert "pilot" not in run(FakeDevice([0.5] * 200), monkeypatch, timed=20).extra   # off by default
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "2"])
+def test_window_s_must_be_positive_seconds(monkeypatch, bad):
+    with pytest.raises((ValueError, TypeError), match="window_s"):
+        run(FakeDevice([0.1] * 50), monkeypatch, window_s=bad)

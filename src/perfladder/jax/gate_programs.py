@@ -1,6 +1,7 @@
 """The programs the JAX gates compile: a model's (or a training step's own) loss, logits and
-gradients, as ``perfladder.jax.gates`` compares them; ``gate_jit`` also compiles the learning
-check's judge (``perfladder.jax.evaluate``).
+gradients, as ``perfladder.jax.gates`` compares them, and the optimizer gate's reference step;
+``gate_jit`` also compiles the learning check's judge (``perfladder.jax.evaluate``). Each has a
+``compile_...`` twin that compiles it without running it (``perfladder.jax.ahead``).
 
 They are compiled without XLA's GEMM autotuning (``GATE_COMPILE``): a gate or a judge needs the
 arithmetic, not the fastest kernels, and autotuning times candidate kernels for shapes (the
@@ -17,6 +18,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from perfladder.jax.step import train_step
 from perfladder.measure.gates import ModelGateError
 
 # XLA debug options of every gate program (ignored by the CPU compiler)
@@ -34,7 +36,34 @@ def gate_jit(fn, static: tuple[int, ...] = ()):
     def run(model, *args):
         graphdef, state = nnx.split(model)
         return pure(graphdef, state, *args)
+
+    def lower(model, *args):
+        graphdef, state = nnx.split(model)
+        return pure.lower(graphdef, state, *args)
+    run.lower = lower
     return run
+
+
+def _stepped_state(graphdef, state, X, Y):
+    model, optimizer = nnx.merge(graphdef, state)
+    train_step(model, optimizer, X, Y)
+    return nnx.state((model, optimizer))
+
+
+_reference_step_jit = jax.jit(_stepped_state, static_argnums=0, compiler_options=GATE_COMPILE)
+
+
+def reference_step(model, optimizer, X, Y) -> None:
+    """One step of the library's ``train_step`` (AdamW on the fp32 loss) on ``model`` and
+    ``optimizer``, in place: the optimizer gate's reference, compiled as a gate program."""
+    graphdef, state = nnx.split((model, optimizer))
+    nnx.update((model, optimizer), _reference_step_jit(graphdef, state, X, Y))
+
+
+def compile_reference_step(model, optimizer, X, Y) -> None:
+    """Compile, without running, the program ``reference_step`` runs for these shapes."""
+    graphdef, state = nnx.split((model, optimizer))
+    _reference_step_jit.lower(graphdef, state, X, Y).compile()
 
 
 def named(tree) -> dict:
@@ -81,6 +110,15 @@ def step_gradients(step_fn, model, X, Y, view=None):
 
 _step_gradients_jit = gate_jit(lambda model, X, Y, view, step_fn: step_gradients(step_fn, model, X, Y, view),
                                static=(2, 3))                # model, X, Y, view, step_fn
+
+
+def compile_gradients(model, X, Y, view=None, step_fn=None) -> None:
+    """Compile, without running, the program ``gradients(model, X, Y, view, step_fn=step_fn)``
+    runs (one chunk, compiled), so that its call finds it compiled."""
+    if step_fn is None:
+        _grads_jit.lower(model, X, Y, view).compile()
+    else:
+        _step_gradients_jit.lower(model, X, Y, view, step_fn).compile()
 
 
 def gradients(model, X, Y, view=None, chunks: int = 1, jit: bool = True, step_fn=None,

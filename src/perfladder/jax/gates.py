@@ -23,7 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from perfladder.jax.gate_programs import _grads, _grads_jit, gradients, named
+from perfladder.jax.gate_programs import (
+    _grads,
+    _grads_jit,
+    compile_gradients,
+    compile_reference_step,
+    gradients,
+    named,
+    reference_step,
+)
 from perfladder.jax.step import (
     SplitStep,
     make_optimizer,
@@ -159,6 +167,22 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     return fail_if(result, ModelGateError)
 
 
+def model_gate_programs(reference, candidate, X, Y, *, view: Callable | None = None,
+                        step_fn: Callable | None = None) -> list[Callable[[], None]]:
+    """Two jobs that compile, without running anything, the programs ``model_gate(reference,
+    candidate, [(X, Y)], reference_jit=True, view=view, step_fn=step_fn)`` runs: the
+    reference's gradients at full fp32 precision, and the candidate's (its step's own). A
+    program depends on the model's structure and dtypes, not its values, so the probe clones
+    the gate makes find them compiled."""
+    def the_reference():
+        with _true_fp32(precision_of(reference) in ("fp32", "tf32")):
+            compile_gradients(reference, X, Y)
+
+    def the_candidate():
+        compile_gradients(candidate, X, Y, view, step_fn)
+    return [the_reference, the_candidate]
+
+
 def _rel(got, want) -> float:
     if got is None or np.shape(got) != np.shape(want):
         return float("inf")
@@ -199,7 +223,7 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
     * ``step/<parameter>`` (when ``step`` is given): the candidate's step function --
       ``step(model, optimizer, X, Y)``, 'nnx.jit', 'split' (``make_split_step``), or a factory
       marked ``step_form = True`` (``step(model, optimizer)`` -> ``run(X, Y)``, committed
-      after: a rung's ``TrainStep.of``) -- against the reference ``nnx.jit`` step: a step that
+      after: a rung's ``TrainStep.of``) -- against the reference step (``gate_programs.reference_step``): a step that
       drops its optimizer state or writes back stale parameters cannot pass.
 
     ``same_gradients=False`` leaves ``update/`` out; ``memo`` (a dict the caller keeps for one
@@ -246,6 +270,13 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
     return fail_if(result, OptimizerGateError)
 
 
+def compile_optimizer_gate_reference(model, X, Y, lr: float) -> None:
+    """Compile, without running, the reference step ``optimizer_gate(model, ..., jit=True)``
+    runs on batches like ``(X, Y)`` (a fresh ``make_optimizer(lr)`` of ``model``)."""
+    with _true_fp32(jax.default_backend() != "cpu"):
+        compile_reference_step(model, make_optimizer(model, lr), X, Y)
+
+
 def _same_gradients(model, optimizer, batches, lr, jit: bool = True):
     """(reference params, candidate params) after both optimizers applied the reference's gradients."""
     cand_model, cand_opt = clone((model, optimizer))
@@ -271,7 +302,7 @@ def _own_steps(model, optimizer, batches, lr, step, jit: bool = True, memo: dict
                 ref_model = clone(model)
                 ref_opt = make_optimizer(ref_model, lr)
                 for X, Y in batches:
-                    (_reference_step if jit else train_step)(ref_model, ref_opt, X, Y)
+                    (reference_step if jit else train_step)(ref_model, ref_opt, X, Y)
                 memo[key] = ref_model
         for X, Y in batches:
             run(X, Y)

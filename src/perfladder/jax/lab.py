@@ -221,7 +221,9 @@ class JaxLab:
                       windows=c.windows, max_windows=c.max_windows)
 
         def once():
-            return throughput(step, stream, target_spread=c.target_spread, budget_s=c.timing_budget_s, **kw)
+            # an eager window is 3 steps already: a pilot would cost more than it saves
+            return throughput(step, stream, target_spread=c.target_spread, budget_s=c.timing_budget_s,
+                              window_s=None if eager else c.window_s, **kw)
         if eager:
             return once(), False
         return measure_settled(once, budget_s=c.timing_budget_s)

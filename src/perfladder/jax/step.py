@@ -316,6 +316,7 @@ class TrainStep:
         self.model, self.optimizer, self.jit = model, optimizer, jit
         self.observed: dict[str, str] = {}
         self.first_call_s: float | None = None
+        self.compiled_ahead_s: float | None = None       # ``compile_ahead``'s seconds
         self._split = None
         step_fn = code["train_step"]
 
@@ -358,6 +359,19 @@ class TrainStep:
     @property
     def jitted(self) -> bool:
         return self.jit != "none"
+
+    def compile_ahead(self, X, Y) -> float:
+        """Trace and compile the program a call on batches like ``(X, Y)`` runs, without running
+        it (the model and optimizer are untouched): the first call then finds it compiled.
+        Traced under ``observing``, as a call is, so the receipt is written. Returns and keeps
+        (``compiled_ahead_s``) its seconds."""
+        if self.first_call_s is not None:
+            raise ValueError("compile_ahead is for a step that has not run yet: this one has")
+        t0 = time.perf_counter()
+        with observing(self.observed):
+            self.lower(X, Y).compile()
+        self.compiled_ahead_s = time.perf_counter() - t0
+        return self.compiled_ahead_s
 
     def lower(self, X, Y):
         """``jax.stages.Lowered`` of this step for one batch (jitted steps only)."""

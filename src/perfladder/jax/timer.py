@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import jax
@@ -26,17 +27,21 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 _compiles = 0
 _listening = False
+_this_thread = threading.local()     # the listener runs in the thread that compiled
 
 
 def _on_duration(event: str, duration_secs: float, **kwargs) -> None:
     global _compiles
     if event == COMPILE_EVENT:
         _compiles += 1
+        _this_thread.compiles = getattr(_this_thread, "compiles", 0) + 1
 
 
-def compile_count() -> int:
-    """XLA compilations seen in this process since perfladder.jax was imported."""
-    return _compiles
+def compile_count(this_thread: bool = False) -> int:
+    """XLA compilations seen in this process since perfladder.jax was imported; with
+    ``this_thread``, only those the calling thread made (a rung compiles its gate programs in
+    a helper thread while it compiles its step: ``perfladder.jax.ahead``)."""
+    return getattr(_this_thread, "compiles", 0) if this_thread else _compiles
 
 
 def _listen() -> None:
@@ -79,7 +84,8 @@ def fingerprint(X) -> bytes:
 
 def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3, *,
                target_spread: float = DEFAULT_TARGET_SPREAD, max_windows: int | None = None,
-               check_content: bool = True, budget_s: float | None = None) -> Throughput:
+               check_content: bool = True, budget_s: float | None = None,
+               window_s: float | None = None) -> Throughput:
     """Tokens/s of ``step(X, Y)`` over fresh batches from ``stream``: the median of the last
     ``windows`` windows once they agree within ``target_spread`` (see ``perfladder.measure.timing``).
 
@@ -92,7 +98,8 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
                    sync=jax.block_until_ready, ready=ready, compile_count=compile_count,
                    num_tokens=lambda X: int(X.size), shape_of=lambda X: tuple(X.shape),
                    fingerprint=fingerprint if check_content else None,
-                   target_spread=target_spread, max_windows=max_windows, budget_s=budget_s)
+                   target_spread=target_spread, max_windows=max_windows, budget_s=budget_s,
+                   window_s=window_s)
 
 
 FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"

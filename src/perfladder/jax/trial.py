@@ -1,6 +1,7 @@
 """One JAX rung's measurement, in the same order for every rung: ``trial``.
 
-    build the recipe's step (fresh init) -> gates (on the fresh model: the model gate with the
+    build the recipe's step (fresh init) -> compile (the step's program, and beside it in a
+    helper thread the model gate's: ``perfladder.jax.ahead``) -> gates (on the fresh model: the model gate with the
     step's own loss and gradients, the optimizer gate of the step's form, the rung's own
     checks; the loss gate's steps include the first, compiling, call) -> first call ->
     receipt (dtypes written while the step was traced, the returned loss's included) -> the
@@ -17,8 +18,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from perfladder.jax.ahead import Beside
 from perfladder.jax.checks import assert_fp32_masters, distinct_devices
-from perfladder.jax.gates import model_gate, optimizer_gate
+from perfladder.jax.gates import (
+    compile_optimizer_gate_reference,
+    model_gate,
+    model_gate_programs,
+    optimizer_gate,
+)
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.program import embedding_scatters, matmul_dtypes
 from perfladder.jax.recipe import Recipe
@@ -36,6 +43,30 @@ GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its 
 LOSS_TOL = LOSS_RTOL            # the loss gate's tolerance: perfladder.measure.gates says why
 
 
+def model_gated(recipe: Recipe) -> bool:
+    """Whether ``model_gates`` gates ``recipe``: not the naive cast, whose bf16-rounded weights
+    are a real model change (its lesson is its receipt), nor the plain recipe itself."""
+    return not (recipe.naive_cast or recipe.replace(jit="nnx") == Recipe(batch_size=recipe.batch_size))
+
+
+def gate_programs(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Callable]:
+    """What ``model_gates`` will compile for ``step`` that autotunes nothing, as jobs that
+    compile without running (``perfladder.jax.ahead.Beside``): the model gate's two programs,
+    and the step-form gate's reference step the first time that gate runs compiled. (The
+    step form itself is the rung's own code, compiled as the rung compiles it: autotuned.)"""
+    if not model_gated(recipe):
+        return []
+    n = min(GATE_ROWS, X.shape[0])
+    reference = lab.model(Recipe(batch_size=recipe.batch_size), plain_code=True)
+    jobs = model_gate_programs(reference, step.model, X[:n], Y[:n], step_fn=lab.code["train_step"])
+    if recipe.jit != "none" and "reference" not in lab.memo.get(_FORM_REFERENCE.format(jit=True), {}):
+        model = lab.model(Recipe(batch_size=GATE_ROWS, jit=recipe.jit), plain_code=True)
+        Xg, Yg = gate_batches(lab, lab.config.batch_size)[0]
+        jobs.append(lambda: compile_optimizer_gate_reference(model, Xg[:GATE_ROWS], Yg[:GATE_ROWS],
+                                                             lab.config.lr))
+    return jobs
+
+
 def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y,
                 watch: Stopwatch | None = None) -> list[Gate]:
     """The first line, before the step's first call: its model computes the plain fp32 model's
@@ -46,7 +77,7 @@ def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y,
     receipt), nor for the plain recipe itself. ``watch``: each gate's seconds, as
     ``gates/model`` and ``gates/step form``."""
     plain = Recipe(batch_size=recipe.batch_size)
-    if recipe.naive_cast or recipe.replace(jit="nnx") == plain:
+    if not model_gated(recipe):
         return []
     n = min(GATE_ROWS, X.shape[0])
     # both sides compiled: op by op, a ladder's first bf16 gate dispatched and compiled every
@@ -59,6 +90,9 @@ def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y,
     with phase(watch, "gates/step form"):
         form = step_form_gate(lab, recipe)
     return [model, form]
+
+
+_FORM_REFERENCE = "step_form_reference jit={jit}"     # lab.memo: the reference's runs, per jit
 
 
 def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
@@ -84,7 +118,7 @@ def step_form_gate(lab: JaxLab, recipe: Recipe) -> Gate:
         jit = recipe.jit != "none"
         cache[code] = optimizer_gate(model, make_optimizer(model, lab.config.lr), rows,
                                      lr=lab.config.lr, step=form, jit=jit, same_gradients=False,
-                                     memo=lab.memo.setdefault(f"step_form_reference jit={jit}", {})
+                                     memo=lab.memo.setdefault(_FORM_REFERENCE.format(jit=jit), {})
                                      ).evidence()
     return dataclasses.replace(cache[code])
 
@@ -186,6 +220,15 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     stream = lab.stream(recipe.batch_size) if stream is None else stream
     X, Y = next(stream)
     details = dict(details or {})
+    ahead = 0
+    if step.jitted:
+        # the step's program (autotuned) here, the gates' (not autotuned) beside it
+        with watch("compile"):
+            beside = Beside(gate_programs(lab, recipe, step, X, Y) if devices == 1 else [])
+            c0 = compile_count(this_thread=True)
+            step.compile_ahead(X, Y)
+            ahead = compile_count(this_thread=True) - c0
+            details["compiled beside the step"] = beside.join()
     with watch("gates"):
         gates = model_gates(lab, recipe, step, X, Y, watch) if devices == 1 else [distinct_shards(X)]
         if check is not None:
@@ -209,7 +252,8 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     else:
         with watch("first call"):
             step(X, Y)
-    compiled = Compile(first_call_s=step.first_call_s, compilations=compile_count() - c0)
+    compiled = Compile(first_call_s=(step.compiled_ahead_s or 0.0) + step.first_call_s,
+                       compilations=ahead + compile_count() - c0)
     with watch("receipt"):
         receipt = lab.receipt(recipe, step)
         details["loss_dtype"] = step.observed.get("loss")

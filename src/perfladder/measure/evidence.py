@@ -61,13 +61,16 @@ class Timing(Record):
     warmup: int
     batch_shape: list[int] = field(default_factory=list)
     remeasured: bool = False            # the first attempt did not settle
+    window_s: float | None = None       # the longest a window was to take (its steps priced first)
 
     @classmethod
     def of(cls, t: Throughput, remeasured: bool = False) -> "Timing":
+        pilot = t.extra.get("pilot") or {}
         return cls(windows=list(t.windows), seconds=list(t.seconds), settled=t.settled,
                    stable=t.stable, target_spread=t.target_spread,
                    steps_per_window=t.steps_per_window, warmup=t.warmup,
-                   batch_shape=list(t.batch_shape), remeasured=remeasured)
+                   batch_shape=list(t.batch_shape), remeasured=remeasured,
+                   window_s=pilot.get("window_s"))
 
     @property
     def settled_windows(self) -> list[float]:

@@ -8,7 +8,10 @@
    objects is refused before any window opens; the last two batches of the measurement
    are compared once more after the last window closed, so a rung whose warm-up is too
    short to compare two batches (JAX's un-jitted R0 warms up one step) is checked too;
-2. run timed windows of ``timed`` steps each, every one closed by a device sync, counting
+2. run timed windows of ``timed`` steps each (with ``window_s``, fewer where ``timed`` steps
+   would take longer than that: a few more warm-up steps, closed by a sync, price one step,
+   and a window holds the steps that fill ``window_s``, at least ``MIN_WINDOW_STEPS``; a
+   slow step gains nothing from a long window but wall time), every one closed by a device sync, counting
    the tokens of every batch actually fed (end-to-end tokens/s: the stream's own cost is
    inside the window, as in a real training run);
 3. keep opening windows until the last ``windows`` of them agree within
@@ -41,6 +44,8 @@ from perfladder.checks import check_int
 DEFAULT_TARGET_SPREAD = 0.03   # windows within 3% of each other count as settled
 LEGACY_TARGET_SPREAD = 0.05    # what files written before the timer settled windows are held to
 MIN_MAX_WINDOWS = 10           # never give up before this many windows
+PILOT_STEPS = 3                # warm-up steps that price one step for ``window_s``
+MIN_WINDOW_STEPS = 2           # a window shortened to ``window_s`` keeps at least this many steps
 
 
 class RecompileError(RuntimeError):
@@ -144,12 +149,14 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
             fingerprint: Callable[[Any], bytes] | None = None,
             ready: Callable[[Any], bool] | None = None,
             target_spread: float = DEFAULT_TARGET_SPREAD,
-            max_windows: int | None = None, budget_s: float | None = None) -> Throughput:
+            max_windows: int | None = None, budget_s: float | None = None,
+            window_s: float | None = None) -> Throughput:
     """Time ``step(X, Y)`` over batches drawn from ``stream``; see the module docstring.
 
     ``budget_s``: wall seconds of timed windows after which no new window is opened once
     ``windows`` have run (a measurement that has not settled by then is reported unsettled):
-    what bounds a rung's time when its windows wander."""
+    what bounds a rung's time when its windows wander. ``window_s``: the longest a window
+    should take (step 2 of the module docstring); the pilot's price is in ``extra['pilot']``."""
     check_int("warmup", warmup, 0)
     check_int("timed", timed, 1)
     check_int("windows", windows, 1)
@@ -158,6 +165,9 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
     check_int("max_windows", max_windows, windows)
     if isinstance(target_spread, bool) or not 0 < float(target_spread) < 1:
         raise ValueError(f"target_spread={target_spread!r} must be a fraction in (0, 1)")
+    if window_s is not None and (isinstance(window_s, bool) or not isinstance(window_s, (int, float))
+                                 or not window_s > 0):
+        raise ValueError(f"window_s={window_s!r} must be a number of seconds > 0, or None")
 
     prev, prev_pos, prev_print = None, None, None
     before_prev = None                     # the batch drawn before ``prev``: the last check
@@ -192,6 +202,19 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
             prev_print = fp
         out = step(X, Y)
     sync(out)
+    extra: dict[str, Any] = {} if budget_s is None else {"budget_s": budget_s}
+    if window_s is not None and timed > MIN_WINDOW_STEPS:
+        pilot = min(PILOT_STEPS, timed)
+        t0 = time.perf_counter()
+        for _ in range(pilot):
+            out = step(*draw())
+        sync(out)
+        step_s = (time.perf_counter() - t0) / pilot
+        fits = int(window_s / step_s) if step_s > 0 else timed
+        extra["pilot"] = {"steps": pilot, "step_s": step_s, "window_s": float(window_s),
+                          "timed_asked": timed}
+        timed = max(MIN_WINDOW_STEPS, min(timed, fits))
+        warmup += pilot                    # warm-up steps too: none of them is timed
 
     shape = None
     rates, secs = [], []
@@ -241,8 +264,7 @@ def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, window
     return Throughput(tokens_per_s=statistics.median(rates[-windows:]), windows=rates,
                       seconds=secs, steps_per_window=timed, tokens_per_window=tokens,
                       warmup=warmup, batch_shape=shape or (), settled=windows, stable=stable,
-                      target_spread=float(target_spread),
-                      extra={"budget_s": budget_s} if budget_s is not None else {})
+                      target_spread=float(target_spread), extra=extra)
 
 
 class Stopwatch:

@@ -112,8 +112,9 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         out.append(("timing", f"windows {', '.join(rate(w) for w in t.windows)} tokens/s; median of the last "
                     f"{t.settled}; spread {t.spread:.1%} against a {target(r):.0%} target"
                     f" ({'settled' if ok else 'did not settle'})"
-                    + (f"; {t.steps_per_window} steps per window after {t.warmup} warm-up steps"
-                       if t.steps_per_window > 1 else "")
+                    + (f"; {t.steps_per_window} steps per window"
+                       + (f" (windows held to {t.window_s:g} s)" if t.window_s else "")
+                       + f" after {t.warmup} warm-up steps" if t.steps_per_window > 1 else "")
                     + ("; measured twice" if t.remeasured else "")))
     if r.verdict:
         v = r.verdict

@@ -170,7 +170,7 @@ class TorchLab:
             return throughput(step, self.stream(batch_size), warmup=warmup,
                               timed=timed, windows=c.windows if windows is None else windows,
                               target_spread=c.target_spread, max_windows=c.max_windows,
-                              budget_s=c.timing_budget_s)
+                              budget_s=c.timing_budget_s, window_s=c.window_s)
 
         t, again = measure_settled(once, budget_s=c.timing_budget_s)
         mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak") if self.on_gpu
