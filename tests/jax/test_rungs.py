@@ -199,6 +199,10 @@ def test_jitted_rungs_compile_their_step_with_the_model_gates_programs_beside_it
     assert beside["jobs"] == 3 and beside["compilations"] >= 3
     assert res.rung("R3").details["compiled beside the step"]["jobs"] == 2
     assert res.rung("R2a").details["compiled beside the step"]["jobs"] == 0
+    # a rung's own check compiles beside it too: R1's jit parity (R1 has no model gate), and
+    # R4's mirror next to its model gate's two programs
+    assert res.rung("R1").details["compiled beside the step"]["jobs"] == 1
+    assert res.rung("R4").details["compiled beside the step"]["jobs"] == 3
 
 
 def test_results_round_trip(run, small_run, tmp_path):

@@ -5,9 +5,12 @@ masters after a mixed-precision step. The model and optimizer gates: ``perfladde
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import jax.numpy as jnp
 from flax import nnx
 
+from perfladder.jax.gate_programs import gate_jit
 from perfladder.jax.gates import clone, set_probe_weights
 from perfladder.jax.program import param_dtypes
 from perfladder.measure.gates import MIRROR_TOL, PARITY_TOL
@@ -54,7 +57,7 @@ def probed(*models):
 
 
 def check_jit_parity(model, X, *, reference=None, tol: float | None = None) -> float:
-    """R1's gate: ``nnx.jit``-compiled logits of ``model`` == op-by-op logits of ``reference``,
+    """R1's gate: compiled logits (a gate program) of ``model`` == op-by-op logits of ``reference``,
     at probe weights (``probed``).
 
     ``reference`` defaults to ``model`` itself (a test passes a different, planted one).
@@ -63,7 +66,7 @@ def check_jit_parity(model, X, *, reference=None, tol: float | None = None) -> f
     """
     reference = model if reference is None else reference
     model, reference = probed(model, reference)
-    compiled = nnx.jit(lambda m, X: m(X))(model, X)
+    compiled = _forward_jit(model, X)
     eager = reference(X)
     return _compare(compiled, eager, _tol(model.dtype, PARITY_TOL) if tol is None else tol,
                     "jit parity gate")
@@ -77,17 +80,32 @@ def with_checkpointing(model):
     return mirror
 
 
-def _two_forwards(a, b, X):
-    return a(X), b(X)
+# the checks' compiled forwards are gate programs (no GEMM autotuning: they need the
+# arithmetic, not the fastest kernels), so a rung can compile them beside its step
+_forward_jit = gate_jit(lambda m, X: m(X))
+_pair_jit = gate_jit(lambda pair, X: (pair[0](X), pair[1](X)))
 
 
-_two_forwards_jit = nnx.jit(_two_forwards)
+def _two_forwards_jit(a, b, X):
+    """``(a(X), b(X))`` in one compiled program."""
+    return _pair_jit((a, b), X)
+
+
+def jit_parity_program(model, X) -> Callable[[], None]:
+    """A job that compiles, without running, what ``check_jit_parity(model, X)`` compiles."""
+    return lambda: _forward_jit.lower(model, X).compile()
+
+
+def two_forwards_program(a, b, X) -> Callable[[], None]:
+    """A job that compiles, without running, the program of ``check_mirror(b, a, X)`` or
+    ``check_attention_parity(a, b, X)`` (the candidate first)."""
+    return lambda: _pair_jit.lower((a, b), X).compile()
 
 
 def check_mirror(reference, mirror, X, *, tol: float | None = None) -> float:
     """R4's gate: the checkpointed model must compute the reference's logits, at probe weights.
 
-    Both forwards run in one ``nnx.jit`` program (one compilation) in the rung's compute
+    Both forwards run in one compiled gate program (one compilation) in the rung's compute
     dtype; remat must not change what the forward computes. Returns ``max|diff| /
     max|logits|``; raises above ``tol`` (``perfladder.measure.gates.MIRROR_TOL``).
     """
@@ -98,7 +116,7 @@ def check_mirror(reference, mirror, X, *, tol: float | None = None) -> float:
 
 def check_attention_parity(candidate, reference, X, *, tol: float | None = None) -> float:
     """B4's gate: the candidate's attention kernel (cuDNN) gives the reference's (XLA's)
-    logits, both models from the same init, at probe weights, in one ``nnx.jit`` program in
+    logits, both models from the same init, at probe weights, in one compiled gate program in
     the rung's compute dtype. Returns ``max|diff| / max|logits|``; raises above ``tol``."""
     got, want = _two_forwards_jit(*probed(candidate, reference), X)
     return _compare(got, want, _tol(candidate.dtype, PARITY_TOL) if tol is None else tol,

@@ -198,14 +198,15 @@ def loss_gate(got, want, reference: str, tol: float = LOSS_RTOL) -> Gate:
 
 
 def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Callable | None = None,
-          loss_gate_: bool = False, loss_tol: float = LOSS_RTOL,
+          check_programs: Callable | None = None, loss_gate_: bool = False, loss_tol: float = LOSS_RTOL,
           inspect: Callable | None = None, after: Callable | None = None, evidence: bool = False,
           stream=None, place=None, devices: int = 1, eager: bool = False, details=None,
           notes=(), prediction=None) -> Evidence:
     """Gate, compile, plan, time and profile ``recipe`` (default: the given one); see the module
     docstring.
 
-    ``check(step, X, Y) -> [Gate]`` runs on the fresh model; ``loss_gate_`` adds the loss gate
+    ``check(step, X, Y) -> [Gate]`` runs on the fresh model; ``check_programs(step, X, Y) ->
+    [job]``: what it compiles, compiled beside the step (``perfladder.jax.ahead``); ``loss_gate_`` adds the loss gate
     (its first steps on fixed batches against ``reference_recipe``'s); ``inspect(hlo_text,
     details) -> dict`` reads the compiled program before timing; ``after(step, stream, base)
     -> dict`` runs after timing (``base()`` builds the step of the configuration the rung builds
@@ -224,7 +225,8 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     if step.jitted:
         # the step's program (autotuned) here, the gates' (not autotuned) beside it
         with watch("compile"):
-            beside = Beside(gate_programs(lab, recipe, step, X, Y) if devices == 1 else [])
+            jobs = gate_programs(lab, recipe, step, X, Y) if devices == 1 else []
+            beside = Beside(jobs + (list(check_programs(step, X, Y)) if check_programs else []))
             c0 = compile_count(this_thread=True)
             step.compile_ahead(X, Y)
             ahead = compile_count(this_thread=True) - c0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from perfladder.jax.checks import _compare, check_attention_parity
+from perfladder.jax.checks import _compare, check_attention_parity, two_forwards_program
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.profile import host_overhead, per_step_times, step_stats
 from perfladder.jax.program import embedding_scatters
@@ -134,7 +134,10 @@ def b4_attention_kernel(lab: JaxLab, given: Given) -> Evidence:
             raise AssertionError("no cuDNN attention call (__cudnn$fmha...) in the compiled step")
         return {"cudnn_attention_calls": n}
 
-    return trial(lab, given, check=parity, loss_gate_=True, inspect=calls)
+    def programs(step, X, Y):
+        return [two_forwards_program(step.model, lab.model(ref, plain_code=True), X)]
+
+    return trial(lab, given, check=parity, check_programs=programs, loss_gate_=True, inspect=calls)
 
 
 def kernel_rung(lab: JaxLab, given: Given) -> Evidence:

@@ -7,7 +7,12 @@ are taken against R1, the jitted step: un-jitted JAX is not a training mode.
 """
 from __future__ import annotations
 
-from perfladder.jax.checks import check_jit_parity, check_mirror
+from perfladder.jax.checks import (
+    check_jit_parity,
+    check_mirror,
+    jit_parity_program,
+    two_forwards_program,
+)
 from perfladder.jax.lab import EAGER_MAX_WINDOWS, EAGER_WINDOWS, JaxLab
 from perfladder.jax.rungs import changes as ch
 from perfladder.jax.trial import trial
@@ -37,6 +42,7 @@ def r1_compile(lab: JaxLab, given: Given) -> Evidence:
 
     B, T = recipe.batch_size, lab.config.num_steps
     return trial(lab, given, check=parity,
+                 check_programs=lambda step, X, Y: [jit_parity_program(step.model, X)],
                  details={"model_flops_per_step": lab.flops_per_token(T) * B * T})
 
 
@@ -76,7 +82,11 @@ def r4_checkpoint(lab: JaxLab, given: Given) -> Evidence:
                      tolerances={"rel_diff": tol},
                      reference="the same recipe without checkpointing, same init, probe weights")]
 
-    return trial(lab, given, check=mirror)
+    def programs(step, X, Y):
+        reference = lab.model(recipe.replace(checkpoint=False), plain_code=True)
+        return [two_forwards_program(step.model, reference, X)]
+
+    return trial(lab, given, check=mirror, check_programs=programs)
 
 
 R0 = Rung("R0", "eager", "un-jitted", r0_eager,
