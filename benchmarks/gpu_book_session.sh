@@ -12,7 +12,9 @@
 # one GPU and half the physical cores each (PERFLADDER_BOOK_PARALLEL=1); with one GPU, one
 # notebook after another. The GPU-only tests run after the build (GPU_TESTS_S seconds at most);
 # PRE_TESTS (node ids) run before it, on the idle GPU, and are not run again after. ANOMALY=1 adds the
-# JAX bf16 anomaly diagnostics first. It runs detached (setsid), so it survives the shell or
+# JAX bf16 anomaly diagnostics first. SKIP_TESTS (node ids) are left out of the tests after the
+# build (the log's deselected count says how many). AFTER (a command) runs last, on the idle
+# GPU, for AFTER_S seconds at most, its output in after.log. It runs detached (setsid), so it survives the shell or
 # ssh connection that started it; `wait` can be called again from a later one. Everything
 # lands in /tmp/perfladder-job. `start` refuses while a job is still running (it would wipe
 # that job's folder and tree); `wait` and `collect` name the job they report on.
@@ -72,6 +74,7 @@ case "${1:-}" in
         echo "pre tests exit $?" >> '"$JOB"'/status
         for t in $PRE_TESTS; do deselect="$deselect --deselect $t"; done
       fi
+      for t in ${SKIP_TESTS:-}; do deselect="$deselect --deselect $t"; done
       par=0; [ "$ngpu" -ge 2 ] && par=1
       echo "PERFLADDER_BOOK_PARALLEL=$par PYTHON=python3 make book" > '"$JOB"'/command
       PERFLADDER_BOOK_PARALLEL=$par PYTHON=python3 make book > '"$JOB"'/book.log 2>&1
@@ -81,6 +84,11 @@ case "${1:-}" in
       # the GPU-only tests after the build, never beside a ladder (they would disturb its timing)
       timeout ${GPU_TESTS_S:-300} .venv/bin/python -m pytest -v -m gpu -p no:cacheprovider --durations=0 $deselect tests > '"$JOB"'/gpu_tests.log 2>&1
       echo "gpu tests exit $?" >> '"$JOB"'/status
+      if [ -n "${AFTER:-}" ]; then
+        echo "$AFTER" > '"$JOB"'/after_command
+        timeout ${AFTER_S:-300} bash -c "$AFTER" > '"$JOB"'/after.log 2>&1
+        echo "after exit $?" >> '"$JOB"'/status
+      fi
       date +%s > '"$JOB"'/t1
     ' > /dev/null 2>&1 < /dev/null &
     [ -f "$JOB/pid" ] || echo $! > "$JOB/pid"   # until the job writes its own PID
@@ -93,7 +101,7 @@ case "${1:-}" in
       sleep 10; waited=$((waited + 10))
     done
     echo "== job $(cat "$JOB/id"): status after ${waited}s =="; cat "$JOB/status" 2>/dev/null
-    tail -n 5 "$JOB/anomaly.log" 2>/dev/null; grep -E "PASSED|FAILED|ERROR|passed|failed" "$JOB/pre_tests.log" 2>/dev/null | tail -n 8
+    tail -n 5 "$JOB/anomaly.log" 2>/dev/null; tail -n 8 "$JOB/after.log" 2>/dev/null; grep -E "PASSED|FAILED|ERROR|passed|failed" "$JOB/pre_tests.log" 2>/dev/null | tail -n 8
     grep -v USDT "$JOB/book.log" 2>/dev/null | tail -n 25
     # the ladder notebooks' own output lands in the notebooks, not in book.log: show the GPUs
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null

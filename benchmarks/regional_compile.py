@@ -1,0 +1,93 @@
+"""Whole-model ``torch.compile`` against regional compilation, on a GPU: compile seconds and
+tokens/s of the same recipe, each variant in its own process with empty compile caches.
+
+    PYTHONPATH=src python3 benchmarks/regional_compile.py [--rung B14] [--results torch.json]
+        [--out regional.json]
+
+Regional compilation compiles one ``Block`` and reuses it for all six (their code and guards
+are the same; the parameters are inputs), so inductor lowers and generates code for one block
+instead of six, and no fusion crosses a block boundary. The recipe is the one a committed
+ladder's rung ran (``--results``, default the reference run's torch.json). Prints one line per
+variant and writes the numbers to ``--out``. Run it on an otherwise idle GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "h200-serial-book" / "torch.json"
+
+
+def compile_blocks(model, mode=None):
+    """Regional compilation: each block compiled in place (one program, reused by all)."""
+    for blk in model.blks:
+        blk.compile(dynamic=False, mode=mode)
+    return model
+
+
+def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
+    from perfladder.config import get_config
+    from perfladder.torch.lab import TorchLab
+    from perfladder.torch.timer import compile_count
+
+    lab = TorchLab(get_config(config))
+    if variant == "regional":
+        lab.use(compile_model=compile_blocks)
+    recipe = lab.recipe_from_dict(recipe_dict)
+    step = lab.build_step(recipe)
+    c0 = compile_count()
+    X, Y = next(lab.stream(recipe.batch_size))
+    step(X, Y)                      # times its own first call between syncs
+    first = sum(step.first_call_s.values())
+    t, again, _ = lab.measure(step, recipe.batch_size)
+    return {"variant": variant, "first_call_s": first, "compilations": compile_count() - c0,
+            "tokens_per_s": t.tokens_per_s, "windows": t.windows, "stable": t.stable, "spread": t.spread,
+            "remeasured": again}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rung", default="B14")
+    p.add_argument("--results", default=str(DEFAULT_RESULTS))
+    p.add_argument("--out", default=None)
+    p.add_argument("--config", default="full", help="full (default) or smoke (a CPU check)")
+    p.add_argument("--variant", choices=("whole", "regional"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    rungs = {r["name"]: r for r in json.loads(Path(a.results).read_text())["rungs"]}
+    if a.rung not in rungs or not rungs[a.rung].get("recipe"):
+        print(f"regional_compile: no measured rung {a.rung!r} in {a.results}; valid choices: "
+              f"{', '.join(n for n, r in rungs.items() if r.get('recipe'))}", file=sys.stderr)
+        return 2
+    recipe = rungs[a.rung]["recipe"]
+    if a.variant:        # the child: one variant, its result as JSON on stdout's last line
+        print(json.dumps(one_variant(a.variant, recipe, a.config)))
+        return 0
+    out = {"rung": a.rung, "recipe": recipe, "variants": []}
+    for variant in ("whole", "regional"):
+        with tempfile.TemporaryDirectory(prefix="regional-compile-") as cache:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+                   "TRITON_CACHE_DIR": f"{cache}/triton"}
+            run = subprocess.run([sys.executable, __file__, "--rung", a.rung, "--results",
+                                  a.results, "--config", a.config, "--variant", variant], env=env, text=True,
+                                 capture_output=True)
+        if run.returncode != 0:
+            print(run.stderr[-3000:], file=sys.stderr)
+            return run.returncode
+        got = json.loads(run.stdout.strip().splitlines()[-1])
+        out["variants"].append(got)
+        print(f"{variant:9} first call {got['first_call_s']:6.1f} s  {got['tokens_per_s']:>12,.0f} "
+              f"tokens/s  spread {got['spread']:.1%}"
+              f"{'' if got['stable'] else ' (did not settle)'}", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
