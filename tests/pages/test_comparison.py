@@ -67,6 +67,22 @@ def test_a_run_that_tells_another_story_is_said_so_beside_the_claim():
     assert missing.holds is None and "Not checked in this run" in comparison.claim_html(missing)
 
 
+def test_the_batch_claim_reads_a_gain_credited_as_a_bound():
+    """An unsettled R1 whose every window beats R0's is credited "at least" (no ratio): the
+    batch rung is the biggest step only if its gain beats the most R1's windows allow."""
+    def seed(r1_windows):
+        return result([rung("R0", "eager", [100e3, 101e3, 102e3]),
+                       rung("R1", "compile", r1_windows, "R0", stable=False),
+                       rung("R2", "bf16", [120e3, 121e3, 122e3], "R1"),
+                       rung("R3", "batch_up", [480e3, 484e3, 488e3], "R2", batch_size=512)])
+    modest = seed([130e3, 150e3, 170e3])               # R1 at most 1.7x R0; R3 4x R2
+    assert comparison.call(modest, modest.rung("R1")).ratio is None      # credited as a bound
+    claim = comparison.torch_batch_biggest(modest)
+    assert claim.holds is True and "≥1.27x R0" in claim.evidence
+    big = seed([130e3, 300e3, 500e3])                  # R1 might be up to 5x: not established
+    assert comparison.torch_batch_biggest(big).holds is False
+
+
 def test_the_scatter_claim_needs_the_bf16_scatter(reference):
     _, j, _ = reference
     fp32 = dataclasses.replace(j.rung("R3"), details={**j.rung("R3").details,
