@@ -83,6 +83,22 @@ def test_the_batch_claim_reads_a_gain_credited_as_a_bound():
     assert comparison.torch_batch_biggest(big).holds is False
 
 
+BUILDS = [p for p in sorted(RESULTS.iterdir()) if (p / "torch.json").is_file() and (p / "jax.json").is_file()]
+
+
+@pytest.mark.parametrize("run", BUILDS, ids=lambda p: p.name)
+def test_the_comparison_page_reads_every_committed_pair_of_ladders(run):
+    """What the comparison page computes from a GPU build's own two ladders (a smoke build
+    never reaches it), over every committed pair: each claim is decided or marked unchecked,
+    none fails on numbers that wandered (the build of 2026-12-03 did, on an R1 credited as a
+    bound)."""
+    t, j = read_run(run / "torch.json"), read_run(run / "jax.json")
+    claims = comparison.story(t, j, None)
+    assert {c.holds for c in claims} <= {True, False, None}
+    assert all(comparison.claim_html(c, "this build") for c in claims)
+    assert comparison.chapter_table_html(t, j) and comparison.waterfall_reading(t, j)
+
+
 def test_the_scatter_claim_needs_the_bf16_scatter(reference):
     _, j, _ = reference
     fp32 = dataclasses.replace(j.rung("R3"), details={**j.rung("R3").details,
