@@ -143,3 +143,16 @@ def test_the_roofline_reading_follows_the_kernel_report():
         r.kernels = None
     check = Check("c_x", "attention stands furthest above its floor", largest_gap("attention"))
     assert not check.judge(bare)[0] and "cannot be judged" in check.judge(bare)[1]
+
+
+COMMITTED = sorted(p for fw in PAGES for p in (ROOT / "benchmarks" / "results").glob(f"*/{fw}.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_prose_reads_every_committed_run(path):
+    """A GPU build's page reads its own run, whatever wandered in it: every claim is decided
+    (held or marked) and every number computed, on each committed run of the framework."""
+    run, framework = read_run(path), path.stem
+    values = glue_values(run, checks_for(framework), numbers_for(framework))
+    assert {c.key for c in checks_for(framework)} <= set(values)
+    assert all(isinstance(c.judge(run)[0], bool) for c in checks_for(framework))
