@@ -56,9 +56,13 @@ def main() -> int:
     p.add_argument("--rung", default="B14")
     p.add_argument("--results", default=str(DEFAULT_RESULTS))
     p.add_argument("--out", default=None)
-    p.add_argument("--config", default="full", help="full (default) or smoke (a CPU check)")
+    p.add_argument("--config", default="full", choices=("full", "smoke"), help="smoke: a CPU check")
     p.add_argument("--variant", choices=("whole", "regional"), help=argparse.SUPPRESS)
     a = p.parse_args()
+    if not Path(a.results).is_file():
+        print(f"regional_compile: --results {a.results!r} is not a file; give a ladder's torch.json",
+              file=sys.stderr)
+        return 2
     rungs = {r["name"]: r for r in json.loads(Path(a.results).read_text())["rungs"]}
     if a.rung not in rungs or not rungs[a.rung].get("recipe"):
         print(f"regional_compile: no measured rung {a.rung!r} in {a.results}; valid choices: "

@@ -1,0 +1,44 @@
+"""benchmarks/regional_compile.py and benchmarks/step_form_gate_time.py, the parts a CPU can
+check without their minutes of compiling: the regional variant compiles each block in place
+(what the model's parameters and names keep), a rung the results file lacks is refused in one
+line naming the valid ones, and the compile log is read by program."""
+import logging
+import subprocess
+import sys
+
+from _scripts import BENCHMARKS, load_script
+
+from perfladder.config import get_config
+from perfladder.torch.model import GPT
+
+
+def test_regional_compile_compiles_each_block_in_place():
+    regional = load_script("regional_compile")
+    model = GPT(get_config("smoke").gpt(vocab_size=28))
+    names = [n for n, _ in model.named_parameters()]
+    assert regional.compile_blocks(model) is model
+    assert all(blk._compiled_call_impl is not None for blk in model.blks)    # compiled on first call
+    assert model._compiled_call_impl is None                                 # the model itself is not
+    assert [n for n, _ in model.named_parameters()] == names
+
+
+def test_regional_compile_refuses_a_rung_the_results_lack(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "regional_compile.py"), "--rung", "B99"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line, = proc.stderr.strip().splitlines()
+    assert "'B99'" in line and "valid choices: R0, R1" in line and "B14" in line
+
+
+def test_the_gate_probe_reads_compilations_by_program():
+    probe = load_script("step_form_gate_time")
+    seen = probe.Compilations()
+    log = logging.getLogger("test_compile_probes")
+    log.addHandler(seen)
+    try:
+        log.warning("Finished XLA compilation of jit(train_step) in 2.5 sec")
+        log.warning("Compiling jit(copy) with global shapes and types")          # not a finish line
+        log.warning("Finished XLA compilation of jit(copy) in 0.01 sec")
+    finally:
+        log.removeHandler(seen)
+    assert seen.done == [("jit(train_step)", 2.5), ("jit(copy)", 0.01)]
