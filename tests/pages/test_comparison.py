@@ -8,15 +8,19 @@ import dataclasses
 import json
 import re
 
+import matplotlib
+import matplotlib.pyplot as plt
 import pytest
 from _ladders import ROOT, result, rung
 
 from perfladder.measure.evidence import ProfileSummary
 from perfladder.multigpu import costmodel
-from perfladder.pages import comparison, scaling
+from perfladder.pages import comparison, plot, report, scaling
 from perfladder.pages.ladder import read_run
 from perfladder.pages.words import rate
 from perfladder.results.committed import reference_run
+
+matplotlib.use("Agg")
 
 RESULTS = ROOT / "benchmarks" / "results"
 # the runs the pages show (benchmarks/results/reference.txt)
@@ -87,7 +91,7 @@ BUILDS = [p for p in sorted(RESULTS.iterdir()) if (p / "torch.json").is_file() a
 
 
 @pytest.mark.parametrize("run", BUILDS, ids=lambda p: p.name)
-def test_the_comparison_page_reads_every_committed_pair_of_ladders(run):
+def test_the_comparison_page_reads_every_committed_pair_of_ladders(run, tmp_path):
     """What the comparison page computes from a GPU build's own two ladders (a smoke build
     never reaches it), over every committed pair: each claim is decided or marked unchecked,
     none fails on numbers that wandered (the build of 2026-12-03 did, on an R1 credited as a
@@ -97,6 +101,10 @@ def test_the_comparison_page_reads_every_committed_pair_of_ladders(run):
     assert {c.holds for c in claims} <= {True, False, None}
     assert all(comparison.claim_html(c, "this build") for c in claims)
     assert comparison.chapter_table_html(t, j) and comparison.waterfall_reading(t, j)
+    assert report.comparison_html([t, j])
+    fig = plot.compare([t, j], tmp_path / "comparison.png", title=run.name)
+    assert (tmp_path / "comparison.png").stat().st_size > 0
+    plt.close(fig)
 
 
 def test_the_scatter_claim_needs_the_bf16_scatter(reference):
