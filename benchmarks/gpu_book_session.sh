@@ -14,8 +14,9 @@
 # PRE_TESTS (node ids) run before it, on the idle GPU, and are not run again after. ANOMALY=1 adds the
 # JAX bf16 anomaly diagnostics first. SKIP_TESTS (node ids) are left out of the tests after the
 # build (the log's deselected count says how many). AFTER (a command) runs last, on the idle
-# GPU, for AFTER_S seconds at most, its output in after.log. It runs detached (setsid), so it survives the shell or
-# ssh connection that started it; `wait` can be called again from a later one. Everything
+# GPU, for AFTER_S seconds at most, its output in after.log. It runs detached (setsid), so it
+# survives the shell or ssh connection that started it; `wait` can be called again from a
+# later one. Everything
 # lands in /tmp/perfladder-job. `start` refuses while a job is still running (it would wipe
 # that job's folder and tree); `wait` and `collect` name the job they report on.
 set -uo pipefail

@@ -22,7 +22,7 @@ def test_regional_compile_compiles_each_block_in_place():
     assert [n for n, _ in model.named_parameters()] == names
 
 
-def test_regional_compile_refuses_a_rung_the_results_lack(tmp_path):
+def test_regional_compile_refuses_a_rung_the_results_lack():
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "regional_compile.py"), "--rung", "B99"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
