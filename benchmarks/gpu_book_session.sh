@@ -16,9 +16,9 @@
 # build (the log's deselected count says how many). AFTER (a command) runs last, on the idle
 # GPU, for AFTER_S seconds at most, its output in after.log. It runs detached (setsid), so it
 # survives the shell or ssh connection that started it; `wait` can be called again from a
-# later one. Everything
-# lands in /tmp/perfladder-job. `start` refuses while a job is still running (it would wipe
-# that job's folder and tree); `wait` and `collect` name the job they report on.
+# later one. Everything lands in /tmp/perfladder-job. `start` refuses while a job is still
+# running (it would wipe that job's folder and tree); `wait` and `collect` name the job they
+# report on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOB=${PERFLADDER_JOB_DIR:-/tmp/perfladder-job}        # overridable for the test suite
