@@ -1,7 +1,9 @@
-"""benchmarks/regional_compile.py and benchmarks/step_form_gate_time.py, the parts a CPU can
+"""benchmarks/compile_variants.py and benchmarks/step_form_gate_time.py, the parts a CPU can
 check without their minutes of compiling: the regional variant compiles each block in place
-(what the model's parameters and names keep), a rung the results file lacks is refused in one
-line naming the valid ones, and the compile log is read by program."""
+(what the model's parameters and names keep), a rung the results file lacks or an unknown
+variant is refused in one line naming the valid ones, a variant that fails is recorded with its
+reason while the others run, and the compile log is read by program."""
+import json
 import logging
 import subprocess
 import sys
@@ -13,7 +15,7 @@ from perfladder.torch.model import GPT
 
 
 def test_regional_compile_compiles_each_block_in_place():
-    regional = load_script("regional_compile")
+    regional = load_script("compile_variants")
     model = GPT(get_config("smoke").gpt(vocab_size=28))
     names = [n for n, _ in model.named_parameters()]
     assert regional.compile_blocks(model) is model
@@ -22,12 +24,27 @@ def test_regional_compile_compiles_each_block_in_place():
     assert [n for n, _ in model.named_parameters()] == names
 
 
-def test_regional_compile_refuses_a_rung_the_results_lack():
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "regional_compile.py"), "--rung", "B99"],
-                          capture_output=True, text=True, timeout=120)
+def variants(*args, timeout=120):
+    return subprocess.run([sys.executable, str(BENCHMARKS / "compile_variants.py"), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_compile_variants_refuse_a_rung_the_results_lack_and_an_unknown_variant():
+    proc = variants("--rung", "B99")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line, = proc.stderr.strip().splitlines()
     assert "'B99'" in line and "valid choices: R0, R1" in line and "B14" in line
+    proc = variants("--variants", "whole,fastest")
+    line, = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "'fastest'" in line and "valid choices: whole, regional, graphs" in line
+
+
+def test_a_variant_that_cannot_run_here_is_recorded_with_its_reason(tmp_path):
+    proc = variants("--rung", "R1", "--config", "smoke", "--variants", "graphs", "--out",
+                    str(tmp_path / "v.json"), timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    got, = json.loads((tmp_path / "v.json").read_text())["variants"]
+    assert got["variant"] == "graphs" and "reduce-overhead" in got["error"] and "CUDA" in got["error"]
 
 
 def test_the_gate_probe_reads_compilations_by_program():

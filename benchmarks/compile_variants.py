@@ -1,14 +1,19 @@
-"""Whole-model ``torch.compile`` against regional compilation, on a GPU: compile seconds and
-tokens/s of the same recipe, each variant in its own process with empty compile caches.
+"""One committed rung's step compiled several ways, on a GPU: compile seconds and tokens/s of
+each variant, each in its own process with empty compile caches.
 
-    PYTHONPATH=src python3 benchmarks/regional_compile.py [--rung B14] [--results torch.json]
-        [--out regional.json]
+    PYTHONPATH=src python3 benchmarks/compile_variants.py [--rung B14] [--results torch.json]
+        [--variants whole,regional,graphs] [--out variants.json]
 
-Regional compilation compiles one ``Block`` and reuses it for all six (their code and guards
-are the same; the parameters are inputs), so inductor lowers and generates code for one block
-instead of six, and no fusion crosses a block boundary. The recipe is the one a committed
-ladder's rung ran (``--results``, default the reference run's torch.json). Prints one line per
-variant and writes the numbers to ``--out``. Run it on an otherwise idle GPU.
+* ``whole``: the rung's step as the ladder compiled it (``torch.compile`` of the whole model).
+* ``regional``: regional compilation, one ``Block`` compiled and reused for all six (their code
+  and guards are the same; the parameters are inputs), so inductor lowers and generates code
+  for one block instead of six, and no fusion crosses a block boundary.
+* ``graphs``: the whole model compiled with ``mode='reduce-overhead'`` (CUDA graphs), the
+  rung's recipe otherwise unchanged: what B3 measured at batch 512, on this rung's step.
+
+The recipe is the one a committed ladder's rung ran (``--results``, default the reference run's
+torch.json). Prints one line per variant and writes the numbers to ``--out``. Run it on an
+otherwise idle GPU (``graphs`` needs one).
 """
 from __future__ import annotations
 
@@ -31,6 +36,9 @@ def compile_blocks(model, mode=None):
     return model
 
 
+VARIANTS = ("whole", "regional", "graphs")
+
+
 def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
     from perfladder.config import get_config
     from perfladder.torch.lab import TorchLab
@@ -40,13 +48,16 @@ def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
     if variant == "regional":
         lab.use(compile_model=compile_blocks)
     recipe = lab.recipe_from_dict(recipe_dict)
+    if variant == "graphs":
+        recipe = recipe.replace(cudagraphs=True)
     step = lab.build_step(recipe)
     c0 = compile_count()
     X, Y = next(lab.stream(recipe.batch_size))
     step(X, Y)                      # times its own first call between syncs
     first = sum(step.first_call_s.values())
     t, again, _ = lab.measure(step, recipe.batch_size)
-    return {"variant": variant, "first_call_s": first, "compilations": compile_count() - c0,
+    return {"variant": variant, "recipe": recipe.to_dict(), "first_call_s": first,
+            "compilations": compile_count() - c0,
             "tokens_per_s": t.tokens_per_s, "windows": t.windows, "stable": t.stable, "spread": t.spread,
             "remeasured": again}
 
@@ -57,15 +68,16 @@ def main() -> int:
     p.add_argument("--results", default=str(DEFAULT_RESULTS))
     p.add_argument("--out", default=None)
     p.add_argument("--config", default="full", choices=("full", "smoke"), help="smoke: a CPU check")
-    p.add_argument("--variant", choices=("whole", "regional"), help=argparse.SUPPRESS)
+    p.add_argument("--variants", default="whole,regional", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     a = p.parse_args()
     if not Path(a.results).is_file():
-        print(f"regional_compile: --results {a.results!r} is not a file; give a ladder's torch.json",
+        print(f"compile_variants: --results {a.results!r} is not a file; give a ladder's torch.json",
               file=sys.stderr)
         return 2
     rungs = {r["name"]: r for r in json.loads(Path(a.results).read_text())["rungs"]}
     if a.rung not in rungs or not rungs[a.rung].get("recipe"):
-        print(f"regional_compile: no measured rung {a.rung!r} in {a.results}; valid choices: "
+        print(f"compile_variants: no measured rung {a.rung!r} in {a.results}; valid choices: "
               f"{', '.join(n for n, r in rungs.items() if r.get('recipe'))}", file=sys.stderr)
         return 2
     recipe = rungs[a.rung]["recipe"]
@@ -73,16 +85,27 @@ def main() -> int:
         print(json.dumps(one_variant(a.variant, recipe, a.config)))
         return 0
     out = {"rung": a.rung, "recipe": recipe, "variants": []}
-    for variant in ("whole", "regional"):
-        with tempfile.TemporaryDirectory(prefix="regional-compile-") as cache:
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        print(f"compile_variants: --variants {a.variants!r} names "
+              f"{', '.join(map(repr, bad)) if bad else 'no variant'}; valid choices: {', '.join(VARIANTS)}",
+              file=sys.stderr)
+        return 2
+    failed = 0
+    for variant in variants:
+        with tempfile.TemporaryDirectory(prefix="compile-variants-") as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
                    "TRITON_CACHE_DIR": f"{cache}/triton"}
-            run = subprocess.run([sys.executable, __file__, "--rung", a.rung, "--results",
-                                  a.results, "--config", a.config, "--variant", variant], env=env, text=True,
-                                 capture_output=True)
-        if run.returncode != 0:
-            print(run.stderr[-3000:], file=sys.stderr)
-            return run.returncode
+            run = subprocess.run([sys.executable, __file__, "--rung", a.rung, "--results", a.results,
+                                  "--config", a.config, "--variant", variant],
+                                 env=env, text=True, capture_output=True)
+        if run.returncode != 0:      # recorded, and the other variants still run
+            failed += 1
+            lines = run.stderr.strip().splitlines() or [f"exit {run.returncode}"]
+            out["variants"].append({"variant": variant, "error": lines[-1]})
+            print(f"{variant:9} FAILED: {lines[-1]}", flush=True)
+            continue
         got = json.loads(run.stdout.strip().splitlines()[-1])
         out["variants"].append(got)
         print(f"{variant:9} first call {got['first_call_s']:6.1f} s  {got['tokens_per_s']:>12,.0f} "
@@ -90,7 +113,7 @@ def main() -> int:
               f"{'' if got['stable'] else ' (did not settle)'}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
