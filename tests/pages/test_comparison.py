@@ -80,7 +80,9 @@ def test_the_batch_claim_reads_a_gain_credited_as_a_bound():
                        rung("R2", "bf16", [120e3, 121e3, 122e3], "R1"),
                        rung("R3", "batch_up", [480e3, 484e3, 488e3], "R2", batch_size=512)])
     modest = seed([130e3, 150e3, 170e3])               # R1 at most 1.7x R0; R3 4x R2
-    assert comparison.call(modest, modest.rung("R1")).ratio is None      # credited as a bound
+    r1 = comparison.call(modest, modest.rung("R1"))
+    assert r1.ratio is None and r1.bound == pytest.approx(130 / 102)     # credited as a bound
+    assert r1.most == pytest.approx(170 / 100)                           # and what its windows allow
     claim = comparison.torch_batch_biggest(modest)
     assert claim.holds is True and "≥1.27x R0" in claim.evidence
     big = seed([130e3, 300e3, 500e3])                  # R1 might be up to 5x: not established

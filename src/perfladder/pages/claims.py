@@ -122,6 +122,7 @@ class Call:
     credited: bool = False            # a speedup the page may credit
     shaky: str = ""                   # a loss called against windows that did not settle
     bound: float | None = None        # an unsettled gain credited as "at least this"
+    most: float | None = None         # ... and the most its windows allow (with ``bound``)
 
     @property
     def label(self) -> str:
@@ -151,10 +152,11 @@ def call_of(v: dict | None, r: RungResult, before: RungResult | None) -> Call:
             return Call("slower", v["against"], ratio, shaky=unsettled_clause(r, before))
         # every window of the rung (settled or not) above every window its base ever showed:
         # the gain is certain, and at least the ratio of those two extremes
-        mine = min(r.timing.windows) if r.timing is not None and r.timing.windows else lo
-        theirs = (v.get("against_all") or v["against_range"])[1]
-        if mine > theirs * (1 + v.get("min_effect", _verdict.MIN_EFFECT)):
-            return Call("faster", v["against"], None, credited=True, bound=mine / theirs,
+        windows = r.timing.windows if r.timing is not None and r.timing.windows else [lo, hi]
+        base = v.get("against_all") or v["against_range"]
+        if min(windows) > base[1] * (1 + v.get("min_effect", _verdict.MIN_EFFECT)):
+            return Call("faster", v["against"], None, credited=True, bound=min(windows) / base[1],
+                        most=max(windows) / base[0],
                         shaky=unsettled_clause(r, before))
         return Call("unsettled", v["against"])
     return Call(word, v["against"], ratio, credited=word == "faster")

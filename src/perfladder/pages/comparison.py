@@ -177,23 +177,13 @@ def torch_batch_biggest(t: LadderResult | None) -> Claim:
     evidence = ("; ".join(f"{r.name} {r.label}: {calls[r.name].label or '-'} {calls[r.name].against} "
                           f"({calls[r.name].word})" for r in rungs)
                 + "; at batch 64 " + " and ".join(f"{r.name} is {regime_of(r)}" for r in small) + ".")
-    spans = {r.name: _credited_span(t, r, calls[r.name]) for r in rungs if calls[r.name].credited}
-    # the batch rung is the biggest only if its least possible gain beats every other credited
-    # rung's greatest (an unsettled gain is credited as a bound: known from below only)
+    # the least and the most each credited gain can be (an unsettled one is credited as a
+    # bound); the batch rung is the biggest only if its least beats every other's most
+    spans = {n: (c.ratio, c.ratio) if c.ratio is not None else (c.bound, c.most)
+             for n, c in calls.items() if c.credited}
     holds = ("R3" in spans and all(spans["R3"][0] >= hi for n, (_, hi) in spans.items() if n != "R3")
              and calls["R2"].word == "slower")
     return Claim("torch_batch_biggest", statement, evidence, holds, chapter)
-
-
-def _credited_span(res: LadderResult, r: RungResult, c) -> tuple[float, float]:
-    """The least and the greatest gain a credited call allows: its ratio twice when both
-    settled; for a bound, the bound and the ratio of ``r``'s fastest window to the slowest
-    its base ever showed."""
-    if c.ratio is not None:
-        return c.ratio, c.ratio
-    base = res.rung(r.builds_on)
-    slowest = min((r.verdict or {}).get("against_all") or base.timing.windows)
-    return c.bound, max(r.timing.windows) / slowest
 
 
 def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
