@@ -161,6 +161,7 @@ class Compile(Record):
     """The first (compiling) call, outside any timed window."""
     first_call_s: float
     compilations: int | None = None
+    cache_hits: int | None = None     # graphs the first call loaded from the compiler's cache
 
 
 @dataclass

@@ -143,6 +143,8 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
     if r.compile is not None:
         out.append(("compile", f"first call {r.compile.first_call_s:.1f} s"
                     + ("" if r.compile.compilations is None else f", {r.compile.compilations} compilation(s)")
+                    + ("" if not r.compile.cache_hits
+                       else f", {r.compile.cache_hits} graph(s) loaded from the compiler's cache")
                     + ("" if compile_recorded(r) else "; the compile ran before it and was not recorded")))
     if r.tflops is not None:
         out.append(("rate", f"{tflops(r.tflops)} model TFLOP/s"

@@ -106,7 +106,9 @@ def first_call_text(r: RungResult) -> str:
         return "–"
     if not compile_recorded(r):
         return "not recorded in this run"
-    return f"{r.compile.first_call_s:.1f} s"
+    hits = r.compile.cache_hits
+    return f"{r.compile.first_call_s:.1f} s" + (
+        f", {hits} of its graphs loaded from the compiler's cache" if hits else "")
 
 
 def regime_of(r: RungResult) -> str:

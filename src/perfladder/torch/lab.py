@@ -47,7 +47,7 @@ class TorchLab:
     baseline = "R0"
     seed_top = "R3"            # the last rung of the seed's recipe; beyond rungs start here
 
-    def __init__(self, config: LadderConfig, device=None, command: str = ""):
+    def __init__(self, config: LadderConfig, device=None, command: str = "", probe: bool = True):
         if not isinstance(config, LadderConfig):
             raise TypeError(f"config must be a LadderConfig, got {type(config).__name__}")
         self.config = config
@@ -65,9 +65,10 @@ class TorchLab:
         peak = peak_for(self.device_name)
         notes = [f"fp32 matmuls {'run as TF32' if self.on_gpu else 'stay fp32 on CPU'} "
                  "(torch.set_float32_matmul_precision('high'))", self._check_flops()]
-        roofs = probe_roofs() if self.on_gpu else None
+        roofs = probe_roofs() if self.on_gpu and probe else None
         if roofs is None:
-            notes.append("no measured device ceilings in this run (no CUDA device to probe)")
+            notes.append("no measured device ceilings in this run "
+                         f"({'no CUDA device to probe' if probe else 'not probed'})")
         self.result = LadderResult(
             framework="torch", device=self.device_name, config=config.to_dict(),
             baseline=self.baseline, versions=versions(), command=command, roofs=roofs,

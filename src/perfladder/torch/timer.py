@@ -44,6 +44,17 @@ def compile_count() -> int:
                      ("fxgraph_cache_miss", "fxgraph_cache_hit", "fxgraph_cache_bypass")))
 
 
+def cache_hits() -> int:
+    """How many compiled graphs this process has loaded from a cache so far: inductor's FX graph
+    cache and AOTAutograd's (which, hit, skips inductor for the forward and backward alike)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:      # pragma: no cover - torch built without dynamo
+        return 0
+    return int(counters.get("inductor", {}).get("fxgraph_cache_hit", 0)
+               + counters.get("aot_autograd", {}).get("autograd_cache_hit", 0))
+
+
 def fingerprint(X) -> bytes:
     """The first rows of a batch, as bytes: read on the host during warm-up only."""
     return X[:2].detach().cpu().numpy().tobytes()

@@ -18,17 +18,46 @@ from perfladder.torch.rungs.seed import SEED
 RUNGS = engine.registry(SEED + BEYOND + MULTI_GPU)
 
 
-def Ladder(config: LadderConfig, command: str = "", device=None) -> engine.LadderRun:
-    """A PyTorch ladder to run rung by rung (``.run(name)``), on a fresh ``TorchLab``."""
-    return engine.LadderRun(TorchLab(config, device=device, command=command), RUNGS)
+def Ladder(config: LadderConfig, command: str = "", device=None, ahead: bool | None = None
+           ) -> engine.LadderRun:
+    """A PyTorch ladder to run rung by rung (``.run(name)``), on a fresh ``TorchLab``.
+    ``ahead``: compile the expected steps first, in helper processes (``perfladder.torch.ahead``;
+    default: on a GPU, full config)."""
+    lab = TorchLab(config, device=device, command=command)
+    _ahead(lab, engine.check_rungs(RUNGS, None), ahead)
+    return engine.LadderRun(lab, RUNGS)
 
 
 def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=None,
                command: str = "", optional: bool = False, kernels: bool = True, device=None,
-               resume=None, checkpoint=None) -> LadderResult:
+               resume=None, checkpoint=None, ahead: bool | None = None) -> LadderResult:
     """Run ``rungs`` (default: every non-optional rung) in ladder order, then the kernel
     report and the learning check of the fastest configuration; see ``perfladder.ladder.engine``."""
     names = engine.check_rungs(RUNGS, rungs, optional=optional)     # bad names: before any setup
-    return engine.run_ladder(TorchLab(config, device=device, command=command), RUNGS, names,
+    lab = TorchLab(config, device=device, command=command)
+    _ahead(lab, names, ahead)
+    return engine.run_ladder(lab, RUNGS, names,
                              learn=learn, progress=progress, optional=optional, kernels=kernels,
                              resume=resume, checkpoint=checkpoint)
+
+
+def _ahead(lab: TorchLab, names, ahead: bool | None) -> None:
+    """Compile the ladder's expected steps in helper processes before its first rung, and say
+    so in the result's notes (and on stdout: a minute in which nothing else appears to run)."""
+    if not (lab.on_gpu and not lab.config.is_smoke if ahead is None else ahead):
+        return
+    from perfladder.results.committed import reference_run, read_run
+    from perfladder.torch import ahead as compile_ahead
+    try:
+        reference = read_run(reference_run(framework="torch") / "torch.json")
+    except Exception:                     # no repository, or no readable reference: the chain
+        reference = None
+    recipes = compile_ahead.expected_recipes(lab, RUNGS, names, reference)
+    costs = {}
+    if reference is not None:
+        for r in reference.rungs:
+            seconds = r.details.get("seconds") or {}
+            costs[r.name] = seconds.get("gates", 0.0) + (r.compile.first_call_s if r.compile else 0.0)
+    report = compile_ahead.compile_ahead(lab, recipes, costs=costs)
+    lab.result.notes.append(compile_ahead.summary(report))
+    print(f"perfladder: {lab.result.notes[-1]}", flush=True)

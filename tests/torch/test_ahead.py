@@ -1,0 +1,142 @@
+"""perfladder.torch.ahead: the ladder's compiled steps compiled in helper processes, loaded
+from the compiler's cache by the rungs' own first calls."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from perfladder.config import get_config
+from perfladder.ladder import engine
+from perfladder.results.committed import read_run, reference_run
+from perfladder.torch import ahead
+from perfladder.torch.lab import TorchLab
+from perfladder.torch.recipe import Recipe
+from perfladder.torch.rungs import RUNGS
+
+NAMES = engine.check_rungs(RUNGS, None)
+
+
+@pytest.fixture(scope="module")
+def full_lab():
+    return TorchLab(get_config("full"), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return read_run(reference_run(framework="torch") / "torch.json")
+
+
+def test_the_guess_is_the_reference_runs_compiled_steps_one_per_set_of_graphs(full_lab, reference):
+    ref = copy.deepcopy(reference)
+    last = next(r for r in reversed(ref.rungs) if r.measured and r.stage == "beyond")
+    last.recipe = {**last.recipe, "autotune": True}       # max-autotune: tuned at compile time
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, ref)
+    measured = {r.name: full_lab.recipe_from_dict(r.recipe) for r in ref.rungs if r.measured}
+    assert "R1" not in got                                  # its first call is the chapter's compile
+    assert last.name not in got
+    assert all(r.compiled for r in got.values())
+    assert all(got[n] == measured[n] for n in got)          # the reference's own recipes
+    keys = [ahead._key(r) for r in got.values()]
+    assert len(set(keys)) == len(keys)
+    # every other compiled, measured one-GPU rung is there, or shares its graphs with one that is
+    left = {n for n, r in measured.items() if r.compiled and not r.autotune and n not in ("R1",)
+            and RUNGS[n].stage != "multi-gpu"} - set(got)
+    assert all(ahead._key(measured[n]) in keys for n in left)
+    if "B1" in measured and "R3" in measured:               # fused AdamW runs outside the graphs
+        assert "B1" not in got and "R3" in got
+
+
+def test_without_a_reference_the_guess_walks_the_declared_chain():
+    lab = TorchLab(get_config("smoke"), device="cpu")
+    full = ahead.expected_recipes(lab, RUNGS, NAMES, None)
+    assert "R1" not in full and "R0" not in full
+    assert full["R2"] == Recipe(batch_size=lab.config.batch_size, compiled=True, bf16=True)
+    beyond = [n for n in full if RUNGS[n].stage == "beyond"]
+    assert beyond, full
+    # each kept beyond rung builds on the one before: the last carries the changes before it
+    later = full[beyond[-1]]
+    assert later.bf16 and later.compiled and later.batch_size >= lab.config.big_batch
+    # a reference of another config is not a guess for this one
+    other = read_run(reference_run(framework="torch") / "torch.json")
+    assert ahead.expected_recipes(lab, RUNGS, NAMES, other) == full
+
+
+def test_a_step_compiled_ahead_is_loaded_by_the_rungs_first_call(tmp_path):
+    """In a fresh compiler cache: one helper compiles R2's step, another is handed a step that
+    cannot be built on a CPU (CUDA graphs) and says why; the step built afterwards in this
+    process loads its graphs from the cache, which the helper had not found there."""
+    script = textwrap.dedent("""
+        import json
+        from perfladder.config import get_config
+        from perfladder.torch import ahead
+        from perfladder.torch.lab import TorchLab
+        from perfladder.torch.recipe import Recipe
+        from perfladder.torch.timer import cache_hits
+        lab = TorchLab(get_config("smoke").replace(num_blks=1), device="cpu")
+        r2 = Recipe(batch_size=8, compiled=True, bf16=True)
+        graphs = Recipe(batch_size=8, compiled=True, cudagraphs=True)
+        report = ahead.compile_ahead(lab, {"R2": r2, "B3": graphs}, workers=2)
+        h0 = cache_hits()
+        step = lab.build_step(r2)
+        step(*next(lab.stream(8)))
+        print(json.dumps({"report": report, "hits": cache_hits() - h0, "line": ahead.summary(report)}))
+    """)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    report = got["report"]
+    assert report["compiled"] == ["R2"] and report["workers"] == 2
+    assert "reduce-overhead" in report["failed"]["B3"] or "CUDA" in report["failed"]["B3"]
+    assert report["already_cached"] == 0     # the helper compiled them ...
+    assert got["hits"] >= 2                  # ... and the rung loads the forward and the backward
+    assert "1 of 2 expected compiled steps" in got["line"] and "not compiled ahead: B3" in got["line"]
+
+
+def test_a_helper_past_its_time_is_stopped_and_its_steps_reported():
+    lab = TorchLab(get_config("smoke"), device="cpu")
+    report = ahead.compile_ahead(lab, {"R2": Recipe(batch_size=8, compiled=True, bf16=True)},
+                                 workers=1, timeout_s=0.2)
+    assert report["compiled"] == []
+    assert report["failed"]["R2"].startswith("helper exited")
+
+
+def test_nothing_expected_starts_no_helper():
+    lab = TorchLab(get_config("smoke"), device="cpu")
+    report = ahead.compile_ahead(lab, {})
+    assert report["workers"] == 0 and "nothing" in ahead.summary(report)
+
+
+def test_the_ladder_compiles_ahead_only_on_a_gpu_unless_asked(monkeypatch):
+    from perfladder.torch import rungs as torch_rungs
+    calls = []
+
+    def fake(lab, recipes, **kw):
+        calls.append(sorted(recipes))
+        return {"steps": len(recipes), "workers": 1, "seconds": 1.0, "compiled": sorted(recipes),
+                "failed": {}}
+    monkeypatch.setattr(ahead, "compile_ahead", fake)
+    run = torch_rungs.Ladder(get_config("smoke"), device="cpu")
+    assert calls == [] and not any(n.startswith("compiled ahead") for n in run.result.notes)
+    run = torch_rungs.Ladder(get_config("smoke"), device="cpu", ahead=True)
+    assert calls and "R2" in calls[0] and "R1" not in calls[0]
+    assert any(n.startswith("compiled ahead") for n in run.result.notes)
+
+
+def test_a_cache_hit_is_said_beside_the_first_call():
+    from perfladder.measure.evidence import Compile
+    from perfladder.pages.claims import first_call_text
+    from perfladder.results.record import RungResult
+    r = RungResult(name="B5", key="batch_x2", label="batch x2", tokens_per_s=1.0,
+                   recipe={"compiled": True}, compile=Compile(first_call_s=1.25, compilations=3,
+                                                              cache_hits=2))
+    assert first_call_text(r) == "1.2 s, 2 of its graphs loaded from the compiler's cache"
+    r.compile.cache_hits = 0
+    assert first_call_text(r) == "1.2 s"
