@@ -34,6 +34,7 @@ from pathlib import Path
 COLD = ("R1",)              # rungs whose first call the pages read as the price of compiling
 TIMEOUT_S = 600             # the helpers' wall budget; past it they are stopped and rungs compile
 CALLS = 3                   # steps per recipe: the optimizer's graphs change after its first step
+HELPER_BYTES = 40 * 2**30   # device memory a helper may need: the largest step's first call
 
 
 def _key(recipe) -> str:
@@ -136,10 +137,14 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
 
 def default_workers(lab, count: int) -> int:
     """Helpers: a quarter of the CPU cores (each compile also fans its Triton kernels out to
-    a pool of processes), at most 3 on a GPU (three batch-2048 steps fit on a 141 GB H200
-    beside each other, four would not), 2 on a CPU."""
+    a pool of processes), and on a GPU one per ``HELPER_BYTES`` of free device memory (three
+    on a 141 GB H200: the ladder's batch-2048 steps peak at 32 GiB each); 2 on a CPU."""
     cores = os.cpu_count() or 1
-    return max(1, min(count, cores // 4 or 1, 3 if lab.on_gpu else 2))
+    room = 2
+    if lab.on_gpu:
+        import torch
+        room = int(torch.cuda.mem_get_info(lab.device)[0] // HELPER_BYTES)
+    return max(1, min(count, cores // 4 or 1, room))
 
 
 def summary(report: dict) -> str:
