@@ -114,7 +114,7 @@ def test_nothing_expected_starts_no_helper():
     assert report["workers"] == 0 and "nothing" in ahead.summary(report)
 
 
-def test_the_ladder_compiles_ahead_only_on_a_gpu_unless_asked(monkeypatch):
+def test_the_ladder_compiles_ahead_only_when_asked(monkeypatch):
     from perfladder.torch import rungs as torch_rungs
     calls = []
 

@@ -18,11 +18,11 @@ from perfladder.torch.rungs.seed import SEED
 RUNGS = engine.registry(SEED + BEYOND + MULTI_GPU)
 
 
-def Ladder(config: LadderConfig, command: str = "", device=None, ahead: bool | None = None
+def Ladder(config: LadderConfig, command: str = "", device=None, ahead: bool = False
            ) -> engine.LadderRun:
     """A PyTorch ladder to run rung by rung (``.run(name)``), on a fresh ``TorchLab``.
     ``ahead``: compile the expected steps first, in helper processes (``perfladder.torch.ahead``;
-    default: on a GPU, full config)."""
+    off unless asked: on the H200 it cost more build time than it saved)."""
     lab = TorchLab(config, device=device, command=command)
     _ahead(lab, engine.check_rungs(RUNGS, None), ahead)
     return engine.LadderRun(lab, RUNGS)
@@ -30,7 +30,7 @@ def Ladder(config: LadderConfig, command: str = "", device=None, ahead: bool | N
 
 def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=None,
                command: str = "", optional: bool = False, kernels: bool = True, device=None,
-               resume=None, checkpoint=None, ahead: bool | None = None) -> LadderResult:
+               resume=None, checkpoint=None, ahead: bool = False) -> LadderResult:
     """Run ``rungs`` (default: every non-optional rung) in ladder order, then the kernel
     report and the learning check of the fastest configuration; see ``perfladder.ladder.engine``."""
     names = engine.check_rungs(RUNGS, rungs, optional=optional)     # bad names: before any setup
@@ -41,10 +41,10 @@ def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=No
                              resume=resume, checkpoint=checkpoint)
 
 
-def _ahead(lab: TorchLab, names, ahead: bool | None) -> None:
+def _ahead(lab: TorchLab, names, ahead: bool) -> None:
     """Compile the ladder's expected steps in helper processes before its first rung, and say
     so in the result's notes (and on stdout: a minute in which nothing else appears to run)."""
-    if not (lab.on_gpu and not lab.config.is_smoke if ahead is None else ahead):
+    if not ahead:
         return
     from perfladder.results.committed import reference_run, read_run
     from perfladder.torch import ahead as compile_ahead
