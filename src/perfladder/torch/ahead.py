@@ -20,12 +20,11 @@ cached code, so they must be made on an idle GPU. The helpers compile with induc
 cache off (the setting travels with the cached code): each Triton kernel's launch configuration
 is then chosen by the rung's own first call on the idle GPU, not by helpers sharing it.
 
-Off unless asked (``perfladder.torch.Ladder(..., ahead=True)``): in a full-config book build on
-one H200 (``benchmarks/results/h200-book-ahead-2026-12-03``) three helpers took 135 s for 15
-steps, contending for the 16 cores; R2-R3, B1-B6 and B9/B13 loaded their graphs (first calls
-of 1.5-5 s instead of 12-18 s), but R4 (activation checkpointing) found none and the rungs with
-our Triton kernels only some (B10, B12, B14: 15-18 s), and each rung re-timed its kernels'
-launch configurations: the PyTorch notebook took 536 s against 435 s without it.
+Off unless asked (``perfladder.torch.Ladder(..., ahead=True)``): on one H200 the helpers
+slowed each other's compiles, some rungs' graphs were not found in the cache (activation
+checkpointing, our Triton kernels), and every rung then re-timed its kernels' launch
+configurations, so a book build took longer with it than without it
+(``benchmarks/results/h200-book-ahead-2026-12-03/README.md``).
 """
 from __future__ import annotations
 

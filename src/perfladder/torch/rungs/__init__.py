@@ -46,7 +46,7 @@ def _ahead(lab: TorchLab, names, ahead: bool) -> None:
     so in the result's notes (and on stdout: a minute in which nothing else appears to run)."""
     if not ahead:
         return
-    from perfladder.results.committed import reference_run, read_run
+    from perfladder.results.committed import read_run, reference_run
     from perfladder.torch import ahead as compile_ahead
     try:
         reference = read_run(reference_run(framework="torch") / "torch.json")
