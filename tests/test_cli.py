@@ -176,3 +176,16 @@ def test_no_learn_says_that_the_targets_go_unchecked(monkeypatch, capsys):
     assert "--no-learn: no learning check" in capsys.readouterr().err
     assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--quiet"]) == 0
     assert "no learning check" not in capsys.readouterr().err
+
+
+def test_compile_ahead_is_a_pytorch_option(capsys):
+    assert main(["run", "jax", "--config", "smoke", "--compile-ahead"]) == 2
+    assert "--compile-ahead is not valid for jax; valid choices: torch" in capsys.readouterr().err
+
+
+def test_compile_ahead_reaches_the_pytorch_ladder(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet",
+                 "--compile-ahead", "--out", str(out)]) == 0
+    notes = json.loads(out.read_text())["notes"]
+    assert "compiled ahead: nothing (no compiled step expected)" in notes     # R0 is eager

@@ -68,8 +68,8 @@ def test_without_a_reference_the_guess_walks_the_declared_chain():
 
 
 def test_a_step_compiled_ahead_is_loaded_by_the_rungs_first_call(tmp_path):
-    """In a fresh compiler cache: one helper compiles R2's step, another is handed a step that
-    cannot be built on a CPU (CUDA graphs) and says why; the step built afterwards in this
+    """In a fresh compiler cache: a helper is handed a step that cannot be built on a CPU (CUDA
+    graphs), says why and goes on to compile R2's step; the step built afterwards in this
     process loads its graphs from the cache, which the helper had not found there."""
     script = textwrap.dedent("""
         import json
@@ -81,7 +81,7 @@ def test_a_step_compiled_ahead_is_loaded_by_the_rungs_first_call(tmp_path):
         lab = TorchLab(get_config("smoke").replace(num_blks=1), device="cpu")
         r2 = Recipe(batch_size=8, compiled=True, bf16=True)
         graphs = Recipe(batch_size=8, compiled=True, cudagraphs=True)
-        report = ahead.compile_ahead(lab, {"R2": r2, "B3": graphs}, workers=2)
+        report = ahead.compile_ahead(lab, {"B3": graphs, "R2": r2}, workers=1)
         h0 = cache_hits()
         step = lab.build_step(r2)
         step(*next(lab.stream(8)))
@@ -93,19 +93,21 @@ def test_a_step_compiled_ahead_is_loaded_by_the_rungs_first_call(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     report = got["report"]
-    assert report["compiled"] == ["R2"] and report["workers"] == 2
+    assert report["compiled"] == ["R2"] and report["workers"] == 1
     assert "reduce-overhead" in report["failed"]["B3"] or "CUDA" in report["failed"]["B3"]
     assert report["already_cached"] == 0     # the helper compiled them ...
     assert got["hits"] >= 2                  # ... and the rung loads the forward and the backward
     assert "1 of 2 expected compiled steps" in got["line"] and "not compiled ahead: B3" in got["line"]
 
 
-def test_a_helper_past_its_time_is_stopped_and_its_steps_reported():
+def test_helpers_past_their_time_are_stopped_and_their_steps_reported():
     lab = TorchLab(get_config("smoke"), device="cpu")
-    report = ahead.compile_ahead(lab, {"R2": Recipe(batch_size=8, compiled=True, bf16=True)},
-                                 workers=1, timeout_s=0.2)
-    assert report["compiled"] == []
-    assert report["failed"]["R2"].startswith("helper exited")
+    recipes = {"R2": Recipe(batch_size=8, compiled=True, bf16=True),
+               "R3": Recipe(batch_size=32, compiled=True, bf16=True)}
+    report = ahead.compile_ahead(lab, recipes, workers=2, timeout_s=0.2)
+    assert report["workers"] == 2 and report["compiled"] == []
+    assert sorted(report["failed"]) == ["R2", "R3"]
+    assert all(e.startswith("helper exited") for e in report["failed"].values())
 
 
 def test_nothing_expected_starts_no_helper():
@@ -140,3 +142,36 @@ def test_a_cache_hit_is_said_beside_the_first_call():
     assert first_call_text(r) == "1.2 s, 2 of its graphs loaded from the compiler's cache"
     r.compile.cache_hits = 0
     assert first_call_text(r) == "1.2 s"
+
+
+def test_the_helpers_launch_configurations_are_forgotten_and_no_other(tmp_path, monkeypatch):
+    import time
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    (tmp_path / "ab").mkdir()
+    old, new, kernel = (tmp_path / "ab" / n for n in ("old.best_config", "new.best_config", "k.py"))
+    for f in (old, new, kernel):
+        f.write_text("{}")
+    since = time.time() - 5
+    os.utime(old, (since - 100, since - 100))           # an earlier build's choice
+    assert ahead.forget_tuning(since) == 1
+    assert old.exists() and kernel.exists() and not new.exists()
+
+
+def test_cache_events_say_what_the_caches_did_and_why_a_graph_was_not_cached(caplog):
+    import logging
+
+    import torch
+
+    from perfladder.torch.timer import BYPASS_LOGGERS, CACHE_COUNTERS, cache_events
+    f = torch.compile(lambda x: torch.sin(x) * 2, dynamic=False)
+    with caplog.at_level(logging.INFO), cache_events() as caches:
+        f(torch.randn(3, 5))
+        logging.getLogger(BYPASS_LOGGERS[0]).info("Bypassing FX Graph Cache because '%s'", "a reason")
+    assert set(caches) - {"bypass_reasons"} <= {name for _, name in CACHE_COUNTERS}
+    assert caches.get("fxgraph_cache_hit", 0) + caches.get("fxgraph_cache_miss", 0) == 1
+    assert caches["bypass_reasons"] == ["Bypassing FX Graph Cache because 'a reason'"]
+    assert "a reason" not in caplog.text                       # kept from the console meanwhile
+    with cache_events() as nothing:
+        f(torch.randn(3, 5))                                   # compiled already: no cache asked
+    assert nothing == {}
+    assert logging.getLogger(BYPASS_LOGGERS[0]).propagate      # put back

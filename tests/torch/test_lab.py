@@ -212,6 +212,11 @@ def test_r1_compile_time_gate_and_its_own_profile(ladder_run):
     for name in ("R1", "R2", "R3", "R4"):
         c = res.rung(name).compile
         assert c.first_call_s > 0 and isinstance(c.compilations, int), name
+        # what the compiler's caches did for its graphs: each loaded (hit) or compiled (miss)
+        caches = res.rung(name).details["compile_cache"]
+        assert caches.get("fxgraph_cache_hit", 0) + caches.get("fxgraph_cache_miss", 0) >= 2, name
+        assert caches.get("fxgraph_cache_hit", 0) + caches.get("autograd_cache_hit", 0) == c.cache_hits
+    assert "compile_cache" not in res.rung("R0").details                  # eager: no compiler
     g = r1.gate("compiled vs eager logits")
     assert g.passed and 0 <= g.values["max_abs_diff"] < g.tolerances["atol"] == 1e-2
     names = [row["name"] for row in r1.profile.rows]

@@ -16,14 +16,16 @@ recipes of the committed reference run of the same config, else the declared cha
 beyond rung kept. A wrong guess costs a cache miss, and that rung compiles as it always did.
 Left out: R1, whose first call is where the chapter shows what compiling costs, and any recipe
 compiled with max-autotune, whose GEMM choices are timed at compile time and baked into the
-cached code, so they must be made on an idle GPU. The helpers compile with inductor's autotune
-cache off (the setting travels with the cached code): each Triton kernel's launch configuration
-is then chosen by the rung's own first call on the idle GPU, not by helpers sharing it.
+cached code, so they must be made on an idle GPU. The launch configurations the helpers' first
+calls chose for their Triton kernels, timed on a GPU they shared, are deleted from inductor's
+autotune cache when they end (``forget_tuning``): each kernel is then timed again by the first
+rung that launches it, on the idle GPU, and later rungs reuse that choice as they always did.
+Each helper's Triton compiles get its share of the cores (``TORCHINDUCTOR_COMPILE_THREADS``).
 
 Off unless asked (``perfladder.torch.Ladder(..., ahead=True)``): on one H200 the helpers
 slowed each other's compiles, some rungs' graphs were not found in the cache (activation
-checkpointing, our Triton kernels), and every rung then re-timed its kernels' launch
-configurations, so a book build took longer with it than without it
+checkpointing, our Triton kernels; each rung's ``details['compile_cache']`` now says why), and
+every rung re-timed its kernels, so a book build took longer with it than without it
 (``benchmarks/results/h200-book-ahead-2026-12-03/README.md``).
 """
 from __future__ import annotations
@@ -94,17 +96,20 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
     ``default_workers``) and wait for them. ``costs``: ``{name: seconds}`` expected per recipe
     (the longest are started first). Returns the report: ``steps``, ``workers``, ``seconds``,
     ``compiled`` (names), ``already_cached`` (how many of those a helper found compiled: an
-    earlier build's), ``failed`` (``{name: error}``). A helper that fails or runs past
+    earlier build's), ``failed`` (``{name: error}``), ``forgotten_tunings``. A helper that fails or runs past
     ``timeout_s`` costs only the rungs it did not compile."""
     t0 = time.perf_counter()
     report = {"steps": len(recipes), "workers": 0, "seconds": 0.0, "compiled": [], "failed": {},
-              "already_cached": 0}
+              "already_cached": 0, "forgotten_tunings": 0}
     if not recipes:
         return report
     n = max(1, min(len(recipes), workers or default_workers(lab, len(recipes))))
     order = sorted(recipes, key=lambda k: -(costs or {}).get(k, 0.0))
     shares = [order[i::n] for i in range(n)]       # longest first, dealt round the helpers
     report["workers"] = n
+    since = time.time()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     with tempfile.TemporaryDirectory(prefix="perfladder-ahead-") as tmp:
         procs = []
         for i, share in enumerate(shares):
@@ -113,8 +118,8 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
                                        "recipes": {k: recipes[k].to_dict() for k in share}}))
             log = open(Path(tmp) / f"out{i}.jsonl", "w")
             procs.append((subprocess.Popen([sys.executable, "-m", "perfladder.torch.ahead", str(job)],
-                                           stdout=log, stderr=subprocess.DEVNULL,
-                                           env={**os.environ, "PYTHONUNBUFFERED": "1"}), log, share))
+                                           stdout=log, stderr=subprocess.DEVNULL, env=env),
+                          log, share))
         for p, log, share in procs:
             try:
                 p.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
@@ -137,8 +142,25 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
                     report["already_cached"] += d.get("cache_hits", 0) > 0
                 else:
                     report["failed"][name] = d.get("error") or f"helper exited {p.returncode} first"
+    report["forgotten_tunings"] = forget_tuning(since)
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+def forget_tuning(since: float) -> int:
+    """Delete the kernel launch configurations inductor's autotune cache took in since ``since``
+    (wall-clock seconds; ``*.best_config`` files beside the kernels in its cache folder), so
+    that no choice made on a shared GPU is reused. Returns how many."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    gone = 0
+    for f in Path(cache_dir()).rglob("*.best_config"):
+        try:
+            if f.stat().st_mtime >= since:
+                f.unlink()
+                gone += 1
+        except OSError:           # gone already, or not ours to delete: nothing to forget
+            continue
+    return gone
 
 
 def default_workers(lab, count: int) -> int:
@@ -179,7 +201,6 @@ def _helper(job_path: str) -> None:
     from perfladder.torch.timer import cache_hits
 
     job = json.loads(Path(job_path).read_text())
-    torch._inductor.config.autotune_local_cache = False      # see the module docstring
     lab = TorchLab(LadderConfig(**job["config"]), device=job["device"], probe=False)
     for name, d in job["recipes"].items():
         t0, h0, error = time.perf_counter(), cache_hits(), None

@@ -1,6 +1,9 @@
 """PyTorch's side of the timer: the sync and the compile counter (what we run on: ``device``)."""
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
 
 from perfladder.checks import check_int
@@ -44,6 +47,14 @@ def compile_count() -> int:
                      ("fxgraph_cache_miss", "fxgraph_cache_hit", "fxgraph_cache_bypass")))
 
 
+# (counter group, counter) of the compiler's caches: inductor's FX graph cache, AOTAutograd's
+CACHE_COUNTERS = tuple((group, f"{prefix}_{event}") for group, prefix in
+                       (("inductor", "fxgraph_cache"), ("aot_autograd", "autograd_cache"))
+                       for event in ("hit", "miss", "bypass"))
+# the loggers that say why a graph could not be cached
+BYPASS_LOGGERS = ("torch._inductor.codecache", "torch._functorch._aot_autograd.autograd_cache")
+
+
 def cache_hits() -> int:
     """How many compiled graphs this process has loaded from a cache so far: inductor's FX graph
     cache and AOTAutograd's (which, hit, skips inductor for the forward and backward alike)."""
@@ -53,6 +64,46 @@ def cache_hits() -> int:
         return 0
     return int(counters.get("inductor", {}).get("fxgraph_cache_hit", 0)
                + counters.get("aot_autograd", {}).get("autograd_cache_hit", 0))
+
+
+class _Reasons(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.reasons: list[str] = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if msg.startswith("Bypassing"):
+            self.reasons.append(msg[:300])
+
+
+@contextlib.contextmanager
+def cache_events():
+    """What the compiler's caches did inside the block, in the dict it yields (filled at exit):
+    each of ``CACHE_COUNTERS`` that grew, by name, and ``bypass_reasons``, what the compiler
+    said of each graph it would not cache (a rung whose graphs could not be loaded from the
+    cache says why here). Those messages are kept from the console meanwhile."""
+    from torch._dynamo.utils import counters
+    before = {name: counters[group][name] for group, name in CACHE_COUNTERS}
+    out: dict = {}
+    handler = _Reasons()
+    loggers = [logging.getLogger(n) for n in BYPASS_LOGGERS]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+    try:
+        yield out
+    finally:
+        for lg, (level, propagate) in zip(loggers, saved):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+            lg.propagate = propagate
+        out.update({name: counters[group][name] - before[name] for group, name in CACHE_COUNTERS
+                    if counters[group][name] > before[name]})
+        if handler.reasons:
+            out["bypass_reasons"] = sorted(set(handler.reasons))
 
 
 def fingerprint(X) -> bytes:

@@ -32,7 +32,7 @@ from perfladder.torch.gates import GateError, model_gate, optimizer_gate
 from perfladder.torch.program import arithmetic
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.stream import batches
-from perfladder.torch.timer import cache_hits, compile_count
+from perfladder.torch.timer import cache_events, cache_hits, compile_count
 
 __all__ = ["trial", "loss_gate", "gate_batches", "LOSS_ATOL"]
 GATE_SEED_OFFSET = 10_000  # the gate's batches come from their own shuffle seed
@@ -55,19 +55,20 @@ def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: b
         with watch("reference"):
             reference_losses(lab, B)       # its memory is gone before the candidate is built
     c0, h0 = compile_count(), cache_hits()
-    with watch("build"):
-        step = lab.build_step(recipe)
-    with watch("gates"):
-        gates = model_gates(lab, step, recipe, optimizer=optimizer_gate_, watch=watch)
-        if checks:
-            with watch("gates/checks"):
-                gates += [check(lab, step, recipe) for check in checks]
-        if loss_gate_:
-            with watch("gates/loss steps"):
-                gates.append(loss_gate(lab, step, B))
-    with watch("first call"):
-        if "optimizer" not in step.first_call_s:       # nothing above took a whole step
-            step(*next(lab.stream(B)))
+    with cache_events() as caches:                    # wherever the step compiles, up to here
+        with watch("build"):
+            step = lab.build_step(recipe)
+        with watch("gates"):
+            gates = model_gates(lab, step, recipe, optimizer=optimizer_gate_, watch=watch)
+            if checks:
+                with watch("gates/checks"):
+                    gates += [check(lab, step, recipe) for check in checks]
+            if loss_gate_:
+                with watch("gates/loss steps"):
+                    gates.append(loss_gate(lab, step, B))
+        with watch("first call"):
+            if "optimizer" not in step.first_call_s:       # nothing above took a whole step
+                step(*next(lab.stream(B)))
     compiled = Compile(first_call_s=sum(step.first_call_s.values()),
                        compilations=compile_count() - c0, cache_hits=cache_hits() - h0)
     with watch("receipt"):
@@ -82,7 +83,8 @@ def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: b
         prof = lab.profile(step, B) if profile else None
     return Evidence(timing=Timing.of(t, again), recipe=recipe, gates=gates, receipt=receipt,
                     compile=compiled, memory=mem, profile=prof,
-                    details={**(details or {}), "arithmetic": arith, "seconds": watch.seconds},
+                    details={**(details or {}), "arithmetic": arith, "seconds": watch.seconds,
+                             **({"compile_cache": caches} if caches else {})},
                     notes=list(notes))
 
 
