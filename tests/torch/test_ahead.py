@@ -175,3 +175,24 @@ def test_cache_events_say_what_the_caches_did_and_why_a_graph_was_not_cached(cap
         f(torch.randn(3, 5))                                   # compiled already: no cache asked
     assert nothing == {}
     assert logging.getLogger(BYPASS_LOGGERS[0]).propagate      # put back
+
+
+def test_an_interrupt_stops_every_helper(monkeypatch):
+    lab = TorchLab(get_config("smoke"), device="cpu")
+    started = []
+
+    class Interrupted(subprocess.Popen):       # the reader presses stop while the helpers run
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            started.append(self)
+
+        def wait(self, timeout=None):
+            if timeout is not None:
+                raise KeyboardInterrupt
+            return super().wait()
+    monkeypatch.setattr(ahead.subprocess, "Popen", Interrupted)
+    recipes = {"R2": Recipe(batch_size=8, compiled=True, bf16=True),
+               "R3": Recipe(batch_size=32, compiled=True, bf16=True)}
+    with pytest.raises(KeyboardInterrupt):
+        ahead.compile_ahead(lab, recipes, workers=2)
+    assert len(started) == 2 and all(p.poll() is not None for p in started)

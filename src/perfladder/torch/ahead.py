@@ -96,8 +96,9 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
     ``default_workers``) and wait for them. ``costs``: ``{name: seconds}`` expected per recipe
     (the longest are started first). Returns the report: ``steps``, ``workers``, ``seconds``,
     ``compiled`` (names), ``already_cached`` (how many of those a helper found compiled: an
-    earlier build's), ``failed`` (``{name: error}``), ``forgotten_tunings``. A helper that fails or runs past
-    ``timeout_s`` costs only the rungs it did not compile."""
+    earlier build's), ``failed`` (``{name: error}``), ``forgotten_tunings``. A helper that
+    fails or runs past ``timeout_s`` costs only the rungs it did not compile; an interrupt
+    stops every helper before it goes on up."""
     t0 = time.perf_counter()
     report = {"steps": len(recipes), "workers": 0, "seconds": 0.0, "compiled": [], "failed": {},
               "already_cached": 0, "forgotten_tunings": 0}
@@ -112,22 +113,27 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     with tempfile.TemporaryDirectory(prefix="perfladder-ahead-") as tmp:
         procs = []
-        for i, share in enumerate(shares):
-            job = Path(tmp) / f"job{i}.json"
-            job.write_text(json.dumps({"config": lab.config.to_dict(), "device": str(lab.device),
-                                       "recipes": {k: recipes[k].to_dict() for k in share}}))
-            log = open(Path(tmp) / f"out{i}.jsonl", "w")
-            procs.append((subprocess.Popen([sys.executable, "-m", "perfladder.torch.ahead", str(job)],
-                                           stdout=log, stderr=subprocess.DEVNULL, env=env),
-                          log, share))
-        for p, log, share in procs:
-            try:
-                p.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            log.close()
-        for i, (p, _, share) in enumerate(procs):
+        try:
+            for i, share in enumerate(shares):
+                job = Path(tmp) / f"job{i}.json"
+                job.write_text(json.dumps({"config": lab.config.to_dict(), "device": str(lab.device),
+                                           "recipes": {k: recipes[k].to_dict() for k in share}}))
+                with open(Path(tmp) / f"out{i}.jsonl", "w") as log:     # the child keeps its copy
+                    procs.append((subprocess.Popen(
+                        [sys.executable, "-m", "perfladder.torch.ahead", str(job)],
+                        stdout=log, stderr=subprocess.DEVNULL, env=env), share))
+            for p, _ in procs:
+                try:
+                    p.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        finally:                  # an interrupt, or a helper that could not start: stop the rest
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        for i, (p, share) in enumerate(procs):
             done = {}
             for line in (Path(tmp) / f"out{i}.jsonl").read_text().splitlines():
                 try:
