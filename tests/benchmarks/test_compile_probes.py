@@ -1,8 +1,9 @@
-"""benchmarks/compile_variants.py and benchmarks/step_form_gate_time.py, the parts a CPU can
-check without their minutes of compiling: the regional variant compiles each block in place
-(what the model's parameters and names keep), a rung the results file lacks or an unknown
+"""benchmarks/compile_variants.py, step_form_gate_time.py and compile_ahead_probe.py, the parts
+a CPU can check without their minutes of compiling: the regional variant compiles each block in
+place (what the model's parameters and names keep), a rung the results file lacks or an unknown
 variant is refused in one line naming the valid ones, a variant that fails is recorded with its
-reason while the others run, and the compile log is read by program."""
+reason while the others run, and the compile log is read by program. (What the ahead probe
+runs, ``compile_ahead`` and ``cache_events``, is tested in tests/torch/test_ahead.py.)"""
 import json
 import logging
 import subprocess
@@ -59,3 +60,14 @@ def test_the_gate_probe_reads_compilations_by_program():
     finally:
         log.removeHandler(seen)
     assert seen.done == [("jit(train_step)", 2.5), ("jit(copy)", 0.01)]
+
+
+def test_the_compile_ahead_probe_refuses_an_unknown_rung_and_says_when_nothing_compiles(capsys):
+    probe = load_script("compile_ahead_probe")
+    assert probe.main(["--rungs", "R2,B99"]) == 2
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert "B99" in line and "valid choices: R0, R1" in line
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "compile_ahead_probe.py"), "--config",
+                           "smoke", "--rungs", "R0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "none of R0 is a compiled step" in proc.stdout
