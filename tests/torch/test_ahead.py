@@ -50,6 +50,11 @@ def test_the_guess_is_the_reference_runs_compiled_steps_one_per_set_of_graphs(fu
     assert all(ahead._key(measured[n]) in keys for n in left)
     if "B1" in measured and "R3" in measured:               # fused AdamW runs outside the graphs
         assert "B1" not in got and "R3" in got
+    # which to start first: a rung's gates (where its step compiled) and its first call
+    costs = ahead.expected_costs(reference)
+    r2 = reference.rung("R2")
+    assert costs["R2"] == pytest.approx(r2.details["seconds"]["gates"] + r2.compile.first_call_s)
+    assert costs["R2"] > costs["R0"] and ahead.expected_costs(None) == {}
 
 
 def test_without_a_reference_the_guess_walks_the_declared_chain():
@@ -77,15 +82,15 @@ def test_a_step_compiled_ahead_is_loaded_by_the_rungs_first_call(tmp_path):
         from perfladder.torch import ahead
         from perfladder.torch.lab import TorchLab
         from perfladder.torch.recipe import Recipe
-        from perfladder.torch.timer import cache_hits
+        from perfladder.torch.timer import cache_events, loaded
         lab = TorchLab(get_config("smoke").replace(num_blks=1), device="cpu")
         r2 = Recipe(batch_size=8, compiled=True, bf16=True)
         graphs = Recipe(batch_size=8, compiled=True, cudagraphs=True)
         report = ahead.compile_ahead(lab, {"B3": graphs, "R2": r2}, workers=1)
-        h0 = cache_hits()
-        step = lab.build_step(r2)
-        step(*next(lab.stream(8)))
-        print(json.dumps({"report": report, "hits": cache_hits() - h0, "line": ahead.summary(report)}))
+        with cache_events() as caches:
+            step = lab.build_step(r2)
+            step(*next(lab.stream(8)))
+        print(json.dumps({"report": report, "hits": loaded(caches), "line": ahead.summary(report)}))
     """)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,

@@ -90,6 +90,15 @@ def expected_recipes(lab, rungs: dict, names, reference=None) -> dict:
     return out
 
 
+def expected_costs(reference) -> dict:
+    """``{rung name: seconds}`` each compiled rung of ``reference`` spent on its gates (where a
+    compiled step compiles) and first call: which steps to start first."""
+    if reference is None:
+        return {}
+    return {r.name: (r.details.get("seconds") or {}).get("gates", 0.0)
+            + (r.compile.first_call_s if r.compile else 0.0) for r in reference.rungs}
+
+
 def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | None = None,
                   timeout_s: float = TIMEOUT_S) -> dict:
     """Compile ``recipes`` (``{name: Recipe}``) in ``workers`` helper processes (default:
@@ -204,27 +213,28 @@ def _helper(job_path: str) -> None:
     from perfladder.config import LadderConfig
     from perfladder.torch.lab import TorchLab
     from perfladder.torch.recipe import Recipe
-    from perfladder.torch.timer import cache_hits
+    from perfladder.torch.timer import cache_events, loaded
 
     job = json.loads(Path(job_path).read_text())
     lab = TorchLab(LadderConfig(**job["config"]), device=job["device"], probe=False)
     for name, d in job["recipes"].items():
-        t0, h0, error = time.perf_counter(), cache_hits(), None
-        try:
-            recipe = Recipe.from_dict(d)
-            step = lab.build_step(recipe)
-            stream = lab.stream(recipe.batch_size)
-            for _ in range(CALLS):
-                step(*next(stream))
-            if lab.on_gpu:
-                torch.cuda.synchronize()
-            del step
-        except Exception as e:           # reported; the rung compiles for itself
-            error = f"{type(e).__name__}: {e}"[:500]
+        t0, error = time.perf_counter(), None
+        with cache_events() as caches:
+            try:
+                recipe = Recipe.from_dict(d)
+                step = lab.build_step(recipe)
+                stream = lab.stream(recipe.batch_size)
+                for _ in range(CALLS):
+                    step(*next(stream))
+                if lab.on_gpu:
+                    torch.cuda.synchronize()
+                del step
+            except Exception as e:           # reported; the rung compiles for itself
+                error = f"{type(e).__name__}: {e}"[:500]
         lab.free()
         torch._dynamo.reset()
         print(json.dumps({"name": name, "seconds": time.perf_counter() - t0, "error": error,
-                          "cache_hits": cache_hits() - h0}), flush=True)
+                          "cache_hits": loaded(caches)}), flush=True)
 
 
 if __name__ == "__main__":

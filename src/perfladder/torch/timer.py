@@ -55,15 +55,11 @@ CACHE_COUNTERS = tuple((group, f"{prefix}_{event}") for group, prefix in
 BYPASS_LOGGERS = ("torch._inductor.codecache", "torch._functorch._aot_autograd.autograd_cache")
 
 
-def cache_hits() -> int:
-    """How many compiled graphs this process has loaded from a cache so far: inductor's FX graph
-    cache and AOTAutograd's (which, hit, skips inductor for the forward and backward alike)."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:      # pragma: no cover - torch built without dynamo
-        return 0
-    return int(counters.get("inductor", {}).get("fxgraph_cache_hit", 0)
-               + counters.get("aot_autograd", {}).get("autograd_cache_hit", 0))
+def loaded(events: dict) -> int:
+    """How many compiled graphs a ``cache_events`` record says were loaded from a cache:
+    inductor's FX graph cache and AOTAutograd's (which, hit, skips inductor for the forward and
+    backward alike)."""
+    return events.get("fxgraph_cache_hit", 0) + events.get("autograd_cache_hit", 0)
 
 
 class _Reasons(logging.Handler):

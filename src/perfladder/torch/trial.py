@@ -32,7 +32,7 @@ from perfladder.torch.gates import GateError, model_gate, optimizer_gate
 from perfladder.torch.program import arithmetic
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.stream import batches
-from perfladder.torch.timer import cache_events, cache_hits, compile_count
+from perfladder.torch.timer import cache_events, compile_count, loaded
 
 __all__ = ["trial", "loss_gate", "gate_batches", "LOSS_ATOL"]
 GATE_SEED_OFFSET = 10_000  # the gate's batches come from their own shuffle seed
@@ -54,7 +54,7 @@ def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: b
     if loss_gate_:
         with watch("reference"):
             reference_losses(lab, B)       # its memory is gone before the candidate is built
-    c0, h0 = compile_count(), cache_hits()
+    c0 = compile_count()
     with cache_events() as caches:                    # wherever the step compiles, up to here
         with watch("build"):
             step = lab.build_step(recipe)
@@ -70,7 +70,7 @@ def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: b
             if "optimizer" not in step.first_call_s:       # nothing above took a whole step
                 step(*next(lab.stream(B)))
     compiled = Compile(first_call_s=sum(step.first_call_s.values()),
-                       compilations=compile_count() - c0, cache_hits=cache_hits() - h0)
+                       compilations=compile_count() - c0, cache_hits=loaded(caches))
     with watch("receipt"):
         X, Y = gate_batches(lab, B)[0]
         arith = arithmetic(step, X[:GATE_ROWS], Y[:GATE_ROWS])   # dtypes do not depend on B

@@ -53,11 +53,6 @@ def _ahead(lab: TorchLab, names, ahead: bool) -> None:
     except Exception:                     # no repository, or no readable reference: the chain
         reference = None
     recipes = compile_ahead.expected_recipes(lab, RUNGS, names, reference)
-    costs = {}
-    if reference is not None:
-        for r in reference.rungs:
-            seconds = r.details.get("seconds") or {}
-            costs[r.name] = seconds.get("gates", 0.0) + (r.compile.first_call_s if r.compile else 0.0)
-    report = compile_ahead.compile_ahead(lab, recipes, costs=costs)
+    report = compile_ahead.compile_ahead(lab, recipes, costs=compile_ahead.expected_costs(reference))
     lab.result.notes.append(compile_ahead.summary(report))
     print(f"perfladder: {lab.result.notes[-1]}", flush=True)
