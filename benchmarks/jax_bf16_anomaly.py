@@ -310,7 +310,7 @@ def main(argv=None) -> int:
     from perfladder.config import pick_config
     cfg_name = args.config
     if cfg_name == "smoke" or (cfg_name is None and not gpu_seen):
-        from perfladder.jax.timer import fast_cpu_compiles
+        from perfladder.jax.compiler import fast_cpu_compiles
         fast_cpu_compiles()
     import jax
     import jax.numpy as jnp

@@ -2,7 +2,7 @@
 initial weights. Imported first, it turns on the cheap CPU compiles (as the other JAX tests do)."""
 import shutil
 
-from perfladder.jax.timer import fast_cpu_compiles
+from perfladder.jax.compiler import fast_cpu_compiles
 
 if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk cache
     fast_cpu_compiles()

@@ -318,7 +318,7 @@ def jax_smoke_ladder(request) -> SmokeLadder:
     pytest.importorskip("jax")
     import shutil
 
-    from perfladder.jax.timer import fast_cpu_compiles
+    from perfladder.jax.compiler import fast_cpu_compiles
     if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk cache
         fast_cpu_compiles()
     return _smoke_ladder(request, "jax")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from perfladder import __version__
-from perfladder.config import CONFIG_NAMES, pick_config
+from perfladder.config import CONFIG_NAMES, gpu_present, pick_config
 from perfladder.data import CorpusError
 from perfladder.faults import (
     DEBUG_VARIABLE,
@@ -166,6 +166,16 @@ def read_resume(value, framework: str, config_name: str) -> tuple[Path, LadderRe
     return path, earlier
 
 
+def before_backend(fw, framework: str, config: str | None) -> bool:
+    """The full configuration's compiler settings, made before ``fw.has_gpu()`` starts the
+    framework's backend (XLA reads ``XLA_FLAGS`` once): on a GPU, JAX's matmuls from cuBLAS's
+    autotuned algorithms (``perfladder.jax.compiler``), as the JAX notebook's first cell does.
+    Whether a setting was made."""
+    if framework != "jax" or (config or os.environ.get("PERFLADDER_CONFIG")) == "smoke" or not gpu_present():
+        return False
+    return fw.cublas_gemms()
+
+
 def cmd_run(args) -> int:
     json_path, figure_path = run_outputs(args.out, args.png)
     if args.framework not in FRAMEWORKS:
@@ -182,6 +192,7 @@ def cmd_run(args) -> int:
         raise CLIError(f"perfladder.{args.framework} cannot be imported ({e}); "
                        f"is {args.framework} installed in this python ({sys.executable})?") from e
     rungs = parse_rungs(args.rungs, list(fw.RUNGS))
+    before_backend(fw, args.framework, args.config)
     try:
         cfg = pick_config(args.config, has_gpu=fw.has_gpu())
     except ValueError as e:          # e.g. a bad $PERFLADDER_CONFIG

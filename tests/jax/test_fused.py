@@ -9,7 +9,7 @@ import dataclasses
 import math
 import shutil
 
-from perfladder.jax.timer import fast_cpu_compiles
+from perfladder.jax.compiler import fast_cpu_compiles
 
 if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk cache
     fast_cpu_compiles()

@@ -1,7 +1,7 @@
 """perfladder.jax.model and the gates in perfladder.jax.step: shapes, counts, dtypes, errors."""
 import shutil
 
-from perfladder.jax.timer import fast_cpu_compiles
+from perfladder.jax.compiler import fast_cpu_compiles
 
 if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk cache
     fast_cpu_compiles()

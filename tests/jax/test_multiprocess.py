@@ -3,7 +3,7 @@ the processes train exactly like one device on the same global batch, and the fa
 measures, predicted first."""
 import shutil
 
-from perfladder.jax.timer import fast_cpu_compiles
+from perfladder.jax.compiler import fast_cpu_compiles
 
 if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles (the children inherit XLA_FLAGS)
     fast_cpu_compiles()

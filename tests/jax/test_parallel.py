@@ -13,7 +13,7 @@ from perfladder.jax.parallel.layout import fsdp_spec
 
 SCRIPT = r'''
 import json
-from perfladder.jax.timer import fast_cpu_compiles
+from perfladder.jax.compiler import fast_cpu_compiles
 fast_cpu_compiles()
 import jax
 from perfladder.config import get_config

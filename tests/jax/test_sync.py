@@ -7,7 +7,7 @@ window waits, and a sync that only asked whether the output is ready is refused 
 ``ready`` check. On a GPU, a window of a known amount of device work must not be under-timed."""
 import shutil
 
-from perfladder.jax.timer import fast_cpu_compiles
+from perfladder.jax.compiler import fast_cpu_compiles
 
 if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles
     fast_cpu_compiles()

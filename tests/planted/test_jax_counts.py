@@ -68,7 +68,7 @@ def test_one_cached_batch_is_caught_after_a_one_step_warmup():
 
 SCRIPT = r'''
 import json
-from perfladder.jax.timer import fast_cpu_compiles
+from perfladder.jax.compiler import fast_cpu_compiles
 fast_cpu_compiles()
 import jax, jax.numpy as jnp
 from perfladder.config import get_config

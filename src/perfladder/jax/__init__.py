@@ -6,6 +6,7 @@
 The chapter's idiom works too: ``from perfladder import jax as d2l`` gives ``d2l.TimeMachine``,
 ``d2l.GPT``, ``d2l.try_gpu``, ``d2l.num_gpus`` and ``d2l.plt`` (see ``perfladder.jax.idiom``).
 """
+from perfladder.jax.compiler import cublas_gemms, fast_cpu_compiles
 from perfladder.jax.device import device_name, has_gpu, versions
 from perfladder.jax.idiom import TimeMachine, num_gpus, try_gpu
 from perfladder.jax.kernels import compiled_hlo_text, kernel_breakdown
@@ -15,11 +16,11 @@ from perfladder.jax.recipe import Recipe
 from perfladder.jax.rungs import RUNGS, Ladder, run_ladder
 from perfladder.jax.step import TrainStep
 from perfladder.jax.stream import batches
-from perfladder.jax.timer import fast_cpu_compiles, throughput
+from perfladder.jax.timer import throughput
 
 __all__ = ["GPT", "batches", "throughput", "device_name", "has_gpu", "versions", "Recipe",
            "RUNGS", "Ladder", "run_ladder", "JaxLab", "TrainStep", "kernel_breakdown",
-           "compiled_hlo_text", "fast_cpu_compiles", "TimeMachine", "try_gpu", "num_gpus"]
+           "compiled_hlo_text", "fast_cpu_compiles", "cublas_gemms", "TimeMachine", "try_gpu", "num_gpus"]
 
 
 def __getattr__(name: str):

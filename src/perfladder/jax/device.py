@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from perfladder.checks import check_int
+from perfladder.jax.compiler import xla_flags
 from perfladder.results.record import python_versions
 
 MATMUL_N = 8192
@@ -99,4 +100,5 @@ def versions() -> dict[str, str]:
     out = python_versions(jax=jax, jaxlib=jaxlib, flax=flax, optax=optax, numpy=numpy)
     out["backend"] = jax.default_backend()
     out["device_count"] = str(jax.device_count())
+    out["XLA_FLAGS"] = xla_flags()       # compiler settings change both speed and compile time
     return out

@@ -12,10 +12,7 @@
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -100,41 +97,3 @@ def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3
                    fingerprint=fingerprint if check_content else None,
                    target_spread=target_spread, max_windows=max_windows, budget_s=budget_s,
                    window_s=window_s)
-
-
-FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
-SMOKE_CACHE_DIR = Path(tempfile.gettempdir()) / "perfladder-jax-smoke-cache"
-
-
-def fast_cpu_compiles(cache_dir=SMOKE_CACHE_DIR) -> bool:
-    """Make a *smoke* run cheap to compile; call it before JAX touches a device.
-
-    On two CPU cores a smoke ladder spends most of its time in XLA's LLVM back end. This
-    turns LLVM optimisation off (``XLA_FLAGS=--xla_backend_optimization_level=0``; about 3x
-    faster compiles, slower generated code -- irrelevant for smoke numbers, which are not
-    performance results). It must not be used for real measurements. ``cache_dir`` (None:
-    off) also keeps compiled programs on disk -- JAX's persistent compilation cache -- so
-    the tests, the notebook, a book build and the processes they start share one set of
-    compilations; a program loaded from it still counts as a compilation for the recompile
-    guard, and first-call times then measure a cache load, not a compile.
-
-    Returns whether the flag took effect (it cannot once JAX's backend is initialised).
-    """
-    try:   # no public way to ask whether the backend is up
-        from jax._src import xla_bridge
-        took = not xla_bridge.backends_are_initialized()
-    except (ImportError, AttributeError):
-        took = False   # unknown: do not claim the flag took effect
-    flags = os.environ.get("XLA_FLAGS", "")
-    if took and FAST_COMPILE_FLAG.split("=")[0] not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_FLAG}".strip()
-    if cache_dir is not None:
-        cache = {"jax_compilation_cache_dir": str(cache_dir),
-                 "jax_persistent_cache_min_compile_time_secs": 0.0,
-                 "jax_persistent_cache_min_entry_size_bytes": 0}
-        for name, value in cache.items():
-            jax.config.update(name, value)
-            os.environ[name.upper()] = str(value)   # processes started from here share it, as XLA_FLAGS
-    return took
-
-
