@@ -92,7 +92,7 @@ def test_optimizer_gate_passes_the_steps_the_rungs_use(step):
         assert shared.receipts                          # the gate ran the step it was handed
 
 
-def _jittery_reference(monkeypatch, size=1e-6):
+def _jittery_reference(monkeypatch, size=1e-5):
     """The reference step made not to reproduce, as on a GPU: each of its calls nudges the first
     block's QKV bias by an amount that grows with the call, so its two runs differ."""
     import perfladder.jax.gates as G

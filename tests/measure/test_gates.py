@@ -26,7 +26,9 @@ def test_tolerances_follow_the_coarser_precision_and_grow_with_the_unit_roundoff
         assert g.BACKWARD_TOL[p] == 32 * g.UNIT_ROUNDOFF[p]
     # the mildest planted bug (lookup gradient halved: ~0.33) stays well above every tolerance
     assert max(bwd) <= 0.33 / 2
-    assert g.OPTIMIZER_TOL == g.FORWARD_TOL["fp32"]
+    # the optimizer gate: no tighter than the fp32 forward's, and the mildest planted optimizer
+    # bug (beta1 = 0.8 moves a parameter by 0.019 at least) over 10x above it
+    assert g.FORWARD_TOL["fp32"] <= g.OPTIMIZER_TOL <= 0.019 / 10
 
 
 def test_bad_precision_is_refused():
