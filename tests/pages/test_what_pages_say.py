@@ -47,6 +47,23 @@ def test_fastest_is_one_function_for_every_page_part():
     assert ladder_numbers(res)["fastest"] == quicker.name
 
 
+def test_a_recorded_fastest_that_failed_or_is_absent_names_a_measured_rung():
+    """A run whose chain top failed its gate (every later rung refused), or a run of a few
+    rungs whose recorded top is not among them: the pages still name, and glue, a measured rung."""
+    from perfladder.pages.story import glue_values
+    res = copy.deepcopy(ref("jax"))
+    top = res.fastest_rung()
+    for r in res.rungs:
+        if r.stage == "beyond":
+            r.tokens_per_s, r.timing, r.kept, r.error = None, None, False, "OptimizerGateError: planted"
+    res.fastest = top.name
+    named = res.fastest_rung()
+    assert named.measured and named.stage != "beyond"
+    assert glue_values(res)["fastest"] == named.name
+    res.fastest = "R99"                                         # not in this file at all
+    assert res.fastest_rung() is named
+
+
 def _pair(base_stable: bool, base_windows, windows):
     res = LadderResult(framework="torch", device="dev", config={"name": "full"}, baseline="R0")
     res.add(RungResult(name="R0", key="eager", label="eager", tokens_per_s=sorted(base_windows)[1],

@@ -301,7 +301,9 @@ def fastest(lab, chain: Chain) -> tuple[str, Any]:
             recipe = chain.recipes[name]
         else:
             name, recipe = lab.seed_top, chain.recipe_of(lab.seed_top)
-    lab.result.fastest = name
+    # recorded only when measured here: a chain whose top failed (or was not in this run)
+    # still reports and trains on its recipe, but a page names a measured rung
+    lab.result.fastest = name if any(r.name == name and r.measured for r in lab.result.rungs) else None
     return name, recipe
 
 

@@ -185,14 +185,16 @@ class LadderResult:
 
     def fastest_rung(self) -> RungResult:
         """*The* fastest configuration, the one every page names: the rung the ladder recorded as
-        its fastest (the last one it kept), else, for a file that recorded none, the rung that
-        carries the kernel report, else ``best()``."""
-        if self.fastest is not None:
-            return self.rung(self.fastest)
+        its fastest (the last one it kept) when it measured it, else the last measured rung it
+        kept, else the rung that carries the kernel report, else ``best()`` (a run whose
+        recorded fastest failed, or was not among the rungs it ran, still names a measured one)."""
+        named = [r for r in self.rungs if r.name == self.fastest and r.measured]
+        if named:
+            return named[0]
         kept = [r for r in self.rungs if r.stage == "beyond" and r.kept and r.measured]
         if kept:                                   # the configuration the ladder ended on
             return kept[-1]
-        with_kernels = [r for r in self.rungs if r.kernels]
+        with_kernels = [r for r in self.rungs if r.kernels and r.measured]
         return with_kernels[-1] if with_kernels else self.best()
 
     def attach_kernels(self, name: str, report: dict | None, error: str = "") -> None:
