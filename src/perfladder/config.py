@@ -167,7 +167,7 @@ PRESETS = {
     "full": LadderConfig(name="full", num_hiddens=512, num_blks=6, num_heads=8,
                          num_steps=128, batch_size=64, big_batch=512,
                          warmup=30, timed=40, windows=3, eager_timed=3,
-                         learn_steps=300, max_windows=8, timing_budget_s=12.0, window_s=2.0,
+                         learn_steps=300, max_windows=8, timing_budget_s=6.0, window_s=1.0,
                          # 300 steps of batch 2048 would see the d2l split of 10,000 windows
                          # ~60 times over: memorised, not learned. Train the check on most of
                          # the book and judge it on the windows after.
