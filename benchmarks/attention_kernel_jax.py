@@ -21,8 +21,8 @@ JAX_BWD_SWEEP = [dict(block_n=32, num_warps=8), dict(block_n=64, num_warps=4)]
 
 
 def run_jax(args, res) -> None:
-    from perfladder.jax.device import has_gpu
     from perfladder.jax.compiler import fast_cpu_compiles
+    from perfladder.jax.device import has_gpu
     if not has_gpu():
         fast_cpu_compiles()
     import jax
