@@ -19,6 +19,13 @@ if not gpu_present():
     # inductor's pool of compile workers -- each importing torch -- only adds work; compile in
     # the process that asks (the book build and every subprocess inherit this)
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    # and for the same reason one OpenMP thread per process (torch's intra-op pool, OpenBLAS
+    # under numpy and the Triton interpreter): a second thread finds no idle core and spins
+    # waiting for its partner, for smoke-sized ops that gain nothing from it (on two busy
+    # cores the interpreted fused-kernel cases took 1.7x the CPU with two threads, a two-node
+    # torchrun 1.3x). The ranks of a launch get one anyway (perfladder.torch.parallel.launch);
+    # a lab that finds several drops to one itself (tests/torch/test_lab.py plants several)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the tests mirror src/ in folders and are imported by path (--import-mode=importlib); the
 # shared helpers (conftest, _ladders, ...) stay importable by name from this folder
 sys.path.insert(0, str(Path(__file__).resolve().parent))

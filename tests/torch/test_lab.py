@@ -16,7 +16,7 @@ from perfladder.measure.learning import LearningCheck
 from perfladder.measure.verdict import REGIMES, VERDICTS
 from perfladder.results.record import LadderResult, RungResult
 from perfladder.results.schema import validate
-from perfladder.torch import RUNGS, Ladder, run_ladder
+from perfladder.torch import RUNGS, Ladder, TorchLab, run_ladder
 
 CFG = get_config("smoke")
 ON_GPU = torch.cuda.is_available()
@@ -296,6 +296,19 @@ def test_unknown_rung_lists_valid_names(monkeypatch):
     with pytest.raises(ValueError) as e:
         run_ladder(CFG, rungs=["R0", "R9"], learn=False)
     assert "'R9'" in str(e.value) and str(e.value).endswith(", ".join(RUNGS))
+
+
+def test_a_smoke_lab_on_cpu_drops_to_one_intra_op_thread_and_says_so(monkeypatch):
+    """Tiny smoke ops on CPU: thread synchronisation would cost more than it saves. (The suite
+    runs every process with one OpenMP thread, tests/conftest.py: the several are planted.)"""
+    threads = [4]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads[0])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    note = "smoke config on CPU: torch.set_num_threads(1)"
+    assert note in TorchLab(CFG, device="cpu").result.notes and threads == [1]
+    assert note not in TorchLab(CFG, device="cpu").result.notes           # one already: nothing to say
+    threads[0] = 4
+    assert note not in TorchLab(get_config("full"), device="cpu").result.notes and threads == [4]
 
 
 def test_ladder_rejects_bad_inputs():

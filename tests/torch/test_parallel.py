@@ -3,6 +3,7 @@ rungs: the prediction written before anything launches, and the measurement besi
 from __future__ import annotations
 
 import argparse
+import copy
 
 import pytest
 import torch
@@ -104,10 +105,26 @@ def test_one_device_predicts_and_says_it_measured_nothing(capsys):
     assert p.assumptions["single_gpu_source"] == "R0" and p.assumptions["link"]["name"] == "gloo-loopback"
 
 
+@pytest.fixture(scope="module")
+def launches():
+    """The ranks' launches of this module, by their arguments: both bases below give R5 the
+    same launch (the base prices the prediction and the efficiency, not the ranks), so the
+    second reads a copy of the first's instead of starting the same two processes again."""
+    return {}
+
+
 @pytest.mark.parametrize("windows, settled", [(None, True), ([400.0, 512.0, 620.0], False)])
-def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys, windows, settled):
+def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys, launches, windows, settled):
     """R5's whole path -- prediction, launch, aggregation into a RungResult -- with two gloo
     ranks on CPU standing in for two GPUs; a base that did not settle gives no efficiency."""
+    real_launch = mg.dataparallel.data_parallel_tokens
+
+    def launch_once(*args, **kw):
+        key = repr((args, sorted(kw.items())))
+        if key not in launches:
+            launches[key] = real_launch(*args, **kw)
+        return copy.deepcopy(launches[key])
+    monkeypatch.setattr(mg.dataparallel, "data_parallel_tokens", launch_once)
     lab = TorchLab(CFG)
     _planted_base(lab, windows=windows)
     lab.on_gpu = True                                   # pretend: two devices ...
@@ -122,7 +139,7 @@ def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys,
                     **{n: v for n, v in kw.items() if n != "link"}, link="gloo-loopback")
     monkeypatch.setattr(mg.dataparallel, "measure", on_cpu)
     r5 = run_rung(RUNGS["R5"], lab, Chain(RUNGS, lab))
-    assert launched == [(2, "seed", "ddp", "nvlink4-h200")]
+    assert launched == [(2, "seed", "ddp", "nvlink4-h200")] and len(launches) == 1
     assert r5.kind == "multi-gpu" and r5.tokens_per_s > 0 and r5.details["mechanism"] == "DDP x2", r5.error
     assert len(r5.windows) == CFG.windows and isinstance(r5.stable, bool)
     t = r5.timing                       # the windows the ranks timed, with their own seconds
