@@ -10,6 +10,13 @@ each variant, each in its own process with empty compile caches.
   for one block instead of six, and no fusion crosses a block boundary.
 * ``graphs``: the whole model compiled with ``mode='reduce-overhead'`` (CUDA graphs), the
   rung's recipe otherwise unchanged: what B3 measured at batch 512, on this rung's step.
+* ``no_peak_memory_reorder``, ``no_loop_reorder``, ``no_pattern_matcher``, ``no_asserts``,
+  ``no_pointwise_autotune``:
+  ``whole`` with one of inductor's compile-time passes (``INDUCTOR_SETTINGS``) switched off:
+  what that pass costs in compile seconds, and whether the step runs slower without it.
+
+Each variant also records where its first call's seconds went (``compile_phases``: dynamo's
+``compilation_time_metrics``, summed per phase, the largest first).
 
 The recipe is the one a committed ladder's rung ran (``--results``, default the reference run's
 torch.json). Prints one line per variant and writes the numbers to ``--out``. Run it on an
@@ -18,6 +25,7 @@ otherwise idle GPU (``graphs`` needs one).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -36,7 +44,22 @@ def compile_blocks(model, mode=None):
     return model
 
 
-VARIANTS = ("whole", "regional", "graphs")
+INDUCTOR_SETTINGS = {
+    "no_peak_memory_reorder": {"reorder_for_peak_memory": False},
+    "no_loop_reorder": {"loop_ordering_after_fusion": False},
+    "no_pattern_matcher": {"pattern_matcher": False},
+    "no_asserts": {"size_asserts": False, "scalar_asserts": False, "alignment_asserts": False},
+    "no_pointwise_autotune": {"triton.autotune_pointwise": False},
+}
+VARIANTS = ("whole", "regional", "graphs", *INDUCTOR_SETTINGS)
+PHASES_KEPT = 30
+
+
+def compile_phases() -> dict[str, float]:
+    """Seconds per compile phase so far in this process (dynamo's own timers), largest first."""
+    from torch._dynamo.utils import compilation_time_metrics
+    total = {k: sum(v) for k, v in compilation_time_metrics.items()}
+    return dict(sorted(total.items(), key=lambda kv: -kv[1])[:PHASES_KEPT])
 
 
 def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
@@ -44,6 +67,11 @@ def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
     from perfladder.torch.lab import TorchLab
     from perfladder.torch.timer import compile_count
 
+    import torch._inductor.config as inductor_config
+
+    for name, value in INDUCTOR_SETTINGS.get(variant, {}).items():     # for this process
+        *path, leaf = name.split(".")
+        setattr(functools.reduce(getattr, path, inductor_config), leaf, value)
     lab = TorchLab(get_config(config))
     if variant == "regional":
         lab.use(compile_model=compile_blocks)
@@ -55,11 +83,12 @@ def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
     X, Y = next(lab.stream(recipe.batch_size))
     step(X, Y)                      # times its own first call between syncs
     first = sum(step.first_call_s.values())
+    phases = compile_phases()
     t, again, _ = lab.measure(step, recipe.batch_size)
     return {"variant": variant, "recipe": recipe.to_dict(), "first_call_s": first,
             "compilations": compile_count() - c0,
             "tokens_per_s": t.tokens_per_s, "windows": t.windows, "stable": t.stable, "spread": t.spread,
-            "remeasured": again}
+            "remeasured": again, "settings": INDUCTOR_SETTINGS.get(variant, {}), "compile_phases": phases}
 
 
 def main() -> int:
