@@ -63,11 +63,11 @@ def compile_phases() -> dict[str, float]:
 
 
 def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
+    import torch._inductor.config as inductor_config
+
     from perfladder.config import get_config
     from perfladder.torch.lab import TorchLab
     from perfladder.torch.timer import compile_count
-
-    import torch._inductor.config as inductor_config
 
     for name, value in INDUCTOR_SETTINGS.get(variant, {}).items():     # for this process
         *path, leaf = name.split(".")

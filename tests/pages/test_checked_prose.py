@@ -156,3 +156,27 @@ def test_the_prose_reads_every_committed_run(path):
     values = glue_values(run, checks_for(framework), numbers_for(framework))
     assert {c.key for c in checks_for(framework)} <= set(values)
     assert all(isinstance(c.judge(run)[0], bool) for c in checks_for(framework))
+
+
+def test_a_small_change_is_judged_by_size_and_the_keep_is_said_as_the_ladder_did():
+    """'The rate barely moves' holds within 3% either way, whatever the noise verdict, and is
+    marked past it; what the ladder did with the rung is said from its own record."""
+    from perfladder.pages.story import keep_words, small_change
+    ref = reference("jax")
+    b3, b1 = ref.rung("B3"), ref.rung("B1")
+    assert small_change("B3", 0.03)(ref)[0] == (abs(b3.tokens_per_s / b1.tokens_per_s - 1) <= 0.03)
+    planted = copy.deepcopy(ref)
+    gain = 1.10 * b1.tokens_per_s / b3.tokens_per_s
+    r = planted.rung("B3")
+    r.timing.windows = [w * gain for w in b3.timing.windows]
+    r.tokens_per_s = b3.tokens_per_s * gain
+    holds, why = small_change("B3", 0.03)(planted)
+    assert not holds and "1.10x B1" in why
+    r.kept = True
+    assert "keeps B3 and builds on it" in keep_words("B3")(planted)
+    r.kept = False
+    r.tokens_per_s = b1.tokens_per_s
+    r.timing.windows = list(b1.timing.windows)
+    planted.finalize()
+    said = keep_words("B3")(planted)
+    assert "goes on from B1" in said and "keeps" not in said

@@ -17,6 +17,16 @@ def kernel_rung(result: LadderResult) -> RungResult | None:
     return with_kb[-1] if with_kb else None
 
 
+def fastest_roofline(result: LadderResult) -> dict:
+    """The fastest configuration's roofline (its kernel report's): totals and ``rows``; raises
+    ``ValueError`` when the run recorded none."""
+    r = kernel_rung(result)
+    rl = r.kernels.get("roofline") if r is not None else None
+    if not rl or not rl.get("rows"):
+        raise ValueError("the run recorded no kernel report with a roofline")
+    return rl
+
+
 def kernel_html(kb: dict, title: str = "", tried: dict[str, list[str]] | None = None) -> str:
     """A ``KernelBreakdown.to_dict()``: time by category, then the top kernels, device time first."""
     steps = kb.get("steps") or 1

@@ -22,7 +22,7 @@ from typing import Callable
 
 from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
 from perfladder.pages.comparison import CHAPTER
-from perfladder.pages.kernel_report import kernel_rung
+from perfladder.pages.kernel_report import fastest_roofline
 from perfladder.pages.words import gib, percent, rate, ratio
 from perfladder.pages.words import ms as words_ms
 from perfladder.results.record import LadderResult, RungResult
@@ -81,6 +81,17 @@ def beats(a: str, b: str) -> Test:
         ra, rb = _rung(result, a), _rung(result, b)
         c = against(ra, rb)
         return c.word == "faster", f"{a} {rate(ra.tokens_per_s)} vs {b} {rate(rb.tokens_per_s)}: {c.word}"
+    return test
+
+
+def small_change(name: str, within: float) -> Test:
+    """The rung's rate is within ``within`` (a fraction) of the rate of the rung it builds on,
+    either way: "it changes little", whatever the verdict says about the noise."""
+    def test(result):
+        r = _rung(result, name)
+        base = _rung(result, r.builds_on)
+        change = r.tokens_per_s / base.tokens_per_s
+        return abs(change - 1) <= within, f"{_said(result, r)} ({ratio(change)} {base.name})"
     return test
 
 
@@ -232,17 +243,8 @@ def all_of(*tests: Test) -> Test:
     return test
 
 
-def _roofline(result: LadderResult) -> dict:
-    """The fastest configuration's roofline (its kernel report's): totals and ``rows``."""
-    r = kernel_rung(result)
-    rl = r.kernels.get("roofline") if r is not None else None
-    if not rl or not rl.get("rows"):
-        raise ValueError("the run recorded no kernel report with a roofline")
-    return rl
-
-
 def _roofline_rows(result: LadderResult) -> dict[str, dict]:
-    return {row["group"]: row for row in _roofline(result)["rows"]}
+    return {row["group"]: row for row in fastest_roofline(result)["rows"]}
 
 
 def largest_gap(group: str) -> Test:
@@ -259,7 +261,7 @@ def largest_gap(group: str) -> Test:
 def roofline_of(group: str | None, field: str) -> Callable[[LadderResult], str]:
     """The glue value of one roofline row's ``field`` (time_ms, floor_ms, above_ms) in the
     fastest configuration's kernel report; ``group`` None: the whole step's."""
-    return lambda result: _ms((_roofline(result) if group is None else _roofline_rows(result)[group])[field])
+    return lambda result: _ms((fastest_roofline(result) if group is None else _roofline_rows(result)[group])[field])
 
 
 def roofline_numbers() -> dict[str, Callable[[LadderResult], str]]:
@@ -298,6 +300,20 @@ def difference_of(a: str, b: str) -> Callable[[LadderResult], str]:
     def words(result):
         diff = [FIELD_WORDS.get(k, k) for k in _recipe_difference(result, a, b)]
         return " and ".join([", ".join(diff[:-1]), diff[-1]] if len(diff) > 1 else diff) or "nothing"
+    return words
+
+
+def keep_words(name: str) -> Callable[[LadderResult], str]:
+    """The glue value saying what the ladder did with rung ``name``: kept and built on when its
+    gain cleared the noise, else which rung the ladder goes on from, and why."""
+    def words(result):
+        r = _rung(result, name)
+        if r.kept:
+            return (f"the gain still clears the noise of both measurements, and the ladder keeps "
+                    f"{name} and builds on it")
+        why = {"within noise": "that is within the noise", "slower": "it is a loss",
+               "unsettled": "its windows did not settle"}.get(call(result, r).word, "it is not credited")
+        return f"{why}, and the ladder goes on from {r.builds_on}"
     return words
 
 
