@@ -10,6 +10,9 @@ each variant, each in its own process with empty compile caches.
   for one block instead of six, and no fusion crosses a block boundary.
 * ``graphs``: the whole model compiled with ``mode='reduce-overhead'`` (CUDA graphs), the
   rung's recipe otherwise unchanged: what B3 measured at batch 512, on this rung's step.
+* ``autotune``: the whole model compiled with ``mode='max-autotune-no-cudagraphs'`` (B11's
+  technique: inductor times its Triton GEMM templates against cuBLAS for every matmul shape),
+  on this rung's step; GPU only.
 * ``no_peak_memory_reorder``, ``no_loop_reorder``, ``no_pattern_matcher``, ``no_asserts``,
   ``no_pointwise_autotune``:
   ``whole`` with one of inductor's compile-time passes (``INDUCTOR_SETTINGS``) switched off:
@@ -51,7 +54,7 @@ INDUCTOR_SETTINGS = {
     "no_asserts": {"size_asserts": False, "scalar_asserts": False, "alignment_asserts": False},
     "no_pointwise_autotune": {"triton.autotune_pointwise": False},
 }
-VARIANTS = ("whole", "regional", "graphs", *INDUCTOR_SETTINGS)
+VARIANTS = ("whole", "regional", "graphs", "autotune", *INDUCTOR_SETTINGS)
 PHASES_KEPT = 30
 
 
@@ -62,6 +65,13 @@ def compile_phases() -> dict[str, float]:
     return dict(sorted(total.items(), key=lambda kv: -kv[1])[:PHASES_KEPT])
 
 
+def apply_settings(config, settings: dict) -> None:
+    """Set inductor's ``settings`` (dotted names: ``triton.autotune_pointwise``) on ``config``."""
+    for name, value in settings.items():
+        *path, leaf = name.split(".")
+        setattr(functools.reduce(getattr, path, config), leaf, value)
+
+
 def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
     import torch._inductor.config as inductor_config
 
@@ -69,15 +79,18 @@ def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
     from perfladder.torch.lab import TorchLab
     from perfladder.torch.timer import compile_count
 
-    for name, value in INDUCTOR_SETTINGS.get(variant, {}).items():     # for this process
-        *path, leaf = name.split(".")
-        setattr(functools.reduce(getattr, path, inductor_config), leaf, value)
+    apply_settings(inductor_config, INDUCTOR_SETTINGS.get(variant, {}))     # for this process
     lab = TorchLab(get_config(config))
     if variant == "regional":
         lab.use(compile_model=compile_blocks)
     recipe = lab.recipe_from_dict(recipe_dict)
     if variant == "graphs":
         recipe = recipe.replace(cudagraphs=True)
+    if variant == "autotune":
+        if not lab.on_gpu:
+            raise RuntimeError("autotune: the Triton GEMM templates max-autotune times are CUDA "
+                               "kernels; run it on a GPU")
+        recipe = recipe.replace(autotune=True)
     step = lab.build_step(recipe)
     c0 = compile_count()
     X, Y = next(lab.stream(recipe.batch_size))

@@ -41,11 +41,24 @@ def test_compile_variants_refuse_a_rung_the_results_lack_and_an_unknown_variant(
 
 
 def test_a_variant_that_cannot_run_here_is_recorded_with_its_reason(tmp_path):
-    proc = variants("--rung", "R1", "--config", "smoke", "--variants", "graphs", "--out",
+    proc = variants("--rung", "R1", "--config", "smoke", "--variants", "graphs,autotune", "--out",
                     str(tmp_path / "v.json"), timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    got, = json.loads((tmp_path / "v.json").read_text())["variants"]
-    assert got["variant"] == "graphs" and "reduce-overhead" in got["error"] and "CUDA" in got["error"]
+    graphs, autotune = json.loads((tmp_path / "v.json").read_text())["variants"]
+    assert graphs["variant"] == "graphs" and "reduce-overhead" in graphs["error"] and "CUDA" in graphs["error"]
+    assert autotune["variant"] == "autotune" and "GPU" in autotune["error"]
+
+
+def test_an_inductor_setting_variant_sets_its_dotted_names():
+    import torch._inductor.config as inductor_config
+    probe = load_script("compile_variants")
+    settings = probe.INDUCTOR_SETTINGS["no_pointwise_autotune"]
+    assert settings == {"triton.autotune_pointwise": False}
+    with inductor_config.patch({"triton.autotune_pointwise": True, "pattern_matcher": True}):
+        probe.apply_settings(inductor_config, settings)
+        assert inductor_config.triton.autotune_pointwise is False
+        probe.apply_settings(inductor_config, probe.INDUCTOR_SETTINGS["no_pattern_matcher"])
+        assert inductor_config.pattern_matcher is False
 
 
 def test_the_gate_probe_reads_compilations_by_program():
