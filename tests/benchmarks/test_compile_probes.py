@@ -41,12 +41,22 @@ def test_compile_variants_refuse_a_rung_the_results_lack_and_an_unknown_variant(
 
 
 def test_a_variant_that_cannot_run_here_is_recorded_with_its_reason(tmp_path):
-    proc = variants("--rung", "R1", "--config", "smoke", "--variants", "graphs,autotune", "--out",
+    proc = variants("--rung", "R1", "--config", "smoke", "--variants", "graphs", "--out",
                     str(tmp_path / "v.json"), timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    graphs, autotune = json.loads((tmp_path / "v.json").read_text())["variants"]
+    graphs, = json.loads((tmp_path / "v.json").read_text())["variants"]
     assert graphs["variant"] == "graphs" and "reduce-overhead" in graphs["error"] and "CUDA" in graphs["error"]
-    assert autotune["variant"] == "autotune" and "GPU" in autotune["error"]
+
+
+def test_the_autotune_variant_refuses_a_cpu_before_compiling():
+    import pytest
+    import torch
+    probe = load_script("compile_variants")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: autotune would run")
+    recipe = {"batch_size": 8, "compiled": True, "bf16": True}
+    with pytest.raises(RuntimeError, match="autotune: .*run it on a GPU"):
+        probe.one_variant("autotune", recipe, "smoke")
 
 
 def test_an_inductor_setting_variant_sets_its_dotted_names():
