@@ -227,10 +227,12 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
         with watch("compile"):
             jobs = gate_programs(lab, recipe, step, X, Y) if devices == 1 else []
             beside = Beside(jobs + (list(check_programs(step, X, Y)) if check_programs else []))
-            c0 = compile_count(this_thread=True)
-            step.compile_ahead(X, Y)
-            ahead = compile_count(this_thread=True) - c0
-            details["compiled beside the step"] = beside.join()
+            try:
+                c0 = compile_count(this_thread=True)
+                step.compile_ahead(X, Y)
+                ahead = compile_count(this_thread=True) - c0
+            finally:     # a step that fails to compile leaves no compile running into the next rung
+                details["compiled beside the step"] = beside.join()
     with watch("gates"):
         gates = model_gates(lab, recipe, step, X, Y, watch) if devices == 1 else [distinct_shards(X)]
         if check is not None:
