@@ -250,7 +250,7 @@ def test_fused_model_with_a_bf16_stream():
 
 @pytest.mark.parametrize("autocast,fused", [(False, ALL_ROPE), (True, ALL_EPI)])
 def test_fused_model_compiles_without_graph_breaks(autocast, fused):
-    """dynamo + AOTAutograd trace the autograd.Functions and their custom ops, under bf16
+    """dynamo + AOTAutograd trace the custom ops and their registered backwards, under bf16
     autocast too (fullgraph: a graph break would raise); the compiled model computes what the
     eager one does (inductor on a GPU may reorder bf16 arithmetic: bf16 tolerance there)."""
     torch._dynamo.reset()
@@ -264,6 +264,48 @@ def test_fused_model_compiles_without_graph_breaks(autocast, fused):
     torch.testing.assert_close(lc.float(), le.float(), **tol)
     for n in ge:
         torch.testing.assert_close(gc[n], ge[n], **tol, msg=n)
+
+
+class _Wrapped(torch.autograd.Function):
+    """The pattern the kernels left: an autograd.Function around an operator."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def _dynamo_graph(fn, *args):
+    """The FX graph dynamo hands its backend for ``fn(*args)``: what AOTAutograd's cache keys."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+@pytest.mark.parametrize("fused", [ALL_ROPE, ALL_EPI])
+def test_a_compiled_model_with_the_kernels_is_cacheable(fused):
+    """AOTAutograd's cache accepts the graph of a model with every kernel (each is an operator
+    with its backward registered on it), so a rung's compiled step can be loaded by another
+    process (perfladder.torch.ahead); an autograd.Function in the graph is refused."""
+    from torch._functorch._aot_autograd.autograd_cache import (
+        BypassAOTAutogradCache,
+        check_cacheable,
+    )
+    _, model = _pair(fused)
+    X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
+    check_cacheable(_dynamo_graph(lambda x: model(x).sum(), X))
+    with pytest.raises(BypassAOTAutogradCache, match="autograd_function_apply"):
+        check_cacheable(_dynamo_graph(lambda x: _Wrapped.apply(x).sum(), X.float().requires_grad_()))
 
 
 @pytest.mark.gpu

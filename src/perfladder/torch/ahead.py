@@ -42,7 +42,8 @@ from pathlib import Path
 COLD = ("R1",)              # rungs whose first call the pages read as the price of compiling
 TIMEOUT_S = 600             # the helpers' wall budget; past it they are stopped and rungs compile
 CALLS = 3                   # steps per recipe: the optimizer's graphs change after its first step
-HELPER_BYTES = 40 * 2**30   # device memory a helper may need: the largest step's first call
+HELPER_BYTES = 40 * 2**30   # device memory a recipe may need when no run measured it
+CONTEXT_BYTES = 2 * 2**30   # a helper's CUDA context and library workspaces, beside the step
 
 
 def _key(recipe) -> str:
@@ -99,67 +100,140 @@ def expected_costs(reference) -> dict:
             + (r.compile.first_call_s if r.compile else 0.0) for r in reference.rungs}
 
 
+def expected_needs(reference) -> dict:
+    """``{rung name: bytes}``: the device memory each compiled rung of ``reference`` measured at
+    its peak, plus ``CONTEXT_BYTES`` for a helper's own CUDA context and workspaces."""
+    if reference is None:
+        return {}
+    return {r.name: r.memory.bytes + CONTEXT_BYTES for r in reference.rungs
+            if r.memory is not None and r.memory.bytes}
+
+
 def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | None = None,
-                  timeout_s: float = TIMEOUT_S) -> dict:
+                  needs: dict | None = None, timeout_s: float = TIMEOUT_S,
+                  room: float | None = None) -> dict:
     """Compile ``recipes`` (``{name: Recipe}``) in ``workers`` helper processes (default:
-    ``default_workers``) and wait for them. ``costs``: ``{name: seconds}`` expected per recipe
-    (the longest are started first). Returns the report: ``steps``, ``workers``, ``seconds``,
-    ``compiled`` (names), ``already_cached`` (how many of those a helper found compiled: an
-    earlier build's), ``failed`` (``{name: error}``), ``forgotten_tunings``. A helper that
-    fails or runs past ``timeout_s`` costs only the rungs it did not compile; an interrupt
-    stops every helper before it goes on up."""
+    ``default_workers``) and wait for them. The recipes form one queue, the longest first
+    (``costs``: ``{name: seconds}`` expected); an idle helper takes the next one whose device
+    memory (``needs``: ``{name: bytes}``, else ``HELPER_BYTES``) fits beside what the busy
+    helpers hold, within ``room`` bytes (default ``device_room``).
+    Returns the report: ``steps``, ``workers``, ``seconds``, ``compiled`` (names), ``runs``
+    (``{name: [start, end]}``, wall-clock seconds of each recipe in its helper),
+    ``already_cached`` (how many of those a helper found compiled: an earlier build's),
+    ``failed`` (``{name: error}``), ``forgotten_tunings``. A helper that fails or runs past
+    ``timeout_s`` costs only the rungs it did not compile; an interrupt stops every helper
+    before it goes on up."""
     t0 = time.perf_counter()
     report = {"steps": len(recipes), "workers": 0, "seconds": 0.0, "compiled": [], "failed": {},
-              "already_cached": 0, "forgotten_tunings": 0}
+              "already_cached": 0, "forgotten_tunings": 0, "runs": {}}
     if not recipes:
         return report
     n = max(1, min(len(recipes), workers or default_workers(lab, len(recipes))))
-    order = sorted(recipes, key=lambda k: -(costs or {}).get(k, 0.0))
-    shares = [order[i::n] for i in range(n)]       # longest first, dealt round the helpers
+    queue = sorted(recipes, key=lambda k: -(costs or {}).get(k, 0.0))
+    need = {k: (needs or {}).get(k, HELPER_BYTES) for k in queue}
+    room = device_room(lab) if room is None else room
     report["workers"] = n
     since = time.time()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     with tempfile.TemporaryDirectory(prefix="perfladder-ahead-") as tmp:
-        procs = []
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"config": lab.config.to_dict(), "device": str(lab.device)}))
+        helpers: list[_Helper] = []
         try:
-            for i, share in enumerate(shares):
-                job = Path(tmp) / f"job{i}.json"
-                job.write_text(json.dumps({"config": lab.config.to_dict(), "device": str(lab.device),
-                                           "recipes": {k: recipes[k].to_dict() for k in share}}))
-                with open(Path(tmp) / f"out{i}.jsonl", "w") as log:     # the child keeps its copy
-                    procs.append((subprocess.Popen(
-                        [sys.executable, "-m", "perfladder.torch.ahead", str(job)],
-                        stdout=log, stderr=subprocess.DEVNULL, env=env), share))
-            for p, _ in procs:
-                try:
-                    p.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            helpers = [_Helper(job, env) for _ in range(n)]
+            _drive(helpers, queue, recipes, need, room, report, deadline=t0 + timeout_s)
         finally:                  # an interrupt, or a helper that could not start: stop the rest
-            for p, _ in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        for i, (p, share) in enumerate(procs):
-            done = {}
-            for line in (Path(tmp) / f"out{i}.jsonl").read_text().splitlines():
-                try:
-                    d = json.loads(line)
-                except ValueError:
-                    continue
-                done[d["name"]] = d
-            for name in share:
-                d = done.get(name, {})
-                if d and d.get("error") is None:
-                    report["compiled"].append(name)
-                    report["already_cached"] += d.get("cache_hits", 0) > 0
-                else:
-                    report["failed"][name] = d.get("error") or f"helper exited {p.returncode} first"
+            for h in helpers:
+                h.stop()
     report["forgotten_tunings"] = forget_tuning(since)
     report["seconds"] = time.perf_counter() - t0
     return report
+
+
+class _Helper:
+    """One helper process: recipes in on its stdin, one JSON line per recipe out on its stdout."""
+
+    def __init__(self, job: Path, env: dict):
+        self.proc = subprocess.Popen([sys.executable, "-m", "perfladder.torch.ahead", str(job)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+        self.busy: str | None = None          # the rung it is compiling
+        self.alive = True
+
+    def give(self, name: str, recipe) -> None:
+        self.busy = name
+        self.proc.stdin.write(json.dumps({"name": name, "recipe": recipe.to_dict()}) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:       # a pipe the dead helper left broken: nothing to flush
+                pass
+
+
+def _drive(helpers, queue: list, recipes: dict, need: dict, room: float, report: dict,
+           deadline: float) -> None:
+    """Hand the queue out to idle helpers as the device memory allows, until it is empty and
+    every helper has answered, or ``deadline`` (``time.perf_counter()``) passes."""
+    import selectors
+    sel = selectors.DefaultSelector()
+    for h in helpers:
+        sel.register(h.proc.stdout, selectors.EVENT_READ, h)
+    while True:
+        held = sum(need[h.busy] for h in helpers if h.busy)
+        for h in helpers:
+            if h.alive and h.busy is None:
+                fits = [k for k in queue if held == 0 or held + need[k] <= room]
+                if fits:
+                    queue.remove(fits[0])
+                    try:
+                        h.give(fits[0], recipes[fits[0]])
+                    except OSError:                   # it died before it could be handed work
+                        h.alive = False
+                        queue.insert(0, fits[0])
+                        h.busy = None
+                        continue
+                    held += need[fits[0]]
+        busy = [h for h in helpers if h.busy]
+        if not busy:
+            break
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            break
+        for key, _ in sel.select(timeout=left):
+            h = key.data
+            line = h.proc.stdout.readline()
+            if not line:                              # the helper exited (crashed, killed)
+                h.alive = False
+                sel.unregister(h.proc.stdout)
+                h.proc.wait()
+                report["failed"][h.busy] = f"helper exited {h.proc.returncode} first"
+                h.busy = None
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:                        # a stray line; its answer is yet to come
+                continue
+            report["runs"][d["name"]] = [d.get("start"), d.get("end")]
+            if d.get("error") is None:
+                report["compiled"].append(d["name"])
+                report["already_cached"] += d.get("cache_hits", 0) > 0
+            else:
+                report["failed"][d["name"]] = d["error"]
+            h.busy = None
+        if not any(h.alive for h in helpers):
+            break
+    sel.close()
+    late = time.perf_counter() >= deadline
+    for name in [h.busy for h in helpers if h.busy] + queue:
+        report["failed"].setdefault(name, "helpers stopped at their time limit first" if late
+                                    else "no helper was left to compile it")
 
 
 def forget_tuning(since: float) -> int:
@@ -179,15 +253,21 @@ def forget_tuning(since: float) -> int:
 
 
 def default_workers(lab, count: int) -> int:
-    """Helpers: a quarter of the CPU cores (each compile also fans its Triton kernels out to
-    a pool of processes), and on a GPU one per ``HELPER_BYTES`` of free device memory (three
-    on a 141 GB H200: the ladder's batch-2048 steps peak at 32 GiB each); 2 on a CPU."""
-    cores = os.cpu_count() or 1
-    room = 2
-    if lab.on_gpu:
-        import torch
-        room = int(torch.cuda.mem_get_info(lab.device)[0] // HELPER_BYTES)
-    return max(1, min(count, cores // 4 or 1, room))
+    """Helpers: a third of the CPU cores (each compile is one core of Python, and fans its
+    Triton kernels out to a pool of its own share of the cores), at most one per recipe; 2 on a
+    CPU. How many compile at once on a GPU is then the device memory's call (``_drive``)."""
+    if not lab.on_gpu:
+        return max(1, min(count, 2))
+    return max(1, min(count, (os.cpu_count() or 1) // 3 or 1))
+
+
+def device_room(lab) -> float:
+    """Bytes the helpers may hold at once: nine tenths of the device memory free now (the
+    ladder's own process holds little before its first rung); no limit on a CPU."""
+    if not lab.on_gpu:
+        return float("inf")
+    import torch
+    return 0.9 * torch.cuda.mem_get_info(lab.device)[0]
 
 
 def summary(report: dict) -> str:
@@ -207,7 +287,8 @@ def summary(report: dict) -> str:
 
 # -- a helper process ---------------------------------------------------------------------------
 def _helper(job_path: str) -> None:
-    """Build and call each recipe of the job file; one JSON line per recipe on stdout."""
+    """Build and call each recipe read from stdin (a JSON line each; the config and device are
+    in the job file); one JSON line per recipe on stdout."""
     import torch
 
     from perfladder.config import LadderConfig
@@ -217,11 +298,12 @@ def _helper(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     lab = TorchLab(LadderConfig(**job["config"]), device=job["device"], probe=False)
-    for name, d in job["recipes"].items():
-        t0, error = time.perf_counter(), None
+    for line in sys.stdin:
+        d = json.loads(line)
+        t0, start, error = time.perf_counter(), time.time(), None
         with cache_events() as caches:
             try:
-                recipe = Recipe.from_dict(d)
+                recipe = Recipe.from_dict(d["recipe"])
                 step = lab.build_step(recipe)
                 stream = lab.stream(recipe.batch_size)
                 for _ in range(CALLS):
@@ -233,8 +315,11 @@ def _helper(job_path: str) -> None:
                 error = f"{type(e).__name__}: {e}"[:500]
         lab.free()
         torch._dynamo.reset()
-        print(json.dumps({"name": name, "seconds": time.perf_counter() - t0, "error": error,
-                          "cache_hits": loaded(caches)}), flush=True)
+        if lab.on_gpu:
+            torch.cuda.empty_cache()         # the next recipe's room is counted from zero
+        print(json.dumps({"name": d["name"], "seconds": time.perf_counter() - t0, "error": error,
+                          "cache_hits": loaded(caches), "start": start, "end": time.time()}),
+              flush=True)
 
 
 if __name__ == "__main__":

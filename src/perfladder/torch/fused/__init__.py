@@ -10,10 +10,13 @@
 | 'attention'| ``fused.attention``    | QKV split + RoPE + causal SDPA + output merge, forward and backward (subsumes 'rope') |
 | 'mlp'      | ``fused.mlp``          | FC1 + bias + GELU in one GEMM, FC2's input gradient + dGELU + db1 in one (subsumes 'gelu') |
 
-Each is a ``torch.autograd.Function`` whose forward and backward launch Triton kernels through
-``torch.library.custom_op`` operators (``perfladder::...``) with fake (shape) implementations,
-so ``torch.compile`` (dynamo + AOTAutograd + inductor) treats each kernel as one opaque node
-and CUDA graphs capture it like any other kernel. The math is the reference's: fp32 inside the
+Each is a ``torch.library.custom_op`` operator (``perfladder::...``) with a fake (shape)
+implementation and its backward registered on it (``register_autograd``, itself calling a
+backward operator), launching Triton kernels. ``torch.compile`` (dynamo + AOTAutograd +
+inductor) treats each kernel as one opaque node, CUDA graphs capture it like any other kernel,
+and the compiled graph holds nothing but operators, so inductor's FX graph cache and
+AOTAutograd's cache can keep it (an ``autograd.Function`` around the kernels would make
+AOTAutograd bypass its cache). The math is the reference's: fp32 inside the
 kernel, the reference's output dtypes; tests compare both, forward and backward.
 
 The kernels run on CUDA tensors; on CPU only through Triton's interpreter

@@ -167,47 +167,36 @@ def _(x, dy, dres, weight, mean, rstd, branch_dtype):
     return torch.empty_like(x), dbr, torch.empty_like(weight), torch.empty_like(weight)
 
 
-class AddLayerNorm(torch.autograd.Function):
-    """(stream, branch) -> (stream + branch, LayerNorm(stream + branch)); see the module doc."""
-
-    @staticmethod
-    def forward(ctx, x, branch, weight, bias, eps: float, out_dtype: torch.dtype):
-        h, y, mean, rstd = add_layer_norm_fwd(x, branch, weight, bias, eps, out_dtype)
-        ctx.save_for_backward(h, weight, mean, rstd)
-        ctx.branch_dtype = branch.dtype
-        return h, y
-
-    @staticmethod
-    def backward(ctx, dh, dy):
-        h, weight, mean, rstd = ctx.saved_tensors
-        dx, dbr, dw, db = add_layer_norm_bwd(h, dy, dh, weight, mean, rstd, ctx.branch_dtype)
-        return dx, dbr, dw, db, None, None
+def _add_layer_norm_setup(ctx, inputs, output):
+    x, branch, weight, _, _, _ = inputs
+    h, _, mean, rstd = output
+    ctx.has_branch = branch is not None
+    ctx.branch_dtype = branch.dtype if ctx.has_branch else x.dtype
+    # the backward normalises again from the stream the LayerNorm read: h, or x without a branch
+    ctx.save_for_backward(h if ctx.has_branch else x, weight, mean, rstd)
 
 
-class LayerNorm(torch.autograd.Function):
-    """x -> LayerNorm(x), the kernels of ``AddLayerNorm`` without the add."""
+def _add_layer_norm_backward(ctx, dh, dy, dmean, drstd):
+    # mean and rstd are outputs only so that the backward can read them
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dbr, dw, db = add_layer_norm_bwd(x, dy, dh if ctx.has_branch else None, weight, mean, rstd,
+                                         ctx.branch_dtype)
+    return dx, (dbr if ctx.has_branch else None), dw, db, None, None
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps: float, out_dtype: torch.dtype):
-        _, y, mean, rstd = add_layer_norm_fwd(x, None, weight, bias, eps, out_dtype)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        return y
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, _, dw, db = add_layer_norm_bwd(x, dy, None, weight, mean, rstd, x.dtype)
-        return dx, dw, db, None, None
+# registered on the operator (see fused/gelu.py): the compiled graph stays cacheable
+add_layer_norm_fwd.register_autograd(_add_layer_norm_backward, setup_context=_add_layer_norm_setup)
 
 
 def add_layer_norm(x: torch.Tensor, branch: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                    eps: float, out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = x + branch`` (in ``x``'s dtype) and ``LayerNorm(h)`` in ``out_dtype`` (default
     ``x``'s), over the last axis, with fp32 statistics."""
-    return AddLayerNorm.apply(x, branch, weight, bias, float(eps), out_dtype or x.dtype)
+    h, y, _, _ = add_layer_norm_fwd(x, branch, weight, bias, float(eps), out_dtype or x.dtype)
+    return h, y
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``LayerNorm(x)`` over the last axis in ``out_dtype`` (default ``x``'s), fp32 statistics."""
-    return LayerNorm.apply(x, weight, bias, float(eps), out_dtype or x.dtype)
+    return add_layer_norm_fwd(x, None, weight, bias, float(eps), out_dtype or x.dtype)[1]

@@ -262,24 +262,25 @@ def _(qkv, y, dy, lse, cos, sin, num_heads):
     return torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
 
 
-class RoPEAttention(torch.autograd.Function):
-    """(B, T, 3D) projection -> causal attention of the RoPE-d heads, (B, T, D); see the module doc."""
+def _attention_setup(ctx, inputs, output):
+    qkv, cos, sin, num_heads = inputs
+    y, lse = output
+    ctx.save_for_backward(qkv, y, lse, cos, sin)
+    ctx.num_heads = num_heads
 
-    @staticmethod
-    def forward(ctx, qkv, cos, sin, num_heads: int):
-        y, lse = rope_attention_fwd(qkv, cos, sin, num_heads)
-        ctx.save_for_backward(qkv, y, lse, cos, sin)
-        ctx.num_heads = num_heads
-        return y
 
-    @staticmethod
-    def backward(ctx, dy):
-        qkv, y, lse, cos, sin = ctx.saved_tensors
-        return rope_attention_bwd(qkv, y, dy, lse, cos, sin, ctx.num_heads), None, None, None
+def _attention_backward(ctx, dy, dlse):
+    # lse is an output only so that the backward can read it; nothing downstream uses it
+    qkv, y, lse, cos, sin = ctx.saved_tensors
+    return rope_attention_bwd(qkv, y, dy, lse, cos, sin, ctx.num_heads), None, None, None
+
+
+# registered on the operator (see fused/gelu.py): the compiled graph stays cacheable
+rope_attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
 def rope_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    num_heads: int) -> torch.Tensor:
     """Causal softmax attention, scale 1/sqrt(Dh), of the heads of the QKV projection ``qkv``
     (B, T, 3D) with RoPE on q and k from the (T, Dh) fp32 tables: (B, T, D) in ``qkv``'s dtype."""
-    return RoPEAttention.apply(qkv, cos, sin, num_heads)
+    return rope_attention_fwd(qkv, cos, sin, num_heads)[0]

@@ -141,22 +141,39 @@ def _(dy, w2, h):
     return dy.new_empty(dy.shape[0], w2.shape[1]), dy.new_empty(w2.shape[1], dtype=torch.float32)
 
 
-class FusedMLP(torch.autograd.Function):
-    """x (N, D) -> dense2(gelu(dense1(x))) (N, D), every operand in one dtype; see the module doc."""
+@torch.library.custom_op("perfladder::mlp_fwd", mutates_args=())
+def mlp_fwd(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+            b2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (N, D) -> (y (N, D), h (N, F), g (N, F)): the FFN's output, and the pre-activation and
+    activation its backward reads."""
+    h, g = fc1_gelu(x, w1, b1)                                        # (N, F) each
+    return torch.addmm(b2, g, w2.t()), h, g                           # (N, D)
 
-    @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2):
-        h, g = fc1_gelu(x, w1, b1)                                    # (N, F) each
-        ctx.save_for_backward(x, w1, w2, h, g)
-        return torch.addmm(b2, g, w2.t())                             # (N, D)
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, w1, w2, h, g = ctx.saved_tensors
-        dy = dy.contiguous()
-        dh, db1 = fc2_dgelu(dy, w2, h)                                # (N, F), (F,)
-        return (dh @ w1, dh.t() @ x, db1.to(w1.dtype),                # dx, dW1, db1
-                dy.t() @ g, dy.sum(0, dtype=torch.float32).to(w2.dtype))   # dW2, db2
+@mlp_fwd.register_fake
+def _(x, w1, b1, w2, b2):
+    return (x.new_empty(x.shape[0], w2.shape[0]), x.new_empty(x.shape[0], w1.shape[0]),
+            x.new_empty(x.shape[0], w1.shape[0]))
+
+
+def _mlp_setup(ctx, inputs, output):
+    x, w1, _, w2, _ = inputs
+    _, h, g = output
+    ctx.save_for_backward(x, w1, w2, h, g)
+
+
+def _mlp_backward(ctx, dy, dh_out, dg_out):
+    # h and g are outputs only so that the backward can read them; nothing downstream uses them
+    x, w1, w2, h, g = ctx.saved_tensors
+    dy = dy.contiguous()
+    dh, db1 = fc2_dgelu(dy, w2, h)                                    # (N, F), (F,)
+    return (dh @ w1, dh.t() @ x, db1.to(w1.dtype),                    # dx, dW1, db1
+            dy.t() @ g, dy.sum(0, dtype=torch.float32).to(w2.dtype))  # dW2, db2
+
+
+# the backward registered on the operator itself (not an autograd.Function around it), so a
+# compiled graph holds only perfladder:: operators and AOTAutograd's cache can keep it
+mlp_fwd.register_autograd(_mlp_backward, setup_context=_mlp_setup)
 
 
 def fused_ffn(x: torch.Tensor, dense1: torch.nn.Linear, dense2: torch.nn.Linear) -> torch.Tensor:
@@ -166,6 +183,7 @@ def fused_ffn(x: torch.Tensor, dense1: torch.nn.Linear, dense2: torch.nn.Linear)
     dev = x.device.type
     dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     lead, D = x.shape[:-1], x.shape[-1]
-    with torch.autocast(dev, enabled=False):
-        ops = [t.to(dt) for t in (x.reshape(-1, D), dense1.weight, dense1.bias, dense2.weight, dense2.bias)]
-        return FusedMLP.apply(*ops).reshape(*lead, dense2.out_features)   # (..., D)
+    # casts and the operator are not autocast ops: no autocast region is needed around them
+    # (one would put an autocast node in the compiled graph, which AOTAutograd will not cache)
+    ops = [t.to(dt) for t in (x.reshape(-1, D), dense1.weight, dense1.bias, dense2.weight, dense2.bias)]
+    return mlp_fwd(*ops)[0].reshape(*lead, dense2.out_features)       # (..., D)

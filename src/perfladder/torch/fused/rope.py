@@ -150,22 +150,22 @@ def _(dq, dk, dv, cos, sin):
     return dq.new_empty(B, T, 3 * H * Dh)
 
 
-class RoPEQKV(torch.autograd.Function):
-    """(B, T, 3D) projection -> rotated q, k and v, each (B, T, H, Dh); see the module doc."""
+def _rope_setup(ctx, inputs, output):
+    _, cos, sin, _ = inputs
+    ctx.save_for_backward(cos, sin)
 
-    @staticmethod
-    def forward(ctx, qkv, cos, sin, num_heads: int):
-        ctx.save_for_backward(cos, sin)
-        return rope_qkv_fwd(qkv, cos, sin, num_heads)
 
-    @staticmethod
-    def backward(ctx, dq, dk, dv):
-        cos, sin = ctx.saved_tensors
-        return rope_qkv_bwd(dq, dk, dv, cos, sin), None, None, None
+def _rope_backward(ctx, dq, dk, dv):
+    cos, sin = ctx.saved_tensors
+    return rope_qkv_bwd(dq, dk, dv, cos, sin), None, None, None
+
+
+# registered on the operator (see fused/gelu.py): the compiled graph stays cacheable
+rope_qkv_fwd.register_autograd(_rope_backward, setup_context=_rope_setup)
 
 
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the QKV projection (B, T, 3D) into heads and rotate q and k: ``(q, k, v)``, each
     (B, T, H, Dh) in ``qkv``'s dtype, with (T, Dh) fp32 tables ``cos``/``sin``."""
-    return RoPEQKV.apply(qkv, cos, sin, num_heads)
+    return rope_qkv_fwd(qkv, cos, sin, num_heads)

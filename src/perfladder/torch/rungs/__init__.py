@@ -53,6 +53,7 @@ def _ahead(lab: TorchLab, names, ahead: bool) -> None:
     except Exception:                     # no repository, or no readable reference: the chain
         reference = None
     recipes = compile_ahead.expected_recipes(lab, RUNGS, names, reference)
-    report = compile_ahead.compile_ahead(lab, recipes, costs=compile_ahead.expected_costs(reference))
+    report = compile_ahead.compile_ahead(lab, recipes, costs=compile_ahead.expected_costs(reference),
+                                         needs=compile_ahead.expected_needs(reference))
     lab.result.notes.append(compile_ahead.summary(report))
     print(f"perfladder: {lab.result.notes[-1]}", flush=True)
