@@ -182,7 +182,7 @@ def cmd_run(args) -> int:
         raise CLIError(f"framework {args.framework!r} is not valid; valid choices: {FRAMEWORKS}")
     if args.config is not None and args.config not in CONFIG_NAMES:
         raise CLIError(f"--config {args.config!r} is not valid; valid choices: {', '.join(CONFIG_NAMES)}")
-    if args.compile_ahead and args.framework != "torch":
+    if args.compile_ahead is not None and args.framework != "torch":
         raise CLIError(f"--compile-ahead is not valid for {args.framework}; valid choices: torch "
                        "(a JAX rung compiles its gates' programs beside its step already)")
     check_environment()
@@ -207,7 +207,7 @@ def cmd_run(args) -> int:
     tracker = Tracker(None if args.quiet else Progress(len(names) + (0 if args.no_learn else 1)))
     command = "perfladder " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        ahead = {"ahead": True} if args.compile_ahead else {}
+        ahead = {} if args.compile_ahead is None else {"ahead": args.compile_ahead}
         result = fw.run_ladder(cfg, rungs=names, learn=not args.no_learn, progress=tracker,
                                command=command, resume=earlier, checkpoint=files.checkpoint, **ahead)
         tracker.current = WRITING
@@ -306,9 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "its checks failed (without it, such a run leaves the file as it was and "
                         "keeps its own results in NAME.partial.json)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
-    r.add_argument("--compile-ahead", action="store_true",
+    r.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="torch: compile the expected steps in helper processes before the first "
-                        "rung (perfladder.torch.ahead; off by default: it did not pay on an H200)")
+                        "rung (perfladder.torch.ahead; default: on for the full config on a GPU)")
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plot", help="waterfall PNG from results JSON (two files: side by side)")
     pl.add_argument("results", nargs="+")

@@ -330,6 +330,12 @@ def test_time_spent_sums_rungs_kernel_report_and_learning_check():
     r.learning = type("Check", (), {"seconds": 30.0})()
     line = cards.time_spent(r)
     assert line.startswith("this ladder's own time: 100 s: ") and "; kernel report 7 s; learning check 30 s" in line
+    r.ahead = {"seconds": 65.0, "steps": 15}         # the compile ahead of the first rung counts too
+    line = cards.time_spent(r)
+    assert line.startswith("this ladder's own time: 165 s: compiled ahead 65 s; 3 rungs 63 s")
+    r.learning = None
+    again = type(r).from_dict(r.to_dict())                  # kept in the results file
+    assert again.ahead == r.ahead and cards.time_spent(again) == cards.time_spent(r)
 
 
 def test_time_spent_names_the_learning_checks_costly_parts():

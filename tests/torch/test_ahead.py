@@ -58,6 +58,35 @@ def test_the_guess_is_the_reference_runs_compiled_steps_one_per_set_of_graphs(fu
     assert costs["R2"] > costs["R0"] and ahead.expected_costs(None) == {}
 
 
+def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab, reference):
+    """History: past runs of the same ladder. Where B9 went the other way in half of them, the
+    later rungs are also compiled as they would be without it; a rung decided the same way
+    everywhere adds nothing, and neither does a past run of an older ladder (other rungs)."""
+    kept = [r.name for r in reference.rungs if r.stage == "beyond" and r.kept]
+    assert "B9" in kept                          # the reference built on its GELU kernel
+
+    def past(i, flip=()):
+        run = copy.deepcopy(reference)
+        run.created = f"past-{i}"
+        for r in run.rungs:
+            if r.name in flip:
+                r.kept = not r.kept
+        return run
+    older = past(9, flip=("B9",))
+    older.rungs = [r for r in older.rungs if r.name != "B13"]       # an older ladder's run
+    assert ahead.undecided(full_lab, reference, [reference, past(1), past(2), older]) == []
+    history = [reference, past(1, flip=("B9",)), past(2), older]
+    assert ahead.undecided(full_lab, reference, history) == ["B9"]
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, history)
+    alternatives = {n: r for n, r in got.items() if " if " in n}
+    assert alternatives and all(n.endswith(" if B9 is not kept") for n in alternatives)
+    assert all("gelu" not in r.fused for r in alternatives.values())
+    assert "B10 if B9 is not kept" in alternatives
+    assert alternatives["B10 if B9 is not kept"].fused == tuple(
+        f for f in got["B10"].fused if f != "gelu")
+    assert ahead.rung_of("B10 if B9 is not kept") == "B10"
+
+
 def test_without_a_reference_the_guess_walks_the_declared_chain():
     lab = TorchLab(get_config("smoke"), device="cpu")
     full = ahead.expected_recipes(lab, RUNGS, NAMES, None)
@@ -131,20 +160,30 @@ def test_nothing_expected_starts_no_helper():
     assert report["workers"] == 0 and "nothing" in ahead.summary(report)
 
 
-def test_the_ladder_compiles_ahead_only_when_asked(monkeypatch):
+def test_the_ladder_compiles_ahead_for_the_full_config_on_a_gpu_or_when_asked(monkeypatch, full_lab):
     from perfladder.torch import rungs as torch_rungs
     calls = []
 
     def fake(lab, recipes, **kw):
-        calls.append(sorted(recipes))
+        calls.append((sorted(recipes), kw))
         return {"steps": len(recipes), "workers": 1, "seconds": 1.0, "compiled": sorted(recipes),
                 "failed": {}}
     monkeypatch.setattr(ahead, "compile_ahead", fake)
     run = torch_rungs.Ladder(get_config("smoke"), device="cpu")
     assert calls == [] and not any(n.startswith("compiled ahead") for n in run.result.notes)
     run = torch_rungs.Ladder(get_config("smoke"), device="cpu", ahead=True)
-    assert calls and "R2" in calls[0] and "R1" not in calls[0]
+    assert calls and "R2" in calls[0][0] and "R1" not in calls[0][0]
     assert any(n.startswith("compiled ahead") for n in run.result.notes)
+    calls.clear()
+    torch_rungs._ahead(full_lab, NAMES, None)              # the full config, on a CPU: not asked
+    assert calls == []
+    monkeypatch.setattr(full_lab, "on_gpu", True)           # ... on a GPU: by default
+    torch_rungs._ahead(full_lab, NAMES, False)
+    assert calls == []
+    torch_rungs._ahead(full_lab, NAMES, None)
+    (names, kw), = calls
+    assert "B14" in names and "R1" not in names
+    assert kw["needs"]["B14"] > kw["needs"]["R2"] > 0       # the reference run's measured peaks
 
 
 def test_a_cache_hit_is_said_beside_the_first_call():

@@ -254,9 +254,10 @@ def rung_seconds(r: RungResult) -> float:
 
 
 def time_spent(result: LadderResult) -> str:
-    """Where the ladder's own wall time went, in one line: every rung's total (the three
-    costliest named), the kernel report's and the learning check's. Rungs from a file written
-    before rungs recorded their phases are left out, and the line says how many."""
+    """Where the ladder's own wall time went, in one line: the compile ahead of the first rung
+    (where one ran), every rung's total (the three costliest named), the kernel report's and
+    the learning check's. Rungs from a file written before rungs recorded their phases are left
+    out, and the line says how many."""
     totals = {r.name: rung_seconds(r) for r in result.rungs if r.details.get("seconds")}
     untimed = len(result.rungs) - len(totals)
     kb = next((r.kernels.get("seconds") for r in result.rungs if r.kernels), None)
@@ -265,13 +266,16 @@ def time_spent(result: LadderResult) -> str:
     top = sorted(totals.items(), key=lambda kv: -kv[1])[:3]
     if top:
         parts[0] += " (costliest: " + ", ".join(f"{n} {s:.0f} s" for n, s in top) + ")"
+    ahead = (result.ahead or {}).get("seconds")
+    if ahead is not None:
+        parts.insert(0, f"compiled ahead {ahead:.0f} s")
     if kb is not None:
         parts.append(f"kernel report {kb:.0f} s")
     if learn is not None:
         phases = getattr(result.learning, "phases", None) or {}
         big = [f"{k} {v:.0f} s" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v >= 0.5]
         parts.append(f"learning check {learn:.0f} s" + (f" ({', '.join(big)})" if big else ""))
-    total = sum(totals.values()) + (kb or 0.0) + (learn or 0.0)
+    total = sum(totals.values()) + (kb or 0.0) + (learn or 0.0) + (ahead or 0.0)
     return (f"this ladder's own time: {total:.0f} s: " + "; ".join(parts)
             + (f"; {untimed} rung(s) without recorded phases" if untimed else ""))
 

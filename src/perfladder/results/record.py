@@ -155,6 +155,7 @@ class LadderResult:
     notes: list[str] = field(default_factory=list)
     fastest: str | None = None          # the configuration the ladder kept last (its kernel
                                         # report and learning check are of this rung)
+    ahead: dict | None = None           # what compiling ahead of the first rung did and took
     schema_read: int = SCHEMA_VERSION   # the schema version the file was written with
 
     def __post_init__(self):
@@ -251,6 +252,7 @@ class LadderResult:
             "learning": None if self.learning is None else self.learning.to_dict(),
             "notes": list(self.notes),
             "fastest": self.fastest,
+            "ahead": self.ahead,
         }
 
     def write(self, path: str | Path) -> Path:
@@ -276,7 +278,8 @@ class LadderResult:
                   learning=LearningCheck.from_dict(data.get("learning")),
                   created=data.get("created", ""), command=data.get("command", ""),
                   peak_tflops=data.get("peak_tflops"), roofs=data.get("roofs"),
-                  notes=data.get("notes", []), fastest=data.get("fastest"), schema_read=version)
+                  notes=data.get("notes", []), fastest=data.get("fastest"), ahead=data.get("ahead"),
+                  schema_read=version)
         return res.finalize()
 
     @classmethod

@@ -8,25 +8,31 @@ AOTAutograd's cache keep every compiled graph on disk, keyed by the graph, its i
 the compiler's configuration, so another process that builds the same step loads it in about a
 second instead. Before the ladder's first rung, helper processes build the compiled steps the
 ladder is expected to run and call each a few times; each rung's own first call then finds its
-graphs compiled. Nothing is timed while they run, and each rung still records its first call
-and how many of its graphs came from the cache (``Compile.cache_hits``).
+graphs compiled. Nothing is timed while they run, and each rung still records its first call,
+how many of its graphs came from the cache (``Compile.cache_hits``) and, for any that could
+not be cached, why (``details['compile_cache']``).
 
 Which beyond rungs are kept is known only as the ladder runs, so the steps are a guess: the
 recipes of the committed reference run of the same config, else the declared chain with every
 beyond rung kept. A wrong guess costs a cache miss, and that rung compiles as it always did.
 Left out: R1, whose first call is where the chapter shows what compiling costs, and any recipe
 compiled with max-autotune, whose GEMM choices are timed at compile time and baked into the
-cached code, so they must be made on an idle GPU. The launch configurations the helpers' first
-calls chose for their Triton kernels, timed on a GPU they shared, are deleted from inductor's
-autotune cache when they end (``forget_tuning``): each kernel is then timed again by the first
-rung that launches it, on the idle GPU, and later rungs reuse that choice as they always did.
-Each helper's Triton compiles get its share of the cores (``TORCHINDUCTOR_COMPILE_THREADS``).
+cached code, so they must be made on an idle GPU.
 
-Off unless asked (``perfladder.torch.Ladder(..., ahead=True)``): on one H200 the helpers
-slowed each other's compiles, some rungs' graphs were not found in the cache (activation
-checkpointing, our Triton kernels; each rung's ``details['compile_cache']`` now says why), and
-every rung re-timed its kernels, so a book build took longer with it than without it
-(``benchmarks/results/h200-book-ahead-2026-12-03/README.md``).
+The recipes form one queue, the longest expected compile first. Helpers (a third of the CPU
+cores' worth) take the next recipe whose device memory, the peak the reference run measured
+for it, fits beside what the busy ones hold: on an H200 three batch-2048 steps at once and
+smaller ones beside them. Each helper's Triton compiles get its share of the cores
+(``TORCHINDUCTOR_COMPILE_THREADS``). The launch configurations the helpers' first calls chose
+for their Triton kernels, timed on a GPU they shared, are deleted from inductor's autotune
+cache when they end (``forget_tuning``): each kernel is timed again by the first rung that
+launches it, on the idle GPU, and later rungs reuse that choice as they always did.
+
+On by default for the full config on a GPU (``Ladder(..., ahead=None)``), off for the smoke
+config, whose compiles take seconds. R4's checkpointed step cannot be cached (its recompute
+replays the attention kernels' random state through an operator inductor's cache refuses), so
+it compiles in place. Our Triton kernels can: each is an operator with its backward
+registered on it (``perfladder.torch.fused``).
 """
 from __future__ import annotations
 
@@ -43,52 +49,107 @@ COLD = ("R1",)              # rungs whose first call the pages read as the price
 TIMEOUT_S = 600             # the helpers' wall budget; past it they are stopped and rungs compile
 CALLS = 3                   # steps per recipe: the optimizer's graphs change after its first step
 HELPER_BYTES = 40 * 2**30   # device memory a recipe may need when no run measured it
+FLIP_SHARE = 0.5            # how often a rung must have gone the other way to compile both ways
 CONTEXT_BYTES = 2 * 2**30   # a helper's CUDA context and library workspaces, beside the step
 
 
-def _key(recipe) -> str:
+def _key(recipe, optimizer: bool = True) -> str:
     """What decides the compiled graphs of a recipe's step: everything but a non-compiled
-    optimizer's kind (fused or foreach AdamW runs outside the compiled model)."""
+    optimizer's kind (fused or foreach AdamW runs outside the compiled model); with
+    ``optimizer=False``, the model's graphs only (a compiled AdamW's graph is the same for
+    every recipe: one compile of it serves them all)."""
     d = recipe.to_dict()
-    if d.get("optimizer") != "compiled":
+    if d.get("optimizer") != "compiled" or not optimizer:
         d["optimizer"] = "default"
     return json.dumps(d, sort_keys=True)
 
 
-def expected_recipes(lab, rungs: dict, names, reference=None) -> dict:
-    """``{rung name: Recipe}``: the compiled steps the ladder is expected to build, one per
+def _same_ladder(lab, result) -> bool:
+    return (result is not None and result.framework == lab.framework
+            and result.config.get("name") == lab.config.name)
+
+
+def _walk(lab, rungs: dict, names, kept: dict | None = None) -> dict:
+    """``{name: Recipe}`` down the declared chain: each beyond rung builds on the last one
+    kept (``kept``: ``{name: bool}``; a rung not in it is taken as kept)."""
+    from perfladder.ladder.engine import Chain
+    chain, out = Chain(rungs, lab), {}
+    for n in names:
+        rung = rungs[n]
+        try:
+            base = chain.base(rung)[1]
+            recipe = base if rung.change is None else rung.change(base, lab.config)
+        except Exception:                           # a change that needs what only a run knows
+            continue
+        chain.recipes[n] = out[n] = recipe
+        if rung.stage == "beyond" and not rung.alternative and (kept or {}).get(n, True):
+            chain.fastest = (n, recipe)
+    return out
+
+
+def undecided(lab, reference, history) -> list[str]:
+    """Beyond rungs that went the other way from ``reference`` in at least ``FLIP_SHARE`` of
+    the ``history`` runs (committed ``LadderResult``s of this framework and config that
+    measured every beyond rung it did): a measurement within reach of the noise, whose outcome decides what every
+    later rung builds on. Below that share, compiling the other way ahead costs the helpers
+    more than the misses it would save."""
+    ours = {r.name: bool(r.kept) for r in reference.rungs if r.stage == "beyond" and r.measured}
+    votes: dict[str, list] = {}
+    for run in history:
+        theirs = {r.name: bool(r.kept) for r in run.rungs if r.stage == "beyond" and r.measured}
+        # only runs of a ladder like the reference's (every beyond rung it measured): an older
+        # ladder's rungs were other techniques under the same names
+        if (_same_ladder(lab, run) and run.created != reference.created
+                and set(ours) <= set(theirs)):
+            for n in ours:
+                votes.setdefault(n, []).append(theirs[n] != ours[n])
+    return [n for n, v in votes.items() if sum(v) >= FLIP_SHARE * len(v)]
+
+
+def expected_recipes(lab, rungs: dict, names, reference=None, history=()) -> dict:
+    """``{name: Recipe}``: the compiled steps the ladder is expected to build, one per
     distinct set of graphs, without ``COLD``, multi-GPU or max-autotune rungs. ``reference``:
     a committed ``LadderResult`` of the same framework and config, whose measured recipes are
-    the guess; without one, the declared chain with every beyond rung kept."""
-    from perfladder.ladder.engine import Chain
+    the guess; without one, the declared chain with every beyond rung kept. ``history``: other
+    committed runs of it; for each rung ``undecided`` names, the later rungs' steps as they
+    would be had it gone the other way are added, under names like ``'B10 if B9 is not kept'``
+    (only those whose model graphs are new)."""
     names = [n for n in names if n in rungs and rungs[n].stage != "multi-gpu" and n not in COLD]
     guess = {}
-    if (reference is not None and reference.framework == lab.framework
-            and reference.config.get("name") == lab.config.name):
+    if _same_ladder(lab, reference):
+        kept = {}
         for r in reference.rungs:
             if r.name in names and r.measured and r.recipe:
+                kept[r.name] = bool(r.kept)
                 try:
                     guess[r.name] = lab.recipe_from_dict(r.recipe)
                 except (TypeError, ValueError):     # a recipe field this version lacks
                     continue
-    else:
-        chain = Chain(rungs, lab)
-        for n in names:
-            rung = rungs[n]
-            try:
-                base = chain.base(rung)[1]
-                recipe = base if rung.change is None else rung.change(base, lab.config)
-            except Exception:                       # a change that needs what only a run knows
+        for v in undecided(lab, reference, history):
+            if v not in kept:
                 continue
-            chain.recipes[n] = guess[n] = recipe
-            if rung.stage == "beyond" and not rung.alternative:
-                chain.fastest = (n, recipe)
-    out, seen = {}, set()
+            other = {**kept, v: not kept[v]}
+            label = f"is {'kept' if other[v] else 'not kept'}"
+            for n, recipe in _walk(lab, rungs, names, other).items():
+                if names.index(n) > names.index(v):
+                    guess[f"{n} if {v} {label}"] = recipe
+    else:
+        guess = _walk(lab, rungs, names)
+    out, seen, graphs = {}, set(), set()
     for n, recipe in guess.items():
-        if recipe.compiled and not recipe.autotune and _key(recipe) not in seen:
-            seen.add(_key(recipe))
-            out[n] = recipe
+        if not recipe.compiled or recipe.autotune or _key(recipe) in seen:
+            continue
+        if " if " in n and _key(recipe, optimizer=False) in graphs:
+            continue                                # an alternative the guess compiles already
+        seen.add(_key(recipe))
+        graphs.add(_key(recipe, optimizer=False))
+        out[n] = recipe
     return out
+
+
+def rung_of(name: str) -> str:
+    """The rung an expected step is for: ``'B10 if B9 is not kept'`` -> ``'B10'``."""
+    return name.split(" if ", 1)[0]
 
 
 def expected_costs(reference) -> dict:
@@ -102,11 +163,13 @@ def expected_costs(reference) -> dict:
 
 def expected_needs(reference) -> dict:
     """``{rung name: bytes}``: the device memory each compiled rung of ``reference`` measured at
-    its peak, plus ``CONTEXT_BYTES`` for a helper's own CUDA context and workspaces."""
+    its peak, plus ``CONTEXT_BYTES`` for a helper's own CUDA context and workspaces; never less
+    than eight tenths of ``HELPER_BYTES`` scaled to the rung's batch, about what a step of that
+    batch peaks at (a CUDA-graph step's recorded peak leaves out its graphs' memory pool)."""
     if reference is None:
         return {}
-    return {r.name: r.memory.bytes + CONTEXT_BYTES for r in reference.rungs
-            if r.memory is not None and r.memory.bytes}
+    return {r.name: max(r.memory.bytes + CONTEXT_BYTES, 0.8 * HELPER_BYTES * r.batch_size / 2048)
+            for r in reference.rungs if r.memory is not None and r.memory.bytes and r.batch_size}
 
 
 def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | None = None,
@@ -129,8 +192,8 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
     if not recipes:
         return report
     n = max(1, min(len(recipes), workers or default_workers(lab, len(recipes))))
-    queue = sorted(recipes, key=lambda k: -(costs or {}).get(k, 0.0))
-    need = {k: (needs or {}).get(k, HELPER_BYTES) for k in queue}
+    queue = sorted(recipes, key=lambda k: -(costs or {}).get(rung_of(k), 0.0))
+    need = {k: (needs or {}).get(rung_of(k), HELPER_BYTES) for k in queue}
     room = device_room(lab) if room is None else room
     report["workers"] = n
     since = time.time()

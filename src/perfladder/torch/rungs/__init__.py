@@ -18,11 +18,11 @@ from perfladder.torch.rungs.seed import SEED
 RUNGS = engine.registry(SEED + BEYOND + MULTI_GPU)
 
 
-def Ladder(config: LadderConfig, command: str = "", device=None, ahead: bool = False
+def Ladder(config: LadderConfig, command: str = "", device=None, ahead: bool | None = None
            ) -> engine.LadderRun:
     """A PyTorch ladder to run rung by rung (``.run(name)``), on a fresh ``TorchLab``.
     ``ahead``: compile the expected steps first, in helper processes (``perfladder.torch.ahead``;
-    off unless asked: on the H200 it cost more build time than it saved)."""
+    None: when the full config runs on a GPU, where compiles are what a build waits for)."""
     lab = TorchLab(config, device=device, command=command)
     _ahead(lab, engine.check_rungs(RUNGS, None), ahead)
     return engine.LadderRun(lab, RUNGS)
@@ -30,7 +30,7 @@ def Ladder(config: LadderConfig, command: str = "", device=None, ahead: bool = F
 
 def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=None,
                command: str = "", optional: bool = False, kernels: bool = True, device=None,
-               resume=None, checkpoint=None, ahead: bool = False) -> LadderResult:
+               resume=None, checkpoint=None, ahead: bool | None = None) -> LadderResult:
     """Run ``rungs`` (default: every non-optional rung) in ladder order, then the kernel
     report and the learning check of the fastest configuration; see ``perfladder.ladder.engine``."""
     names = engine.check_rungs(RUNGS, rungs, optional=optional)     # bad names: before any setup
@@ -41,19 +41,31 @@ def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=No
                              resume=resume, checkpoint=checkpoint)
 
 
-def _ahead(lab: TorchLab, names, ahead: bool) -> None:
+def _ahead(lab: TorchLab, names, ahead: bool | None) -> None:
     """Compile the ladder's expected steps in helper processes before its first rung, and say
-    so in the result's notes (and on stdout: a minute in which nothing else appears to run)."""
+    so in the result's notes (and on stdout: a minute in which nothing else appears to run).
+    ``ahead=None``: only for the full config on a GPU (the smoke config's compiles take seconds
+    on a CPU, where helpers would cost more than they save)."""
+    if ahead is None:
+        ahead = lab.on_gpu and not lab.config.is_smoke
     if not ahead:
         return
     from perfladder.results.committed import read_run, reference_run
     from perfladder.torch import ahead as compile_ahead
     try:
-        reference = read_run(reference_run(framework="torch") / "torch.json")
+        folder = reference_run(framework="torch")
+        reference = read_run(folder / "torch.json")
     except Exception:                     # no repository, or no readable reference: the chain
-        reference = None
-    recipes = compile_ahead.expected_recipes(lab, RUNGS, names, reference)
+        folder, reference = None, None
+    history = []
+    for path in sorted(folder.parent.glob("*/torch.json")) if folder is not None else ():
+        try:
+            history.append(read_run(path))
+        except Exception:                 # a file of an older schema: it has no say
+            continue
+    recipes = compile_ahead.expected_recipes(lab, RUNGS, names, reference, history)
     report = compile_ahead.compile_ahead(lab, recipes, costs=compile_ahead.expected_costs(reference),
                                          needs=compile_ahead.expected_needs(reference))
+    lab.result.ahead = report
     lab.result.notes.append(compile_ahead.summary(report))
     print(f"perfladder: {lab.result.notes[-1]}", flush=True)
