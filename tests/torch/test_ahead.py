@@ -85,6 +85,12 @@ def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab,
     assert alternatives["B10 if B9 is not kept"].fused == tuple(
         f for f in got["B10"].fused if f != "gelu")
     assert ahead.rung_of("B10 if B9 is not kept") == "B10"
+    # B6 (batch x4 -> x2) gone the other way: the later steps at half its batch, half the memory
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, [past(3, flip=("B6",))])
+    needs = ahead.expected_needs(reference, got)
+    alt = got["B8 if B6 is not kept"]
+    assert alt.batch_size * 2 == got["B8"].batch_size
+    assert needs["B8 if B6 is not kept"] * 2 == pytest.approx(needs["B8"])
 
 
 def test_without_a_reference_the_guess_walks_the_declared_chain():

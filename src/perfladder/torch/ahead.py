@@ -14,7 +14,11 @@ not be cached, why (``details['compile_cache']``).
 
 Which beyond rungs are kept is known only as the ladder runs, so the steps are a guess: the
 recipes of the committed reference run of the same config, else the declared chain with every
-beyond rung kept. A wrong guess costs a cache miss, and that rung compiles as it always did.
+beyond rung kept. Where other committed runs of the ladder went the other way on a beyond rung
+in at least a third of them (B6's batch x4 and B9's GELU kernel measure near the noise), the
+later rungs' steps are compiled both ways (``undecided``). A wrong guess costs a cache miss,
+and that rung compiles as it always did: on the H200 a run whose B6 fell within noise
+compiled its six later steps in place, about 60 s.
 Left out: R1, whose first call is where the chapter shows what compiling costs, and any recipe
 compiled with max-autotune, whose GEMM choices are timed at compile time and baked into the
 cached code, so they must be made on an idle GPU.
@@ -49,7 +53,7 @@ COLD = ("R1",)              # rungs whose first call the pages read as the price
 TIMEOUT_S = 600             # the helpers' wall budget; past it they are stopped and rungs compile
 CALLS = 3                   # steps per recipe: the optimizer's graphs change after its first step
 HELPER_BYTES = 40 * 2**30   # device memory a recipe may need when no run measured it
-FLIP_SHARE = 0.5            # how often a rung must have gone the other way to compile both ways
+FLIP_SHARE = 1 / 3          # how often a rung must have gone the other way to compile both ways
 CONTEXT_BYTES = 2 * 2**30   # a helper's CUDA context and library workspaces, beside the step
 
 
@@ -161,15 +165,23 @@ def expected_costs(reference) -> dict:
             + (r.compile.first_call_s if r.compile else 0.0) for r in reference.rungs}
 
 
-def expected_needs(reference) -> dict:
+def expected_needs(reference, recipes: dict | None = None) -> dict:
     """``{rung name: bytes}``: the device memory each compiled rung of ``reference`` measured at
     its peak, plus ``CONTEXT_BYTES`` for a helper's own CUDA context and workspaces; never less
     than eight tenths of ``HELPER_BYTES`` scaled to the rung's batch, about what a step of that
-    batch peaks at (a CUDA-graph step's recorded peak leaves out its graphs' memory pool)."""
+    batch peaks at (a CUDA-graph step's recorded peak leaves out its graphs' memory pool).
+    With ``recipes`` (``expected_recipes``), one entry per expected step instead, scaled to its
+    own batch (an alternative step may run another batch than its rung did)."""
     if reference is None:
         return {}
-    return {r.name: max(r.memory.bytes + CONTEXT_BYTES, 0.8 * HELPER_BYTES * r.batch_size / 2048)
-            for r in reference.rungs if r.memory is not None and r.memory.bytes and r.batch_size}
+    per_row = {r.name: max(r.memory.bytes + CONTEXT_BYTES, 0.8 * HELPER_BYTES * r.batch_size / 2048)
+               / r.batch_size
+               for r in reference.rungs if r.memory is not None and r.memory.bytes and r.batch_size}
+    if recipes is None:
+        return {n: b * next(r.batch_size for r in reference.rungs if r.name == n)
+                for n, b in per_row.items()}
+    return {k: per_row[rung_of(k)] * recipe.batch_size for k, recipe in recipes.items()
+            if rung_of(k) in per_row}
 
 
 def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | None = None,
@@ -193,7 +205,7 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
         return report
     n = max(1, min(len(recipes), workers or default_workers(lab, len(recipes))))
     queue = sorted(recipes, key=lambda k: -(costs or {}).get(rung_of(k), 0.0))
-    need = {k: (needs or {}).get(rung_of(k), HELPER_BYTES) for k in queue}
+    need = {k: (needs or {}).get(k, (needs or {}).get(rung_of(k), HELPER_BYTES)) for k in queue}
     room = device_room(lab) if room is None else room
     report["workers"] = n
     since = time.time()

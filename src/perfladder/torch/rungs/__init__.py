@@ -65,7 +65,7 @@ def _ahead(lab: TorchLab, names, ahead: bool | None) -> None:
             continue
     recipes = compile_ahead.expected_recipes(lab, RUNGS, names, reference, history)
     report = compile_ahead.compile_ahead(lab, recipes, costs=compile_ahead.expected_costs(reference),
-                                         needs=compile_ahead.expected_needs(reference))
+                                         needs=compile_ahead.expected_needs(reference, recipes))
     lab.result.ahead = report
     lab.result.notes.append(compile_ahead.summary(report))
     print(f"perfladder: {lab.result.notes[-1]}", flush=True)
