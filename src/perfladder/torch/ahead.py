@@ -32,11 +32,9 @@ for their Triton kernels, timed on a GPU they shared, are deleted from inductor'
 cache when they end (``forget_tuning``): each kernel is timed again by the first rung that
 launches it, on the idle GPU, and later rungs reuse that choice as they always did.
 
-On by default for the full config on a GPU (``Ladder(..., ahead=None)``), off for the smoke
-config, whose compiles take seconds. R4's checkpointed step cannot be cached (its recompute
-replays the attention kernels' random state through an operator inductor's cache refuses), so
-it compiles in place. Our Triton kernels can: each is an operator with its backward
-registered on it (``perfladder.torch.fused``).
+On by default for the full config on a GPU (``Ladder(..., ahead=None)``). R4's checkpointed
+step cannot be cached (its recompute replays the attention kernels' random state through an
+operator inductor's cache refuses); steps with our Triton kernels can (``torch.fused``).
 """
 from __future__ import annotations
 
@@ -152,7 +150,7 @@ def expected_recipes(lab, rungs: dict, names, reference=None, history=()) -> dic
 
 
 def rung_of(name: str) -> str:
-    """The rung an expected step is for: ``'B10 if B9 is not kept'`` -> ``'B10'``."""
+    """``'B10 if B9 is not kept'`` -> ``'B10'``."""
     return name.split(" if ", 1)[0]
 
 
@@ -166,12 +164,9 @@ def expected_costs(reference) -> dict:
 
 
 def expected_needs(reference, recipes: dict | None = None) -> dict:
-    """``{rung name: bytes}``: the device memory each compiled rung of ``reference`` measured at
-    its peak, plus ``CONTEXT_BYTES`` for a helper's own CUDA context and workspaces; never less
-    than eight tenths of ``HELPER_BYTES`` scaled to the rung's batch, about what a step of that
-    batch peaks at (a CUDA-graph step's recorded peak leaves out its graphs' memory pool).
-    With ``recipes`` (``expected_recipes``), one entry per expected step instead, scaled to its
-    own batch (an alternative step may run another batch than its rung did)."""
+    """``{rung name: bytes}``: each compiled rung's measured peak in ``reference`` plus
+    ``CONTEXT_BYTES``, at least 0.8 ``HELPER_BYTES`` per 2048 rows (a CUDA-graph step's peak
+    leaves out its graphs' pool). With ``recipes``: per expected step, scaled to its batch."""
     if reference is None:
         return {}
     per_row = {r.name: max(r.memory.bytes + CONTEXT_BYTES, 0.8 * HELPER_BYTES * r.batch_size / 2048)
