@@ -1,0 +1,102 @@
+"""perfladder.torch.expected: the compiled steps a PyTorch ladder is expected to build, guessed
+from the committed runs before it runs."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from perfladder.config import get_config
+from perfladder.ladder import engine
+from perfladder.results.committed import read_run, reference_run
+from perfladder.torch import expected as ahead
+from perfladder.torch.lab import TorchLab
+from perfladder.torch.recipe import Recipe
+from perfladder.torch.rungs import RUNGS
+
+NAMES = engine.check_rungs(RUNGS, None)
+
+
+@pytest.fixture(scope="module")
+def full_lab():
+    return TorchLab(get_config("full"), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return read_run(reference_run(framework="torch") / "torch.json")
+
+
+def test_the_guess_is_the_reference_runs_compiled_steps_one_per_set_of_graphs(full_lab, reference):
+    ref = copy.deepcopy(reference)
+    last = next(r for r in reversed(ref.rungs) if r.measured and r.stage == "beyond")
+    last.recipe = {**last.recipe, "autotune": True}       # max-autotune: tuned at compile time
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, ref)
+    measured = {r.name: full_lab.recipe_from_dict(r.recipe) for r in ref.rungs if r.measured}
+    assert "R1" not in got                                  # its first call is the chapter's compile
+    assert last.name not in got
+    assert all(r.compiled for r in got.values())
+    assert all(got[n] == measured[n] for n in got)          # the reference's own recipes
+    keys = [ahead._key(r) for r in got.values()]
+    assert len(set(keys)) == len(keys)
+    # every other compiled, measured one-GPU rung is there, or shares its graphs with one that is
+    left = {n for n, r in measured.items() if r.compiled and not r.autotune and n not in ("R1",)
+            and RUNGS[n].stage != "multi-gpu"} - set(got)
+    assert all(ahead._key(measured[n]) in keys for n in left)
+    if "B1" in measured and "R3" in measured:               # fused AdamW runs outside the graphs
+        assert "B1" not in got and "R3" in got
+    # which to start first: a rung's gates (where its step compiled) and its first call
+    costs = ahead.expected_costs(reference)
+    r2 = reference.rung("R2")
+    assert costs["R2"] == pytest.approx(r2.details["seconds"]["gates"] + r2.compile.first_call_s)
+    assert costs["R2"] > costs["R0"] and ahead.expected_costs(None) == {}
+
+
+def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab, reference):
+    """History: past runs of the same ladder. Where B9 went the other way in half of them, the
+    later rungs are also compiled as they would be without it; a rung decided the same way
+    everywhere adds nothing, and neither does a past run of an older ladder (other rungs)."""
+    kept = [r.name for r in reference.rungs if r.stage == "beyond" and r.kept]
+    assert "B9" in kept                          # the reference built on its GELU kernel
+
+    def past(i, flip=()):
+        run = copy.deepcopy(reference)
+        run.created = f"past-{i}"
+        for r in run.rungs:
+            if r.name in flip:
+                r.kept = not r.kept
+        return run
+    older = past(9, flip=("B9",))
+    older.rungs = [r for r in older.rungs if r.name != "B13"]       # an older ladder's run
+    assert ahead.undecided(full_lab, reference, [reference, past(1), past(2), older]) == []
+    history = [reference, past(1, flip=("B9",)), past(2), older]
+    assert ahead.undecided(full_lab, reference, history) == ["B9"]
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, history)
+    alternatives = {n: r for n, r in got.items() if " if " in n}
+    assert alternatives and all(n.endswith(" if B9 is not kept") for n in alternatives)
+    assert all("gelu" not in r.fused for r in alternatives.values())
+    assert "B10 if B9 is not kept" in alternatives
+    assert alternatives["B10 if B9 is not kept"].fused == tuple(
+        f for f in got["B10"].fused if f != "gelu")
+    assert ahead.rung_of("B10 if B9 is not kept") == "B10"
+    # B6 (batch x4 -> x2) gone the other way: the later steps at half its batch, half the memory
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, [past(3, flip=("B6",))])
+    needs = ahead.expected_needs(reference, got)
+    alt = got["B8 if B6 is not kept"]
+    assert alt.batch_size * 2 == got["B8"].batch_size
+    assert needs["B8 if B6 is not kept"] * 2 == pytest.approx(needs["B8"])
+
+
+def test_without_a_reference_the_guess_walks_the_declared_chain():
+    lab = TorchLab(get_config("smoke"), device="cpu")
+    full = ahead.expected_recipes(lab, RUNGS, NAMES, None)
+    assert "R1" not in full and "R0" not in full
+    assert full["R2"] == Recipe(batch_size=lab.config.batch_size, compiled=True, bf16=True)
+    beyond = [n for n in full if RUNGS[n].stage == "beyond"]
+    assert beyond, full
+    # each kept beyond rung builds on the one before: the last carries the changes before it
+    later = full[beyond[-1]]
+    assert later.bf16 and later.compiled and later.batch_size >= lab.config.big_batch
+    # a reference of another config is not a guess for this one
+    other = read_run(reference_run(framework="torch") / "torch.json")
+    assert ahead.expected_recipes(lab, RUNGS, NAMES, other) == full
