@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import subprocess
 import sys
 import textwrap
@@ -170,12 +169,38 @@ def test_an_interrupt_stops_every_helper(monkeypatch):
             super().__init__(*a, **kw)
             started.append(self)
 
-    def pressed_stop(self, timeout=None):      # the reader presses stop while the helpers run
+    def pressed_stop(self, block=True, timeout=None):   # the reader presses stop meanwhile
         raise KeyboardInterrupt
     monkeypatch.setattr(ahead.subprocess, "Popen", Started)
-    monkeypatch.setattr(selectors.DefaultSelector, "select", pressed_stop)
+    monkeypatch.setattr(ahead.queue.Queue, "get", pressed_stop)
     recipes = {"R2": Recipe(batch_size=8, compiled=True, bf16=True),
                "R3": Recipe(batch_size=32, compiled=True, bf16=True)}
     with pytest.raises(KeyboardInterrupt):
         ahead.compile_ahead(lab, recipes, workers=2)
     assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
+def test_a_stray_line_before_a_helpers_answer_does_not_hide_it():
+    """A library may print to a helper's stdout; its answers are still read as they come (not
+    left in a buffer until the time limit), and a line that is not an answer is passed over."""
+    import queue
+    import time
+    script = textwrap.dedent("""
+        import json, sys
+        for line in sys.stdin:
+            name = json.loads(line)["name"]
+            print("a library's own line", flush=True)
+            print(json.dumps({"name": name, "error": None, "start": 1.0, "end": 2.0}), flush=True)
+            print(json.dumps({"not": "an answer"}), flush=True)
+    """)
+    lines = queue.Queue()
+    helper = ahead._Helper(None, dict(os.environ), lines, argv=[sys.executable, "-c", script])
+    recipes = {"R2": Recipe(batch_size=8, compiled=True), "R3": Recipe(batch_size=32, compiled=True)}
+    report = {"compiled": [], "failed": {}, "runs": {}, "already_cached": 0}
+    try:
+        ahead._drive([helper], lines, ["R2", "R3"], recipes, {"R2": 1, "R3": 1}, room=1,
+                     report=report, deadline=time.perf_counter() + 60)
+    finally:
+        helper.stop()
+    assert report["compiled"] == ["R2", "R3"] and report["failed"] == {}
+    assert report["runs"]["R3"] == [1.0, 2.0]

@@ -41,9 +41,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -82,8 +84,8 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
     if not recipes:
         return report
     n = max(1, min(len(recipes), workers or default_workers(lab, len(recipes))))
-    queue = sorted(recipes, key=lambda k: -(costs or {}).get(rung_of(k), 0.0))
-    need = {k: (needs or {}).get(k, (needs or {}).get(rung_of(k), HELPER_BYTES)) for k in queue}
+    todo = sorted(recipes, key=lambda k: -(costs or {}).get(rung_of(k), 0.0))
+    need = {k: (needs or {}).get(k, (needs or {}).get(rung_of(k), HELPER_BYTES)) for k in todo}
     room = device_room(lab) if room is None else room
     report["workers"] = n
     since = time.time()
@@ -94,8 +96,9 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
         job.write_text(json.dumps({"config": lab.config.to_dict(), "device": str(lab.device)}))
         helpers: list[_Helper] = []
         try:
-            helpers = [_Helper(job, env) for _ in range(n)]
-            _drive(helpers, queue, recipes, need, room, report, deadline=t0 + timeout_s)
+            lines: queue.Queue = queue.Queue()
+            helpers = [_Helper(job, env, lines) for _ in range(n)]
+            _drive(helpers, lines, todo, recipes, need, room, report, deadline=t0 + timeout_s)
             for h in helpers:     # all idle: each exits when its input ends
                 h.stop(grace_s=STOP_GRACE_S if h.busy is None else 0.0)
         finally:                  # an interrupt, or a helper that could not start: stop the rest
@@ -109,12 +112,24 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
 class _Helper:
     """One helper process: recipes in on its stdin, one JSON line per recipe out on its stdout."""
 
-    def __init__(self, job: Path, env: dict):
-        self.proc = subprocess.Popen([sys.executable, "-m", "perfladder.torch.ahead", str(job)],
+    def __init__(self, job: Path, env: dict, lines: queue.Queue, argv: list | None = None):
+        argv = argv or [sys.executable, "-m", "perfladder.torch.ahead", str(job)]
+        self.proc = subprocess.Popen(argv,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
         self.busy: str | None = None          # the rung it is compiling
         self.alive = True
+        # every line it prints, read as it comes (a stray line from a library cannot hide the
+        # answer behind it), then None when its output ends
+        threading.Thread(target=self._read, args=(lines,), daemon=True).start()
+
+    def _read(self, lines: queue.Queue) -> None:
+        try:
+            for line in self.proc.stdout:
+                lines.put((self, line))
+        except (OSError, ValueError):         # the pipe closed under the reader: it stopped
+            pass
+        lines.put((self, None))
 
     def give(self, name: str, recipe) -> None:
         self.busy = name
@@ -139,61 +154,54 @@ class _Helper:
         self.proc.wait()
 
 
-def _drive(helpers, queue: list, recipes: dict, need: dict, room: float, report: dict,
-           deadline: float) -> None:
-    """Hand the queue out to idle helpers as the device memory allows, until it is empty and
-    every helper has answered, or ``deadline`` (``time.perf_counter()``) passes."""
-    import selectors
-    sel = selectors.DefaultSelector()
-    for h in helpers:
-        sel.register(h.proc.stdout, selectors.EVENT_READ, h)
+def _drive(helpers, lines: queue.Queue, todo: list, recipes: dict, need: dict, room: float,
+           report: dict, deadline: float) -> None:
+    """Hand ``todo`` out to idle helpers as the device memory allows, until it is empty and
+    every helper has answered (``lines``: what they print), or ``deadline``
+    (``time.perf_counter()``) passes."""
     while True:
         held = sum(need[h.busy] for h in helpers if h.busy)
         for h in helpers:
             if h.alive and h.busy is None:
-                fits = [k for k in queue if held == 0 or held + need[k] <= room]
+                fits = [k for k in todo if held == 0 or held + need[k] <= room]
                 if fits:
-                    queue.remove(fits[0])
                     try:
                         h.give(fits[0], recipes[fits[0]])
                     except OSError:                   # it died before it could be handed work
-                        h.alive = False
-                        queue.insert(0, fits[0])
-                        h.busy = None
+                        h.alive, h.busy = False, None
                         continue
+                    todo.remove(fits[0])
                     held += need[fits[0]]
-        busy = [h for h in helpers if h.busy]
-        if not busy:
+        if not any(h.busy for h in helpers):
             break
         left = deadline - time.perf_counter()
         if left <= 0:
             break
-        for key, _ in sel.select(timeout=left):
-            h = key.data
-            line = h.proc.stdout.readline()
-            if not line:                              # the helper exited (crashed, killed)
-                h.alive = False
-                sel.unregister(h.proc.stdout)
-                h.proc.wait()
+        try:
+            h, line = lines.get(timeout=left)
+        except queue.Empty:
+            continue
+        if line is None:                              # the helper exited (crashed, killed)
+            h.alive = False
+            h.proc.wait()
+            if h.busy:
                 report["failed"][h.busy] = f"helper exited {h.proc.returncode} first"
-                h.busy = None
-                continue
-            try:
-                d = json.loads(line)
-            except ValueError:                        # a stray line; its answer is yet to come
-                continue
-            report["runs"][d["name"]] = [d.get("start"), d.get("end")]
-            if d.get("error") is None:
-                report["compiled"].append(d["name"])
-                report["already_cached"] += d.get("cache_hits", 0) > 0
-            else:
-                report["failed"][d["name"]] = d["error"]
             h.busy = None
-        if not any(h.alive for h in helpers):
-            break
-    sel.close()
+            continue
+        try:
+            d = json.loads(line)
+            name = d["name"]
+        except (ValueError, TypeError, KeyError):     # a stray line; its answer is yet to come
+            continue
+        report["runs"][name] = [d.get("start"), d.get("end")]
+        if d.get("error") is None:
+            report["compiled"].append(name)
+            report["already_cached"] += d.get("cache_hits", 0) > 0
+        else:
+            report["failed"][name] = d["error"]
+        h.busy = None
     late = time.perf_counter() >= deadline
-    for name in [h.busy for h in helpers if h.busy] + queue:
+    for name in [h.busy for h in helpers if h.busy] + todo:
         report["failed"].setdefault(name, "helpers stopped at their time limit first" if late
                                     else "no helper was left to compile it")
 
