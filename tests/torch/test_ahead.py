@@ -12,7 +12,6 @@ import pytest
 
 from perfladder.config import get_config
 from perfladder.ladder import engine
-from perfladder.results.committed import read_run, reference_run
 from perfladder.torch import ahead
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.recipe import Recipe
@@ -24,11 +23,6 @@ NAMES = engine.check_rungs(RUNGS, None)
 @pytest.fixture(scope="module")
 def full_lab():
     return TorchLab(get_config("full"), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return read_run(reference_run(framework="torch") / "torch.json")
 
 
 def test_a_step_compiled_ahead_is_loaded_by_the_rungs_first_call(tmp_path):
