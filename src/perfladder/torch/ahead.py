@@ -129,6 +129,8 @@ class _Helper:
                 lines.put((self, line))
         except (OSError, ValueError):         # the pipe closed under the reader: it stopped
             pass
+        finally:
+            self.proc.stdout.close()
         lines.put((self, None))
 
     def give(self, name: str, recipe) -> None:
@@ -138,12 +140,13 @@ class _Helper:
 
     def stop(self, grace_s: float = 0.0) -> None:
         """End of input; an idle helper then exits on its own (and its Triton compile workers
-        with it) within ``grace_s``, else, or at once, it is killed."""
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:       # a pipe the dead helper left broken: nothing to flush
-                pass
+        with it) within ``grace_s``, else, or at once, it is killed. Its output pipe is left to
+        the reader thread, which closes it at the end (closing it here would wait for the
+        reader's lock, i.e. for the helper)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:           # a pipe the dead helper left broken: nothing to flush
+            pass
         if grace_s > 0:
             try:
                 self.proc.wait(timeout=grace_s)
