@@ -16,7 +16,7 @@ Which beyond rungs are kept is known only as the ladder runs, so the steps are a
 recipes of the committed reference run of the same config, else the declared chain with every
 beyond rung kept. Where other committed runs of the ladder went the other way on a beyond rung
 in at least a third of them (B6's batch x4 and B9's GELU kernel measure near the noise), the
-later rungs' steps are compiled both ways (``undecided``). A wrong guess costs a cache miss,
+later rungs' steps are compiled both ways (``perfladder.torch.expected``). A wrong guess costs a cache miss,
 and that rung compiles as it always did: on the H200 a run whose B6 fell within noise
 compiled its six later steps in place, about 60 s.
 Left out: R1, whose first call is where the chapter shows what compiling costs, and any recipe
