@@ -85,7 +85,7 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
         return report
     n = max(1, min(len(recipes), workers or default_workers(lab, len(recipes))))
     todo = sorted(recipes, key=lambda k: -(costs or {}).get(rung_of(k), 0.0))
-    need = {k: (needs or {}).get(k, (needs or {}).get(rung_of(k), HELPER_BYTES)) for k in todo}
+    need = {k: (needs or {}).get(k, HELPER_BYTES) for k in todo}
     room = device_room(lab) if room is None else room
     report["workers"] = n
     since = time.time()
@@ -95,15 +95,15 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"config": lab.config.to_dict(), "device": str(lab.device)}))
         helpers: list[_Helper] = []
+        done = False
         try:
             lines: queue.Queue = queue.Queue()
             helpers = [_Helper(job, env, lines) for _ in range(n)]
             _drive(helpers, lines, todo, recipes, need, room, report, deadline=t0 + timeout_s)
-            for h in helpers:     # all idle: each exits when its input ends
-                h.stop(grace_s=STOP_GRACE_S if h.busy is None else 0.0)
-        finally:                  # an interrupt, or a helper that could not start: stop the rest
-            for h in helpers:
-                h.stop()
+            done = True
+        finally:     # an idle helper exits when its input ends; the others (an interrupt, a
+            for h in helpers:                       # helper past the time limit) are killed
+                h.stop(grace_s=STOP_GRACE_S if done and h.busy is None else 0.0)
     report["forgotten_tunings"] = forget_tuning(since)
     report["seconds"] = time.perf_counter() - t0
     return report

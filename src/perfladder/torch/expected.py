@@ -55,9 +55,9 @@ def _walk(lab, rungs: dict, names, kept: dict | None = None) -> dict:
 def undecided(lab, reference, history) -> list[str]:
     """Beyond rungs that went the other way from ``reference`` in at least ``FLIP_SHARE`` of
     the ``history`` runs (committed ``LadderResult``s of this framework and config that
-    measured every beyond rung it did): a measurement within reach of the noise, whose outcome decides what every
-    later rung builds on. Below that share, compiling the other way ahead costs the helpers
-    more than the misses it would save."""
+    measured every beyond rung it did): a measurement within reach of the noise, whose outcome
+    decides what every later rung builds on. Below that share, compiling the other way ahead
+    costs the helpers more than the misses it would save."""
     ours = {r.name: bool(r.kept) for r in reference.rungs if r.stage == "beyond" and r.measured}
     votes: dict[str, list] = {}
     for run in history:
@@ -126,17 +126,15 @@ def expected_costs(reference) -> dict:
             + (r.compile.first_call_s if r.compile else 0.0) for r in reference.rungs}
 
 
-def expected_needs(reference, recipes: dict | None = None) -> dict:
-    """``{rung name: bytes}``: each compiled rung's measured peak in ``reference`` plus
-    ``CONTEXT_BYTES``, at least 0.8 ``HELPER_BYTES`` per 2048 rows (a CUDA-graph step's peak
-    leaves out its graphs' pool). With ``recipes``: per expected step, scaled to its batch."""
+def expected_needs(reference, recipes: dict) -> dict:
+    """``{name: bytes}`` per expected step of ``recipes`` (``expected_recipes``): its rung's
+    measured peak in ``reference`` plus ``CONTEXT_BYTES``, at least 0.8 ``HELPER_BYTES`` per
+    2048 rows (a CUDA-graph step's peak leaves out its graphs' pool), scaled to the step's own
+    batch (an alternative step may run another batch than its rung did)."""
     if reference is None:
         return {}
     per_row = {r.name: max(r.memory.bytes + CONTEXT_BYTES, 0.8 * HELPER_BYTES * r.batch_size / 2048)
                / r.batch_size
                for r in reference.rungs if r.memory is not None and r.memory.bytes and r.batch_size}
-    if recipes is None:
-        return {n: b * next(r.batch_size for r in reference.rungs if r.name == n)
-                for n, b in per_row.items()}
     return {k: per_row[rung_of(k)] * recipe.batch_size for k, recipe in recipes.items()
             if rung_of(k) in per_row}
