@@ -224,3 +224,43 @@ def test_idle_helpers_take_only_what_the_device_memory_has_room_for():
     (a0, a1), (b0, b1), (c0, c1) = (report["runs"][k] for k in "ABC")
     assert a1 <= b0 or b1 <= a0                         # A and B one after the other
     assert c0 < a1 and a0 < c1                          # C beside A, the first taken
+
+
+def test_idle_helpers_are_stopped_side_by_side():
+    """A torch helper takes seconds to exit once its input ends: every helper's input ends
+    before the first has finished exiting (one after the other, the third would have seen its
+    end only after the two before it had taken their second each)."""
+    import queue
+    import time
+    script = textwrap.dedent("""
+        import sys, time
+        for line in sys.stdin:
+            pass
+        print(time.time(), flush=True)      # its input ended
+        time.sleep(1.0)                     # a slow exit
+    """)
+    lines = queue.Queue()
+    helpers = [ahead._Helper(None, dict(os.environ), lines, argv=[sys.executable, "-c", script])
+               for _ in range(3)]
+    time.sleep(0.5)                         # all three started and reading
+    ahead.stop_all(helpers, grace_s=ahead.STOP_GRACE_S)
+    assert all(h.proc.returncode == 0 for h in helpers)        # exited, not killed
+    ends = []
+    while len(ends) < 3:
+        _, line = lines.get(timeout=5)
+        if line is not None:
+            ends.append(float(line))
+    assert max(ends) - min(ends) < 1.0
+
+
+def test_a_busy_helper_is_killed_at_the_stop():
+    """A helper still compiling when the helpers stop (its time ran out) is killed, not waited
+    for, while the idle one exits on its own."""
+    import queue
+    script = "import sys, time\nfor line in sys.stdin:\n    time.sleep(60)\n"
+    lines = queue.Queue()
+    busy, idle = (ahead._Helper(None, dict(os.environ), lines, argv=[sys.executable, "-c", script])
+                  for _ in range(2))
+    busy.give("R2", Recipe(batch_size=8, compiled=True))
+    ahead.stop_all([busy, idle], grace_s=ahead.STOP_GRACE_S)
+    assert busy.proc.returncode != 0 and idle.proc.returncode == 0

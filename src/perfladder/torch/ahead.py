@@ -102,8 +102,9 @@ def compile_ahead(lab, recipes: dict, workers: int | None = None, costs: dict | 
             _drive(helpers, lines, todo, recipes, need, room, report, deadline=t0 + timeout_s)
             done = True
         finally:     # an idle helper exits when its input ends; the others (an interrupt, a
-            for h in helpers:                       # helper past the time limit) are killed
-                h.stop(grace_s=STOP_GRACE_S if done and h.busy is None else 0.0)
+            t_stop = time.perf_counter()            # helper past the time limit) are killed
+            stop_all(helpers, grace_s=STOP_GRACE_S if done else 0.0)
+            report["stop_s"] = time.perf_counter() - t_stop
     report["forgotten_tunings"] = forget_tuning(since)
     report["seconds"] = time.perf_counter() - t0
     return report
@@ -138,15 +139,19 @@ class _Helper:
         self.proc.stdin.write(json.dumps({"name": name, "recipe": recipe.to_dict()}) + "\n")
         self.proc.stdin.flush()
 
+    def end_input(self) -> None:
+        """No more recipes: an idle helper then exits on its own."""
+        try:
+            self.proc.stdin.close()
+        except OSError:           # a pipe the dead helper left broken: nothing to flush
+            pass
+
     def stop(self, grace_s: float = 0.0) -> None:
         """End of input; an idle helper then exits on its own (and its Triton compile workers
         with it) within ``grace_s``, else, or at once, it is killed. Its output pipe is left to
         the reader thread, which closes it at the end (closing it here would wait for the
         reader's lock, i.e. for the helper)."""
-        try:
-            self.proc.stdin.close()
-        except OSError:           # a pipe the dead helper left broken: nothing to flush
-            pass
+        self.end_input()
         if grace_s > 0:
             try:
                 self.proc.wait(timeout=grace_s)
@@ -155,6 +160,17 @@ class _Helper:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+def stop_all(helpers: list, grace_s: float) -> None:
+    """Stop every helper: all inputs end at once, so the idle ones exit side by side (a torch
+    process takes seconds to exit: one after the other, five cost a quarter of a minute), each
+    within ``grace_s`` of the first; a busy one, or any at ``grace_s=0``, is killed."""
+    for h in helpers:
+        h.end_input()
+    deadline = time.perf_counter() + grace_s
+    for h in helpers:
+        h.stop(grace_s=max(0.0, deadline - time.perf_counter()) if h.busy is None else 0.0)
 
 
 def _drive(helpers, lines: queue.Queue, todo: list, recipes: dict, need: dict, room: float,
