@@ -16,7 +16,7 @@ Which beyond rungs are kept is known only as the ladder runs, so the steps are a
 recipes of the committed reference run of the same config, else the declared chain with every
 beyond rung kept. Where other committed runs of the ladder went the other way on a beyond rung
 in at least a third of them (B6's batch x4 and B9's GELU kernel measure near the noise), the
-later rungs' steps are compiled both ways (``perfladder.torch.expected``). A wrong guess costs a cache miss,
+later rungs' steps are compiled both ways (``perfladder.ladder.expected``). A wrong guess costs a cache miss,
 and that rung compiles as it always did: on the H200 a run whose B6 fell within noise
 compiled its six later steps in place, about 60 s.
 Left out: R1, whose first call is where the chapter shows what compiling costs, and any recipe
@@ -49,15 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from perfladder.torch.expected import (  # noqa: F401  (the guess, used from here too)
-    COLD,
-    HELPER_BYTES,
-    expected_costs,
-    expected_needs,
-    expected_recipes,
-    rung_of,
-    undecided,
-)
+from perfladder.ladder.expected import HELPER_BYTES, rung_of
 
 TIMEOUT_S = 600             # the helpers' wall budget; past it they are stopped and rungs compile
 CALLS = 3                   # steps per recipe: the optimizer's graphs change after its first step
@@ -239,6 +231,12 @@ def forget_tuning(since: float) -> int:
         except OSError:           # gone already, or not ours to delete: nothing to forget
             continue
     return gone
+
+
+def compiles(recipe) -> bool:
+    """Whether ``recipe``'s step is compiled ahead: a compiled one, unless max-autotune times
+    its GEMM choices at compile time (they must be made on an idle GPU)."""
+    return recipe.compiled and not recipe.autotune
 
 
 def default_workers(lab, count: int) -> int:

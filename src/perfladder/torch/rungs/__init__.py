@@ -50,22 +50,13 @@ def _ahead(lab: TorchLab, names, ahead: bool | None) -> None:
         ahead = lab.on_gpu and not lab.config.is_smoke
     if not ahead:
         return
-    from perfladder.results.committed import read_run, reference_run
+    from perfladder.ladder import expected
     from perfladder.torch import ahead as compile_ahead
-    try:
-        folder = reference_run(framework="torch")
-        reference = read_run(folder / "torch.json")
-    except Exception:                     # no repository, or no readable reference: the chain
-        folder, reference = None, None
-    history = []
-    for path in sorted(folder.parent.glob("*/torch.json")) if folder is not None else ():
-        try:
-            history.append(read_run(path))
-        except Exception:                 # a file of an older schema: it has no say
-            continue
-    recipes = compile_ahead.expected_recipes(lab, RUNGS, names, reference, history)
-    report = compile_ahead.compile_ahead(lab, recipes, costs=compile_ahead.expected_costs(reference),
-                                         needs=compile_ahead.expected_needs(reference, recipes))
+    reference, history = expected.committed_runs(lab)
+    recipes = expected.expected_recipes(lab, RUNGS, names, reference, history,
+                                        compiles=compile_ahead.compiles)
+    report = compile_ahead.compile_ahead(lab, recipes, costs=expected.expected_costs(reference),
+                                         needs=expected.expected_needs(reference, recipes))
     lab.result.ahead = report
     lab.result.notes.append(compile_ahead.summary(report))
     print(f"perfladder: {lab.result.notes[-1]}", flush=True)

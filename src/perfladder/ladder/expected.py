@@ -1,12 +1,14 @@
-"""The compiled steps a PyTorch ladder is expected to build, guessed before it runs, for
-``perfladder.torch.ahead`` to compile ahead: ``expected_recipes``, with each step's expected
-compile time (``expected_costs``) and device memory (``expected_needs``).
+"""The compiled steps a ladder is expected to build, guessed before it runs, for each
+framework's ``ahead`` module (``perfladder.torch.ahead``, ``perfladder.jax.ahead``) to compile
+ahead: ``expected_recipes``, with each step's expected compile time (``expected_costs``) and
+device memory (``expected_needs``); ``committed_runs`` reads what the guess is made from.
 
 Which beyond rungs are kept is known only as the ladder runs. The guess is the recipes of the
 committed reference run of the same config, else the declared chain with every beyond rung
 kept; where other committed runs went the other way on a beyond rung in at least
 ``FLIP_SHARE`` of them, the later rungs' steps are added as they would be had it gone that
-way (``undecided``). No framework is imported here: recipes come from the lab.
+way (``undecided``). No framework is imported here: recipes come from the lab, and which of
+them compile is the framework's call (``compiles``).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def _key(recipe, optimizer: bool = True) -> str:
     ``optimizer=False``, the model's graphs only (a compiled AdamW's graph is the same for
     every recipe: one compile of it serves them all)."""
     d = recipe.to_dict()
-    if d.get("optimizer") != "compiled" or not optimizer:
+    if "optimizer" in d and (d["optimizer"] != "compiled" or not optimizer):   # torch's recipes
         d["optimizer"] = "default"
     return json.dumps(d, sort_keys=True)
 
@@ -71,9 +73,31 @@ def undecided(lab, reference, history) -> list[str]:
     return [n for n, v in votes.items() if sum(v) >= FLIP_SHARE * len(v)]
 
 
-def expected_recipes(lab, rungs: dict, names, reference=None, history=()) -> dict:
+def committed_runs(lab) -> tuple:
+    """``(reference, history)``: the committed reference run of ``lab``'s framework (None when
+    there is no repository, or no readable one) and every committed run of it that this
+    version can read (an older schema's has no say)."""
+    from perfladder.results.committed import read_run, reference_run
+    file = f"{lab.framework}.json"
+    try:
+        folder = reference_run(framework=lab.framework)
+        reference = read_run(folder / file)
+    except Exception:                     # no repository, or no readable reference
+        return None, []
+    history = []
+    for path in sorted(folder.parent.glob(f"*/{file}")):
+        try:
+            history.append(read_run(path))
+        except Exception:                 # a file of an older schema: it has no say
+            continue
+    return reference, history
+
+
+def expected_recipes(lab, rungs: dict, names, reference=None, history=(),
+                     compiles=lambda recipe: True) -> dict:
     """``{name: Recipe}``: the compiled steps the ladder is expected to build, one per
-    distinct set of graphs, without ``COLD``, multi-GPU or max-autotune rungs. ``reference``:
+    distinct set of graphs, without ``COLD`` or multi-GPU rungs, nor any recipe
+    ``compiles(recipe)`` says is not compiled ahead (the framework's call). ``reference``:
     a committed ``LadderResult`` of the same framework and config, whose measured recipes are
     the guess; without one, the declared chain with every beyond rung kept. ``history``: other
     committed runs of it; for each rung ``undecided`` names, the later rungs' steps as they
@@ -102,7 +126,7 @@ def expected_recipes(lab, rungs: dict, names, reference=None, history=()) -> dic
         guess = _walk(lab, rungs, names)
     out, seen, graphs = {}, set(), set()
     for n, recipe in guess.items():
-        if not recipe.compiled or recipe.autotune or _key(recipe) in seen:
+        if not compiles(recipe) or _key(recipe) in seen:
             continue
         if " if " in n and _key(recipe, optimizer=False) in graphs:
             continue                                # an alternative the guess compiles already

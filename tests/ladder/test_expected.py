@@ -1,5 +1,6 @@
-"""perfladder.torch.expected: the compiled steps a PyTorch ladder is expected to build, guessed
-from the committed runs before it runs."""
+"""perfladder.ladder.expected: the compiled steps a ladder is expected to build, guessed from
+the committed runs before it runs (on the PyTorch ladder, whose torch.ahead says which compile;
+the JAX ladder's guess in tests/jax/test_ahead.py)."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +10,8 @@ import pytest
 from perfladder.config import get_config
 from perfladder.ladder import engine
 from perfladder.results.committed import read_run, reference_run
-from perfladder.torch import expected as ahead
+from perfladder.ladder import expected as ahead
+from perfladder.torch.ahead import compiles
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs import RUNGS
@@ -31,7 +33,7 @@ def test_the_guess_is_the_reference_runs_compiled_steps_one_per_set_of_graphs(fu
     ref = copy.deepcopy(reference)
     last = next(r for r in reversed(ref.rungs) if r.measured and r.stage == "beyond")
     last.recipe = {**last.recipe, "autotune": True}       # max-autotune: tuned at compile time
-    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, ref)
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, ref, compiles=compiles)
     measured = {r.name: full_lab.recipe_from_dict(r.recipe) for r in ref.rungs if r.measured}
     assert "R1" not in got                                  # its first call is the chapter's compile
     assert last.name not in got
@@ -71,7 +73,7 @@ def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab,
     assert ahead.undecided(full_lab, reference, [reference, past(1), past(2), older]) == []
     history = [reference, past(1, flip=("B9",)), past(2), older]
     assert ahead.undecided(full_lab, reference, history) == ["B9"]
-    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, history)
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, history, compiles=compiles)
     alternatives = {n: r for n, r in got.items() if " if " in n}
     assert alternatives and all(n.endswith(" if B9 is not kept") for n in alternatives)
     assert all("gelu" not in r.fused for r in alternatives.values())
@@ -80,7 +82,8 @@ def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab,
         f for f in got["B10"].fused if f != "gelu")
     assert ahead.rung_of("B10 if B9 is not kept") == "B10"
     # B6 (batch x4 -> x2) gone the other way: the later steps at half its batch, half the memory
-    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, [past(3, flip=("B6",))])
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, [past(3, flip=("B6",))],
+                                compiles=compiles)
     needs = ahead.expected_needs(reference, got)
     alt = got["B8 if B6 is not kept"]
     assert alt.batch_size * 2 == got["B8"].batch_size
@@ -89,7 +92,7 @@ def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab,
 
 def test_without_a_reference_the_guess_walks_the_declared_chain():
     lab = TorchLab(get_config("smoke"), device="cpu")
-    full = ahead.expected_recipes(lab, RUNGS, NAMES, None)
+    full = ahead.expected_recipes(lab, RUNGS, NAMES, None, compiles=compiles)
     assert "R1" not in full and "R0" not in full
     assert full["R2"] == Recipe(batch_size=lab.config.batch_size, compiled=True, bf16=True)
     beyond = [n for n in full if RUNGS[n].stage == "beyond"]
@@ -99,4 +102,10 @@ def test_without_a_reference_the_guess_walks_the_declared_chain():
     assert later.bf16 and later.compiled and later.batch_size >= lab.config.big_batch
     # a reference of another config is not a guess for this one
     other = read_run(reference_run(framework="torch") / "torch.json")
-    assert ahead.expected_recipes(lab, RUNGS, NAMES, other) == full
+    assert ahead.expected_recipes(lab, RUNGS, NAMES, other, compiles=compiles) == full
+
+
+def test_the_committed_runs_are_the_reference_and_every_readable_run_of_the_framework(full_lab):
+    reference, history = ahead.committed_runs(full_lab)
+    assert reference.framework == "torch" and reference.created in {r.created for r in history}
+    assert len(history) > 1 and all(r.framework == "torch" for r in history)
