@@ -178,14 +178,20 @@ def test_no_learn_says_that_the_targets_go_unchecked(monkeypatch, capsys):
     assert "no learning check" not in capsys.readouterr().err
 
 
-def test_compile_ahead_is_a_pytorch_option(capsys):
-    assert main(["run", "jax", "--config", "smoke", "--compile-ahead"]) == 2
-    assert "--compile-ahead is not valid for jax; valid choices: torch" in capsys.readouterr().err
-
-
 def test_compile_ahead_reaches_the_pytorch_ladder(tmp_path):
     out = tmp_path / "r.json"
     assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet",
                  "--compile-ahead", "--out", str(out)]) == 0
     notes = json.loads(out.read_text())["notes"]
     assert "compiled ahead: nothing (no compiled step expected)" in notes     # R0 is eager
+
+
+def test_compile_ahead_reaches_the_jax_ladder(tmp_path):
+    """R0 alone: no compiled step is expected, but the un-jitted step runs once ahead (its
+    operations' small programs), and the file keeps the report."""
+    out = tmp_path / "r.json"
+    assert main(["run", "jax", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet",
+                 "--compile-ahead", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["ahead"]["compiled"] == ["R0 (un-jitted, one step)"] and got["ahead"]["failed"] == {}
+    assert any(n.startswith("compiled ahead: 1 of 1 expected programs") for n in got["notes"])

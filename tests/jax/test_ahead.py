@@ -89,3 +89,102 @@ def test_a_step_that_fails_to_compile_leaves_no_gate_program_compiling(monkeypat
         trial_module.trial(lab, given)
     assert done == [1]
     assert not [t for t in threading.enumerate() if t.name.startswith("perfladder-compile-beside")]
+
+
+# -- compile_ahead: the ladder's expected programs, before its first rung -----------------------
+_LOADS = r'''
+import json, sys
+from functools import partial
+from perfladder.jax.compiler import fast_cpu_compiles
+fast_cpu_compiles(cache_dir=sys.argv[1])                 # a fresh persistent cache
+from flax import nnx
+from perfladder.config import get_config
+from perfladder.jax import ahead
+from perfladder.jax.lab import JaxLab
+from perfladder.jax.recipe import Recipe
+from perfladder.jax.step import loss_fn
+from perfladder.jax.timer import cache_hit_count, compile_count
+from perfladder.jax.trial import gate_batches, reference_losses, step_form_gate
+
+def train_step(model, optimizer, X, Y, view=None):       # a notebook's own copy of the code
+    loss, grads = nnx.value_and_grad(partial(loss_fn, view=view))(model, X, Y)
+    optimizer.update(model, grads)
+    return loss
+
+lab = JaxLab(get_config("smoke").replace(num_blks=1), probe=False)
+r2 = Recipe(batch_size=8, dtype="bfloat16")
+jobs = ahead.expected_jobs(lab, {"R2": r2, "B3": r2.replace(jit="split")})
+report = ahead.compile_ahead(jobs, workers=2)
+lab.use(train_step=train_step)
+out = {"report": report, "line": ahead.summary(report)}
+for name, run in [("step", lambda: lab.build_step(r2).compile_ahead(*gate_batches(lab, 8)[0])),
+                  ("step form", lambda: step_form_gate(lab, r2.replace(jit="split"))),
+                  ("loss reference", lambda: reference_losses(lab, 8))]:
+    h0 = cache_hit_count()
+    run()
+    out[name] = cache_hit_count() - h0
+c0 = compile_count()
+step = lab.build_step(Recipe.seed(lab.config))          # R0: un-jitted, op by op
+step(*gate_batches(lab, lab.config.batch_size)[0])
+out["eager compiles"] = compile_count() - c0
+print(json.dumps(out))
+'''
+
+
+def test_programs_compiled_ahead_are_loaded_by_the_rungs_own_compiles(tmp_path):
+    """In a fresh cache, threads compile two expected steps with the library's code, the
+    step-form gates' steps, the loss reference and one un-jitted step; afterwards a step built
+    from a notebook's own copy of the code, a step-form gate and the loss reference each load
+    their program (a cache hit each), and R0's first call compiles nothing."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _LOADS, str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    report = got["report"]
+    assert report["failed"] == {} and report["workers"] == 2
+    assert set(report["compiled"]) == {"R0 (un-jitted, one step)", "R2", "B3", "step-form gate (nnx)",
+                                       "step-form gate (split)", "loss reference (batch 8)"}
+    assert list(report["runs"]) and report["compilations"] > 6 and report["loaded"] < report["compilations"]
+    assert got["line"].startswith("compiled ahead: 6 of 6 expected programs in 2 threads")
+    assert got["step"] == 1 and got["step form"] >= 1 and got["loss reference"] == 1
+    assert got["eager compiles"] == 0
+
+
+def test_a_failing_job_is_reported_and_the_others_still_compile():
+    ran = []
+
+    def bad():
+        raise RuntimeError("no GPU for cuDNN")
+    report = ahead_mod().compile_ahead({"B4": bad, "R2": lambda: ran.append(1)}, workers=1)
+    assert report["compiled"] == ["R2"] and ran == [1]
+    assert report["failed"] == {"B4": "RuntimeError: no GPU for cuDNN"}
+    assert "not compiled ahead: B4 (B4: RuntimeError: no GPU for cuDNN)" in ahead_mod().summary(report)
+    assert ahead_mod().compile_ahead({})["workers"] == 0
+
+
+def ahead_mod():
+    from perfladder.jax import ahead
+    return ahead
+
+
+def test_the_jax_guess_is_the_reference_runs_jitted_steps_without_r1():
+    from perfladder.config import get_config
+    from perfladder.jax.lab import JaxLab
+    from perfladder.jax.rungs import RUNGS
+    from perfladder.ladder import engine, expected
+    lab = JaxLab(get_config("full"), probe=False)
+    reference, history = expected.committed_runs(lab)
+    assert reference is not None and reference.framework == "jax"
+    got = expected.expected_recipes(lab, RUNGS, engine.check_rungs(RUNGS, None), reference, history,
+                                    compiles=ahead_mod().compiles)
+    measured = {r.name: r for r in reference.rungs if r.measured}
+    assert "R1" not in got and "R0" not in got and "R2" in got
+    assert all(r.jit != "none" for r in got.values())
+    assert all(got[n] == lab.recipe_from_dict(measured[n].recipe) for n in got if " if " not in n)
+    jobs = ahead_mod().expected_jobs(lab, got)
+    assert list(jobs)[0] == "R0 (un-jitted, one step)"
+    assert {"step-form gate (nnx)", "step-form gate (split)"} <= set(jobs)
+    assert any(k.startswith("loss reference (batch") for k in jobs)

@@ -9,8 +9,8 @@ import pytest
 
 from perfladder.config import get_config
 from perfladder.ladder import engine
-from perfladder.results.committed import read_run, reference_run
 from perfladder.ladder import expected as ahead
+from perfladder.results.committed import read_run, reference_run
 from perfladder.torch.ahead import compiles
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.recipe import Recipe

@@ -10,16 +10,32 @@ side by side against 19.8 s one after the other (``benchmarks/xla_compile_flags.
 
 A job that fails in its thread is recorded, not raised: the gate that needs the program
 compiles it again when it runs, and raises there, with its own context.
+
+``compile_ahead``: the ladder's expected programs compiled before its first rung, in threads,
+into JAX's persistent compilation cache (on a GPU a fresh folder per process,
+``perfladder.jax.lab``). A rung's own compile then finds its program there and loads it: the
+cache is keyed by the program's text without source locations, so the library's code, with
+which the threads build each step, and a notebook's identical code give one key; a reader's
+changed code gives another, and that rung compiles as it always did. What is compiled: each
+expected step (``perfladder.ladder.expected``, R1 left out: its first call is where the chapter
+shows what compiling costs), the step-form gates' 8-row steps, and the loss gates' plain bf16
+reference at each beyond batch; and the un-jitted R0's first step is run once, so its
+operations' small programs are compiled when R0 calls them. Unlike the programs beside a rung
+(no autotuning), these are autotuned as the rungs' own are, the threads' timing of candidate
+GEMM algorithms sharing the GPU with one another (``benchmarks/jax_ahead_probe.py`` compares
+the chosen kernels with those of a program compiled alone).
 """
 from __future__ import annotations
 
+import os
+import queue
 import threading
 import time
 from typing import Callable
 
-from perfladder.jax.timer import compile_count
+from perfladder.jax.timer import cache_hit_count, compile_count
 
-__all__ = ["Beside"]
+__all__ = ["Beside", "compile_ahead", "expected_jobs", "compiles", "summary"]
 
 
 class Beside:
@@ -59,3 +75,104 @@ class Beside:
         if errors:
             report["error"] = errors[0]
         return report
+
+
+def compiles(recipe) -> bool:
+    """Whether ``recipe``'s step is compiled ahead: every jitted one (``perfladder.ladder.
+    expected`` asks)."""
+    return recipe.jit != "none"
+
+
+def expected_jobs(lab, recipes: dict, eager: bool = True) -> dict[str, Callable[[], object]]:
+    """``{name: job}`` for ``compile_ahead``: each of ``recipes`` (``{name: Recipe}``) compiled
+    with the library's code on a gate batch of its shape, the step-form gates' steps for each
+    jit form among them, the loss gates' reference at each beyond batch among them, and one
+    un-jitted step of the seed recipe (R0's small programs)."""
+    import jax
+
+    from perfladder.jax.gates import true_fp32
+    from perfladder.jax.recipe import Recipe
+    from perfladder.jax.trial import GATE_ROWS, gate_batches, reference_recipe
+
+    def step_job(recipe, rows=None):
+        def job():
+            X, Y = gate_batches(lab, lab.config.batch_size if rows else recipe.batch_size)[0]
+            step = lab.build_step(recipe, plain_code=True)
+            # a step-form gate runs its step at full fp32 matmul precision on a GPU, which the
+            # program's text (so its cache key) carries
+            with true_fp32(rows is not None and jax.default_backend() != "cpu"):
+                step.compile_ahead(X[:rows] if rows else X, Y[:rows] if rows else Y)
+        return job
+
+    def eager_job():
+        X, Y = gate_batches(lab, lab.config.batch_size)[0]
+        step = lab.build_step(Recipe.seed(lab.config), plain_code=True)
+        step(X, Y)
+
+    jobs = {"R0 (un-jitted, one step)": eager_job} if eager else {}    # the longest: first
+    jobs.update({name: step_job(r) for name, r in recipes.items()})
+    for form in sorted({r.jit for r in recipes.values()} - {"none"}):
+        jobs[f"step-form gate ({form})"] = step_job(Recipe(batch_size=GATE_ROWS, jit=form), GATE_ROWS)
+    beyond = {r.batch_size for n, r in recipes.items() if n.startswith("B")}
+    for b in sorted(beyond):
+        jobs[f"loss reference (batch {b})"] = step_job(reference_recipe(b))
+    return jobs
+
+
+def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = None) -> dict:
+    """Run ``jobs`` (``expected_jobs``) in ``workers`` threads (default: half the CPU cores), one
+    queue in the given order, and wait for them. Returns the report: ``steps``, ``workers``,
+    ``seconds``, ``compiled`` (names), ``runs`` (``{name: [start, end]}``, wall-clock),
+    ``compilations``, ``loaded`` (of those, how many a job loaded from the cache: another job's
+    program, such as a model's initialisation, or an earlier build's) and ``failed`` (``{name: error}``): a job that fails costs only its rung's compile."""
+    t0 = time.perf_counter()
+    n = max(1, min(len(jobs), workers or (os.cpu_count() or 2) // 2))
+    report = {"steps": len(jobs), "workers": n if jobs else 0, "seconds": 0.0, "compiled": [],
+              "failed": {}, "runs": {}, "compilations": 0, "loaded": 0}
+    todo: queue.Queue = queue.Queue()
+    for item in jobs.items():
+        todo.put(item)
+    lock = threading.Lock()
+
+    def work():
+        while True:
+            try:
+                name, job = todo.get_nowait()
+            except queue.Empty:
+                return
+            start, c0, h0 = time.time(), compile_count(this_thread=True), cache_hit_count(this_thread=True)
+            error = None
+            try:
+                job()
+            except Exception as e:      # reported; the rung compiles for itself, and raises there
+                error = f"{type(e).__name__}: {e}"[:500]
+            with lock:
+                report["runs"][name] = [start, time.time()]
+                report["compilations"] += compile_count(this_thread=True) - c0
+                report["loaded"] += cache_hit_count(this_thread=True) - h0
+                if error is None:
+                    report["compiled"].append(name)
+                else:
+                    report["failed"][name] = error
+
+    threads = [threading.Thread(target=work, daemon=True, name=f"perfladder-compile-ahead-{i}")
+               for i in range(report["workers"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+def summary(report: dict) -> str:
+    """One line for the result's notes and the page."""
+    if not report["steps"]:
+        return "compiled ahead: nothing (no compiled step expected)"
+    line = (f"compiled ahead: {len(report['compiled'])} of {report['steps']} expected programs in "
+            f"{report['workers']} threads, {report['seconds']:.0f} s before the first rung (each "
+            "rung's compile then loads its program from JAX's persistent compilation cache)")
+    if report["failed"]:
+        first = next(iter(report["failed"].items()))
+        line += f"; not compiled ahead: {', '.join(report['failed'])} ({first[0]}: {first[1][:200]})"
+    return line

@@ -104,7 +104,7 @@ def _same_start(reference, candidate) -> None:
                                  f"{k} differs", gate="model gate")
 
 
-def _true_fp32(on: bool):
+def true_fp32(on: bool):
     """Full-precision fp32 matmuls (no TF32) while ``on``: a gate's fp32 side."""
     return jax.default_matmul_precision("highest") if on else contextlib.nullcontext()
 
@@ -144,7 +144,7 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     tol = tolerances(p_ref, p_cand)
     measured: dict = {}
     for X, Y in batches:
-        with _true_fp32(p_ref == "fp32"):
+        with true_fp32(p_ref == "fp32"):
             ref_loss, ref_logits, ref_grads = gradients(ref, X, Y, chunks=reference_chunks,
                                                         jit=reference_jit, with_loss=True)
         cand_loss, cand_logits, cand_grads = gradients(cand, X, Y, view, jit=candidate_jit,
@@ -175,7 +175,7 @@ def model_gate_programs(reference, candidate, X, Y, *, view: Callable | None = N
     program depends on the model's structure and dtypes, not its values, so the probe clones
     the gate makes find them compiled."""
     def the_reference():
-        with _true_fp32(precision_of(reference) in ("fp32", "tf32")):
+        with true_fp32(precision_of(reference) in ("fp32", "tf32")):
             compile_gradients(reference, X, Y)
 
     def the_candidate():
@@ -248,7 +248,7 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
     if step is None and not same_gradients:
         raise ValueError("optimizer_gate with same_gradients=False needs a step to compare")
     measured, floor = {}, {}
-    with _true_fp32(jax.default_backend() != "cpu"):          # TF32 exists only on a GPU
+    with true_fp32(jax.default_backend() != "cpu"):          # TF32 exists only on a GPU
         if same_gradients:
             measured = _displacements("update", start,
                                       *_same_gradients(model, optimizer, batches, lr, jit))
@@ -273,7 +273,7 @@ def optimizer_gate(model, optimizer, batches, *, lr: float, step: Callable | str
 def compile_optimizer_gate_reference(model, X, Y, lr: float) -> None:
     """Compile, without running, the reference step ``optimizer_gate(model, ..., jit=True)``
     runs on batches like ``(X, Y)`` (a fresh ``make_optimizer(lr)`` of ``model``)."""
-    with _true_fp32(jax.default_backend() != "cpu"):
+    with true_fp32(jax.default_backend() != "cpu"):
         compile_reference_step(model, make_optimizer(model, lr), X, Y)
 
 

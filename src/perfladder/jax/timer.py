@@ -21,8 +21,10 @@ from perfladder.checks import check_int
 from perfladder.measure.timing import DEFAULT_TARGET_SPREAD, Throughput, measure
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 _compiles = 0
+_cache_hits = 0
 _listening = False
 _this_thread = threading.local()     # the listener runs in the thread that compiled
 
@@ -32,6 +34,20 @@ def _on_duration(event: str, duration_secs: float, **kwargs) -> None:
     if event == COMPILE_EVENT:
         _compiles += 1
         _this_thread.compiles = getattr(_this_thread, "compiles", 0) + 1
+
+
+def _on_event(event: str, **kwargs) -> None:
+    global _cache_hits
+    if event == CACHE_HIT_EVENT:
+        _cache_hits += 1
+        _this_thread.cache_hits = getattr(_this_thread, "cache_hits", 0) + 1
+
+
+def cache_hit_count(this_thread: bool = False) -> int:
+    """Programs loaded from JAX's persistent compilation cache in this process (each also counts
+    in ``compile_count``: XLA's compile event spans the cache read); with ``this_thread``, only
+    the calling thread's."""
+    return getattr(_this_thread, "cache_hits", 0) if this_thread else _cache_hits
 
 
 def compile_count(this_thread: bool = False) -> int:
@@ -45,6 +61,7 @@ def _listen() -> None:
     global _listening
     if not _listening:   # registered once, at import
         jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        jax.monitoring.register_event_listener(_on_event)
         _listening = True
 
 

@@ -31,7 +31,7 @@ from perfladder.jax.program import embedding_scatters, matmul_dtypes
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import TrainStep, make_optimizer, scatter_add_dtypes
 from perfladder.jax.stream import batches
-from perfladder.jax.timer import compile_count
+from perfladder.jax.timer import cache_hit_count, compile_count
 from perfladder.ladder.rung import Evidence, Given
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
@@ -221,16 +221,17 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     stream = lab.stream(recipe.batch_size) if stream is None else stream
     X, Y = next(stream)
     details = dict(details or {})
-    ahead = 0
+    ahead = loaded = 0
     if step.jitted:
         # the step's program (autotuned) here, the gates' (not autotuned) beside it
         with watch("compile"):
             jobs = gate_programs(lab, recipe, step, X, Y) if devices == 1 else []
             beside = Beside(jobs + (list(check_programs(step, X, Y)) if check_programs else []))
             try:
-                c0 = compile_count(this_thread=True)
+                c0, h0 = compile_count(this_thread=True), cache_hit_count(this_thread=True)
                 step.compile_ahead(X, Y)
                 ahead = compile_count(this_thread=True) - c0
+                loaded = cache_hit_count(this_thread=True) - h0
             finally:     # a step that fails to compile leaves no compile running into the next rung
                 details["compiled beside the step"] = beside.join()
     with watch("gates"):
@@ -257,7 +258,8 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
         with watch("first call"):
             step(X, Y)
     compiled = Compile(first_call_s=(step.compiled_ahead_s or 0.0) + step.first_call_s,
-                       compilations=ahead + compile_count() - c0)
+                       compilations=ahead + compile_count() - c0,
+                       cache_hits=loaded if step.jitted else None)
     with watch("receipt"):
         receipt = lab.receipt(recipe, step)
         details["loss_dtype"] = step.observed.get("loss")
