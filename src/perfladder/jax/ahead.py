@@ -19,8 +19,7 @@ which the threads build each step, and a notebook's identical code give one key;
 changed code gives another, and that rung compiles as it always did. What is compiled: each
 expected step (``perfladder.ladder.expected``, R1 left out: its first call is where the chapter
 shows what compiling costs), the step-form gates' 8-row steps, and the loss gates' plain bf16
-reference at each beyond batch; and the un-jitted R0's first step is run once, so its
-operations' small programs are compiled when R0 calls them. Unlike the programs beside a rung
+reference at each beyond batch; with each step, the model gate's programs. Unlike the programs beside a rung
 (no autotuning), these are autotuned as the rungs' own are, the threads' timing of candidate
 GEMM algorithms sharing the GPU with one another (``benchmarks/jax_ahead_probe.py`` compares
 the chosen kernels with those of a program compiled alone).
@@ -83,18 +82,21 @@ def compiles(recipe) -> bool:
     return recipe.jit != "none"
 
 
-def expected_jobs(lab, recipes: dict, eager: bool = True) -> dict[str, Callable[[], object]]:
+def expected_jobs(lab, recipes: dict) -> dict[str, Callable[[], object]]:
     """``{name: job}`` for ``compile_ahead``: each of ``recipes`` (``{name: Recipe}``) compiled
-    with the library's code on a gate batch of its shape, the step-form gates' steps for each
-    jit form among them, the loss gates' reference at each beyond batch among them, and one
-    un-jitted step of the seed recipe (R0's small programs)."""
+    with the library's code on a gate batch of its shape, then its model gate's programs
+    (``trial.gate_programs``: not autotuned); the step-form gates' steps for each jit form
+    among them, and the loss gates' reference at each beyond batch among them. Not the
+    un-jitted R0: its first call compiles some hundred small programs, one operation each,
+    dispatched from Python; in a thread beside the others it held them up for minutes on the
+    H200 (``benchmarks/results/h200-jax-ahead-2026-12-03``) to save R0 about 18 s."""
     import jax
 
     from perfladder.jax.gates import true_fp32
     from perfladder.jax.recipe import Recipe
-    from perfladder.jax.trial import GATE_ROWS, gate_batches, reference_recipe
+    from perfladder.jax.trial import GATE_ROWS, gate_batches, gate_programs, reference_recipe
 
-    def step_job(recipe, rows=None):
+    def step_job(recipe, rows=None, gates=False):
         def job():
             X, Y = gate_batches(lab, lab.config.batch_size if rows else recipe.batch_size)[0]
             step = lab.build_step(recipe, plain_code=True)
@@ -102,15 +104,11 @@ def expected_jobs(lab, recipes: dict, eager: bool = True) -> dict[str, Callable[
             # program's text (so its cache key) carries
             with true_fp32(rows is not None and jax.default_backend() != "cpu"):
                 step.compile_ahead(X[:rows] if rows else X, Y[:rows] if rows else Y)
+            for program in gate_programs(lab, recipe, step, X, Y) if gates else ():
+                program()
         return job
 
-    def eager_job():
-        X, Y = gate_batches(lab, lab.config.batch_size)[0]
-        step = lab.build_step(Recipe.seed(lab.config), plain_code=True)
-        step(X, Y)
-
-    jobs = {"R0 (un-jitted, one step)": eager_job} if eager else {}    # the longest: first
-    jobs.update({name: step_job(r) for name, r in recipes.items()})
+    jobs = {name: step_job(r, gates=True) for name, r in recipes.items()}
     for form in sorted({r.jit for r in recipes.values()} - {"none"}):
         jobs[f"step-form gate ({form})"] = step_job(Recipe(batch_size=GATE_ROWS, jit=form), GATE_ROWS)
     beyond = {r.batch_size for n, r in recipes.items() if n.startswith("B")}
@@ -124,7 +122,8 @@ def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = N
     queue in the given order, and wait for them. Returns the report: ``steps``, ``workers``,
     ``seconds``, ``compiled`` (names), ``runs`` (``{name: [start, end]}``, wall-clock),
     ``compilations``, ``loaded`` (of those, how many a job loaded from the cache: another job's
-    program, such as a model's initialisation, or an earlier build's) and ``failed`` (``{name: error}``): a job that fails costs only its rung's compile."""
+    program, such as a model's initialisation, or an earlier build's) and ``failed``
+    (``{name: error}``): a job that fails costs only its rung's compile."""
     t0 = time.perf_counter()
     n = max(1, min(len(jobs), workers or (os.cpu_count() or 2) // 2))
     report = {"steps": len(jobs), "workers": n if jobs else 0, "seconds": 0.0, "compiled": [],

@@ -55,7 +55,7 @@ def _ahead(lab: JaxLab, names, ahead: bool | None) -> None:
                                         compiles=compile_ahead.compiles)
     costs = expected.expected_costs(reference)
     recipes = dict(sorted(recipes.items(), key=lambda kv: -costs.get(expected.rung_of(kv[0]), 0.0)))
-    report = compile_ahead.compile_ahead(compile_ahead.expected_jobs(lab, recipes, eager="R0" in names))
+    report = compile_ahead.compile_ahead(compile_ahead.expected_jobs(lab, recipes))
     lab.result.ahead = report
     lab.result.notes.append(compile_ahead.summary(report))
     print(f"perfladder: {lab.result.notes[-1]}", flush=True)
