@@ -12,6 +12,10 @@
 #                         relative path is taken from the folder the script is called from)
 #   PERFLADDER_BOOK_FRESH true: empty the notebook cache first, so every notebook executes in a
 #                         fresh kernel in this build (the test suite's build does this)
+#   PERFLADDER_BOOK_AHEAD true / false: compile both ladders' expected programs before the
+#                         notebooks, side by side (perfladder.book.ahead); unset: when the full
+#                         config runs on a GPU, one notebook after the other, and the ladder
+#                         notebooks will execute (PERFLADDER_AHEAD_RUNGS: only these rungs')
 #   PERFLADDER_BOOK_PARALLEL  true: execute the two ladder notebooks at the same time first, each
 #                         on its own GPU and its own physical CPU cores (needs two GPUs; on a
 #                         machine without GPUs the cores alone are split), then build
@@ -65,6 +69,8 @@ flag() {   # flag VARIABLE: 1 or 0 from its value, or a one-line error naming it
 }
 FRESH=$(flag PERFLADDER_BOOK_FRESH) || exit 2
 PARALLEL=$(flag PERFLADDER_BOOK_PARALLEL) || exit 2
+AHEAD=auto
+[ -n "${PERFLADDER_BOOK_AHEAD:-}" ] && { AHEAD=$(flag PERFLADDER_BOOK_AHEAD) || exit 2; }
 
 case "$PY" in
   /*) ;;
@@ -190,6 +196,25 @@ rm -f "$BUILD/side_by_side/side_by_side.json"     # an earlier build's; this one
 qpy -m perfladder.book.build set-aside "$BUILD"
 mkdir -p "$BUILD" "$PERFLADDER_RESULTS_DIR"
 echo "$stamp" > "$stamp_file"
+
+# Compile both ladders' expected programs first, side by side (perfladder.book.ahead): on a
+# GPU with the full config, one notebook after the other, when the ladder notebooks will run
+# (their results are not cached). PERFLADDER_BOOK_AHEAD=1 / 0 forces it on / off.
+if [ "$AHEAD" = auto ]; then
+  AHEAD=0
+  if [ "$CFG" = full ] && [ "$DEVICE" != cpu ] && [ "$PARALLEL" = 0 ] && \
+     { [ ! -f "$PERFLADDER_RESULTS_DIR/torch.json" ] || [ ! -f "$PERFLADDER_RESULTS_DIR/jax.json" ]; }; then
+    AHEAD=1
+  fi
+fi
+if [ "$AHEAD" = 1 ]; then
+  export PERFLADDER_AHEAD_DIR="$BUILD/ahead"
+  export JAX_COMPILATION_CACHE_DIR="$BUILD/ahead/jax-cache"     # the JAX notebook loads from it
+  rm -rf "$PERFLADDER_AHEAD_DIR" && mkdir -p "$PERFLADDER_AHEAD_DIR"
+  t_ahead=$SECONDS
+  run_tree "$PY" -m perfladder.book.ahead run "$PERFLADDER_AHEAD_DIR" ${PERFLADDER_AHEAD_RUNGS:+--rungs "$PERFLADDER_AHEAD_RUNGS"} || true
+  echo "[book] compiled ahead in $((SECONDS - t_ahead))s"
+fi
 
 if [ "$PARALLEL" = 1 ]; then
   side=()

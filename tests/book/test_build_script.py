@@ -202,3 +202,20 @@ def test_the_gpu_session_refuses_to_start_over_a_running_job(tmp_path):
     finally:
         runner.kill()
         runner.wait()
+
+
+def test_the_compile_ahead_stage_runs_before_the_notebooks_when_asked(tmp_path, fake_book):
+    """PERFLADDER_BOOK_AHEAD=1 runs perfladder.book.ahead before jupyter-book (here for R0
+    alone, which compiles nothing): both frameworks' reports land in _build/ahead/ and the
+    build says how long the stage took; a bad value of the variable is one line."""
+    r = build(env_for(tmp_path, fake_book, FAKE_BOOK="ok", PERFLADDER_BOOK_AHEAD="1",
+                      PERFLADDER_AHEAD_RUNGS="R0"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / "out" / "_build" / "ahead"
+    assert (folder / "torch.json").is_file() and (folder / "jax.json").is_file()
+    assert "[ahead] torch: 0 of 0 expected programs" in r.stdout
+    assert "[book] compiled ahead in " in r.stdout
+    r = build(env_for(tmp_path, fake_book, FAKE_BOOK="ok", PERFLADDER_BOOK_AHEAD="later"))
+    assert r.returncode == 2
+    [line] = r.stderr.splitlines()
+    assert "PERFLADDER_BOOK_AHEAD='later' is not valid" in line

@@ -76,6 +76,18 @@ class Beside:
         return report
 
 
+def ladder_ahead(lab, rungs: dict, names) -> dict:
+    """Compile the programs the ladder of ``rungs`` (running ``names``) is expected to build
+    (``perfladder.ladder.expected``, guessed from the committed runs; ``expected_jobs``), the
+    longest first; the report of ``compile_ahead``."""
+    from perfladder.ladder import expected
+    reference, history = expected.committed_runs(lab)
+    recipes = expected.expected_recipes(lab, rungs, names, reference, history, compiles=compiles)
+    costs = expected.expected_costs(reference)
+    recipes = dict(sorted(recipes.items(), key=lambda kv: -costs.get(expected.rung_of(kv[0]), 0.0)))
+    return compile_ahead(expected_jobs(lab, recipes))
+
+
 def compiles(recipe) -> bool:
     """Whether ``recipe``'s step is compiled ahead: every jitted one (``perfladder.ladder.
     expected`` asks)."""

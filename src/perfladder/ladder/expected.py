@@ -13,6 +13,10 @@ them compile is the framework's call (``compiles``).
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
+
+AHEAD_DIR_ENV = "PERFLADDER_AHEAD_DIR"   # where a book build's compile-ahead stage left its reports
 
 COLD = ("R1",)              # rungs whose first call the pages read as the price of compiling
 HELPER_BYTES = 40 * 2**30   # device memory a recipe may need when no run measured it
@@ -91,6 +95,40 @@ def committed_runs(lab) -> tuple:
         except Exception:                 # a file of an older schema: it has no say
             continue
     return reference, history
+
+
+def done_ahead(lab) -> dict | None:
+    """The report of the compile-ahead a book build ran for ``lab``'s framework and config
+    before its notebooks (``perfladder.book.ahead``: ``$PERFLADDER_AHEAD_DIR/<framework>.json``),
+    with ``by`` saying so; None when there is none (no such build, or the stage did not finish
+    this framework: the ladder then compiles as it would have without it)."""
+    folder = os.environ.get(AHEAD_DIR_ENV)
+    if not folder:
+        return None
+    try:
+        report = json.loads((Path(folder) / f"{lab.framework}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or report.get("config") != lab.config.name:
+        return None
+    return {**report, "by": "by the book build, before the notebooks, beside the other framework's"}
+
+
+def take_ahead(lab, ahead: bool | None, default: bool, compile_here, summary) -> None:
+    """A ladder's compile-ahead, before its first rung: the book build's stage (``done_ahead``)
+    when it ran, else ``compile_here()`` (the framework's ``ladder_ahead``) when ``ahead`` (None:
+    ``default``) says so, else nothing (``ahead=False``: nothing at all). Its report goes into
+    the result (``ahead``), its ``summary`` line into the notes and on stdout."""
+    if ahead is False:
+        return
+    report = done_ahead(lab)
+    if report is None:
+        if not (default if ahead is None else ahead):
+            return
+        report = compile_here()
+    lab.result.ahead = report
+    lab.result.notes.append(summary(report) + (f" ({report['by']})" if "by" in report else ""))
+    print(f"perfladder: {lab.result.notes[-1]}", flush=True)
 
 
 def expected_recipes(lab, rungs: dict, names, reference=None, history=(),

@@ -233,6 +233,18 @@ def forget_tuning(since: float) -> int:
     return gone
 
 
+def ladder_ahead(lab, rungs: dict, names, room: float | None = None) -> dict:
+    """Compile the steps the ladder of ``rungs`` (running ``names``) is expected to build
+    (``perfladder.ladder.expected``, guessed from the committed runs), longest first; the
+    report of ``compile_ahead``. ``room``: device bytes the helpers may hold (default:
+    ``device_room``)."""
+    from perfladder.ladder import expected
+    reference, history = expected.committed_runs(lab)
+    recipes = expected.expected_recipes(lab, rungs, names, reference, history, compiles=compiles)
+    return compile_ahead(lab, recipes, costs=expected.expected_costs(reference),
+                         needs=expected.expected_needs(reference, recipes), room=room)
+
+
 def compiles(recipe) -> bool:
     """Whether ``recipe``'s step is compiled ahead: a compiled one, unless max-autotune times
     its GEMM choices at compile time (they must be made on an idle GPU)."""

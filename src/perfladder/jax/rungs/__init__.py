@@ -20,8 +20,8 @@ RUNGS = engine.registry(SEED + BEYOND + MULTI_GPU)
 
 def Ladder(config: LadderConfig, command: str = "", ahead: bool | None = None) -> engine.LadderRun:
     """A JAX ladder to run rung by rung (``.run(name)``), on a fresh ``JaxLab``. ``ahead``:
-    compile the expected programs first, in threads (``perfladder.jax.ahead``; None: when the
-    full config runs on a GPU, where compiles are what a build waits for)."""
+    compile the expected programs first (see ``_ahead``; None: only what a book build's stage
+    compiled before the notebook)."""
     lab = JaxLab(config, command)
     _ahead(lab, engine.check_rungs(RUNGS, None), ahead)
     return engine.LadderRun(lab, RUNGS)
@@ -41,21 +41,13 @@ def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=No
 
 
 def _ahead(lab: JaxLab, names, ahead: bool | None) -> None:
-    """Compile the ladder's expected programs in threads before its first rung, and say so in
-    the result's notes (and on stdout). ``ahead=None``: only for the full config on a GPU (on a
-    CPU the smoke config's compiles are seconds, and its cache is shared already)."""
-    if ahead is None:
-        ahead = lab.on_gpu and not lab.config.is_smoke
-    if not ahead:
-        return
+    """The ladder's expected programs compiled before its first rung, said in the result's
+    notes (and on stdout): the book build's stage (``perfladder.book.ahead``), when it ran for
+    this framework and config, else, with ``ahead=True``, in threads here
+    (``perfladder.jax.ahead``). ``ahead=None`` does not compile here: on the H200, threads
+    beside the notebook's own process took longer than the compiles they saved
+    (``benchmarks/results/h200-jax-ahead-2026-12-03``); ``False``: neither."""
     from perfladder.jax import ahead as compile_ahead
-    from perfladder.ladder import expected
-    reference, history = expected.committed_runs(lab)
-    recipes = expected.expected_recipes(lab, RUNGS, names, reference, history,
-                                        compiles=compile_ahead.compiles)
-    costs = expected.expected_costs(reference)
-    recipes = dict(sorted(recipes.items(), key=lambda kv: -costs.get(expected.rung_of(kv[0]), 0.0)))
-    report = compile_ahead.compile_ahead(compile_ahead.expected_jobs(lab, recipes))
-    lab.result.ahead = report
-    lab.result.notes.append(compile_ahead.summary(report))
-    print(f"perfladder: {lab.result.notes[-1]}", flush=True)
+    from perfladder.ladder.expected import take_ahead
+    take_ahead(lab, ahead, False,
+               lambda: compile_ahead.ladder_ahead(lab, RUNGS, names), compile_ahead.summary)

@@ -42,21 +42,13 @@ def run_ladder(config: LadderConfig, rungs=None, learn: bool = True, progress=No
 
 
 def _ahead(lab: TorchLab, names, ahead: bool | None) -> None:
-    """Compile the ladder's expected steps in helper processes before its first rung, and say
-    so in the result's notes (and on stdout: a minute in which nothing else appears to run).
-    ``ahead=None``: only for the full config on a GPU (the smoke config's compiles take seconds
-    on a CPU, where helpers would cost more than they save)."""
-    if ahead is None:
-        ahead = lab.on_gpu and not lab.config.is_smoke
-    if not ahead:
-        return
-    from perfladder.ladder import expected
+    """The ladder's expected steps compiled before its first rung, said in the result's notes
+    (and on stdout: a minute in which nothing else appears to run): the book build's stage
+    (``perfladder.book.ahead``), when it ran for this framework and config, else in helper
+    processes here (``perfladder.torch.ahead``). ``ahead=None``: here only for the full config
+    on a GPU (the smoke config's compiles take seconds on a CPU, where helpers would cost more
+    than they save); ``False``: neither."""
     from perfladder.torch import ahead as compile_ahead
-    reference, history = expected.committed_runs(lab)
-    recipes = expected.expected_recipes(lab, RUNGS, names, reference, history,
-                                        compiles=compile_ahead.compiles)
-    report = compile_ahead.compile_ahead(lab, recipes, costs=expected.expected_costs(reference),
-                                         needs=expected.expected_needs(reference, recipes))
-    lab.result.ahead = report
-    lab.result.notes.append(compile_ahead.summary(report))
-    print(f"perfladder: {lab.result.notes[-1]}", flush=True)
+    from perfladder.ladder.expected import take_ahead
+    take_ahead(lab, ahead, lab.on_gpu and not lab.config.is_smoke,
+               lambda: compile_ahead.ladder_ahead(lab, RUNGS, names), compile_ahead.summary)
