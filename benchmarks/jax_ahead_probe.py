@@ -11,7 +11,8 @@ chooses? And what does it save? One process, the full config on a GPU:
 
     XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=src python3 benchmarks/jax_ahead_probe.py --out probe.json
 
-(no preallocation: two processes share the GPU one after the other)
+(no preallocation: two processes share the GPU one after the other). ``--twice``: the control,
+the step compiled alone in two processes, one after the other, their programs compared.
 """
 from __future__ import annotations
 
@@ -51,12 +52,18 @@ def instructions(text: str) -> list[str]:
     return out
 
 
+def differing(a: list[str], b: list[str]) -> int:
+    return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rung", default=None, help="the step compared (default: the reference's fastest)")
     p.add_argument("--out", required=True)
     p.add_argument("--config", default="full", help="full (default) or smoke (a dry run on a CPU)")
     p.add_argument("--alone", action="store_true", help="(internal) step 1, in its own process")
+    p.add_argument("--twice", action="store_true",
+                   help="the control instead: the step compiled alone twice, in two processes")
     args = p.parse_args()
     if args.config == "smoke":                       # a CPU: the cache is set by hand
         jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="probe-cache-"))
@@ -76,16 +83,27 @@ def main() -> int:
         with open(args.out, "w") as f:
             json.dump({"seconds": time.perf_counter() - t0, "hlo": text}, f)
         return 0
-    alone_file = args.out + ".alone.json"
-    subprocess.run([sys.executable, __file__, "--alone", "--rung", name, "--config", args.config,
-                    "--out", alone_file], check=True)
-    with open(alone_file) as f:
-        alone = json.load(f)
-    os.remove(alone_file)
+    def compiled_alone() -> dict:
+        alone_file = args.out + ".alone.json"
+        subprocess.run([sys.executable, __file__, "--alone", "--rung", name, "--config", args.config,
+                        "--out", alone_file], check=True)
+        with open(alone_file) as f:
+            alone = json.load(f)
+        os.remove(alone_file)
+        return alone
+    alone = compiled_alone()
     text_alone = alone["hlo"]
     out = {"rung": name, "recipe": recipes[name].to_dict(), "alone_compile_s": alone["seconds"],
            "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": lab.device_name,
            "versions": lab.result.versions}
+    if args.twice:          # the control: two compiles alone, each on the idle GPU
+        a, b = instructions(text_alone), instructions(compiled_alone()["hlo"])
+        out.update(same_hlo=a == b, differing_lines=differing(a, b),
+                   examples=[(x, y) for x, y in zip(a, b) if x != y][:5])
+        print(json.dumps({k: out[k] for k in ("rung", "same_hlo", "differing_lines")}), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        return 0
     report = ahead.compile_ahead(ahead.expected_jobs(lab, recipes))   # 2: as a ladder does
     out["ahead"] = report
     print(ahead.summary(report), flush=True)
@@ -106,7 +124,7 @@ def main() -> int:
     a, b = instructions(text_alone), instructions(text_loaded)
     out["same_hlo"] = a == b
     out["gemm_calls"] = sum("__cublas$" in x for x in a)
-    out["differing_lines"] = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+    out["differing_lines"] = differing(a, b)
     out["examples"] = [(x, y) for x, y in zip(a, b) if x != y][:5]
     print(json.dumps({k: out[k] for k in ("rung", "alone_compile_s", "same_hlo", "differing_lines",
                                           "gemm_calls")}),

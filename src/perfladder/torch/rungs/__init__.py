@@ -48,7 +48,7 @@ def _ahead(lab: TorchLab, names, ahead: bool | None) -> None:
     processes here (``perfladder.torch.ahead``). ``ahead=None``: here only for the full config
     on a GPU (the smoke config's compiles take seconds on a CPU, where helpers would cost more
     than they save); ``False``: neither."""
-    from perfladder.torch import ahead as compile_ahead
     from perfladder.ladder.expected import take_ahead
+    from perfladder.torch import ahead as compile_ahead
     take_ahead(lab, ahead, lab.on_gpu and not lab.config.is_smoke,
                lambda: compile_ahead.ladder_ahead(lab, RUNGS, names), compile_ahead.summary)
