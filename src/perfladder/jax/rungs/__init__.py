@@ -44,9 +44,10 @@ def _ahead(lab: JaxLab, names, ahead: bool | None) -> None:
     """The ladder's expected programs compiled before its first rung, said in the result's
     notes (and on stdout): the book build's stage (``perfladder.book.ahead``), when it ran for
     this framework and config, else, with ``ahead=True``, in threads here
-    (``perfladder.jax.ahead``). ``ahead=None`` does not compile here: on the H200, threads
-    beside the notebook's own process took longer than the compiles they saved
-    (``benchmarks/results/h200-jax-ahead-2026-12-03``); ``False``: neither."""
+    (``perfladder.jax.ahead``). ``ahead=None`` does not compile here: measured on the H200,
+    the threads took longer than the compiles they saved the rungs, and without the job that
+    held them up they would have saved little (``benchmarks/results/h200-jax-ahead-2026-12-03``);
+    beside the PyTorch helpers, in the book's stage, their time is hidden. ``False``: neither."""
     from perfladder.jax import ahead as compile_ahead
     from perfladder.ladder.expected import take_ahead
     take_ahead(lab, ahead, False,
