@@ -336,6 +336,10 @@ def test_time_spent_sums_rungs_kernel_report_and_learning_check():
     r.learning = None
     again = type(r).from_dict(r.to_dict())                  # kept in the results file
     assert again.ahead == r.ahead and cards.time_spent(again) == cards.time_spent(r)
+    r.ahead = {"seconds": 65.0, "steps": 15, "by": "by the book build"}   # not this notebook's time
+    line = cards.time_spent(r)
+    assert line.startswith("this ladder's own time: 70 s: compiled ahead 65 s by the book build, "
+                           "before the notebooks and beside the other framework (not counted here); 3 rungs 63 s")
 
 
 def test_time_spent_names_the_learning_checks_costly_parts():
