@@ -178,12 +178,6 @@ def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = N
 
 def summary(report: dict) -> str:
     """One line for the result's notes and the page."""
-    if not report["steps"]:
-        return "compiled ahead: nothing (no compiled step expected)"
-    line = (f"compiled ahead: {len(report['compiled'])} of {report['steps']} expected programs in "
-            f"{report['workers']} threads, {report['seconds']:.0f} s before the first rung (each "
-            "rung's compile then loads its program from JAX's persistent compilation cache)")
-    if report["failed"]:
-        first = next(iter(report["failed"].items()))
-        line += f"; not compiled ahead: {', '.join(report['failed'])} ({first[0]}: {first[1][:200]})"
-    return line
+    from perfladder.ladder.expected import summary as line
+    return line(report, "programs", "threads",
+                "each rung's compile then loads its program from JAX's persistent compilation cache")

@@ -200,3 +200,19 @@ def expected_needs(reference, recipes: dict) -> dict:
                for r in reference.rungs if r.memory is not None and r.memory.bytes and r.batch_size}
     return {k: per_row[rung_of(k)] * recipe.batch_size for k, recipe in recipes.items()
             if rung_of(k) in per_row}
+
+
+def summary(report: dict, unit: str, where: str, then: str) -> str:
+    """One line for the result's notes and the page: what ``report`` (a framework's
+    ``compile_ahead``) compiled, of how many expected ``unit``, in how many ``where``, and what
+    the rungs do ``then``; what was already cached, what failed."""
+    if not report["steps"]:
+        return "compiled ahead: nothing (no compiled step expected)"
+    line = (f"compiled ahead: {len(report['compiled'])} of {report['steps']} expected {unit} in "
+            f"{report['workers']} {where}, {report['seconds']:.0f} s before the first rung ({then})")
+    if report.get("already_cached"):
+        line += f"; {report['already_cached']} of them were in the cache already"
+    if report["failed"]:
+        first = next(iter(report["failed"].items()))
+        line += f"; not compiled ahead: {', '.join(report['failed'])} ({first[0]}: {first[1][:200]})"
+    return line

@@ -271,17 +271,9 @@ def device_room(lab) -> float:
 
 def summary(report: dict) -> str:
     """One line for the result's notes and the page."""
-    if not report["steps"]:
-        return "compiled ahead: nothing (no compiled step expected)"
-    line = (f"compiled ahead: {len(report['compiled'])} of {report['steps']} expected compiled "
-            f"steps in {report['workers']} helper processes, {report['seconds']:.0f} s before the "
-            "first rung (each rung's first call then loads its graphs from inductor's cache)")
-    if report.get("already_cached"):
-        line += f"; {report['already_cached']} of them were in the cache already"
-    if report["failed"]:
-        first = next(iter(report["failed"].items()))
-        line += f"; not compiled ahead: {', '.join(report['failed'])} ({first[0]}: {first[1][:200]})"
-    return line
+    from perfladder.ladder.expected import summary as line
+    return line(report, "compiled steps", "helper processes",
+                "each rung's first call then loads its graphs from inductor's cache")
 
 
 # -- a helper process ---------------------------------------------------------------------------
