@@ -89,6 +89,9 @@ class JaxLab:
         if cached:
             notes.append("JAX's persistent compilation cache is on (a fresh folder for this process): "
                          "a rung's second lowering for the compiler's plan is a load")
+        elif self.on_gpu and getattr(jax.config, "jax_compilation_cache_dir", None):
+            notes.append(f"JAX's persistent compilation cache is on, in {jax.config.jax_compilation_cache_dir} "
+                         "(set before this process: a book build's compile-ahead stage fills it)")
         self.result = LadderResult(
             framework="jax", device=self.device_name, config=config.to_dict(), baseline="R1",
             versions=versions(), command=command,
