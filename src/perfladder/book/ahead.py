@@ -8,8 +8,8 @@ timing is GPU and host work, and nothing is timed while programs compile ahead, 
 
 * ``torch``: ``perfladder.torch.ahead.ladder_ahead`` (the steps into inductor's caches), its
   helpers' device memory bounded so that the JAX process keeps ``JAX_RESERVE_BYTES``;
-* ``jax``: ``perfladder.jax.ahead.ladder_ahead`` (steps, gate programs and references, in
-  threads) into the persistent compilation cache named by ``JAX_COMPILATION_CACHE_DIR``,
+* ``jax``: ``perfladder.jax.ahead.ladder_ahead`` (steps, gate programs and references, in a
+  quarter of the cores' worth of threads) into the persistent compilation cache named by ``JAX_COMPILATION_CACHE_DIR``,
   which the build exports to the notebook's kernel too, with XLA's settings the notebook makes
   (``cublas_gemms``) and no preallocation of the device memory;
 
@@ -56,8 +56,8 @@ def one(framework: str, folder: Path, rungs: list[str] | None = None) -> dict:
     if framework == "torch":
         room = max(0.0, ahead.device_room(lab) - JAX_RESERVE_BYTES)
         report = ahead.ladder_ahead(lab, RUNGS, names, room=room)
-    else:
-        report = ahead.ladder_ahead(lab, RUNGS, names)
+    else:        # a quarter of the cores: the torch helpers' Python needs the rest
+        report = ahead.ladder_ahead(lab, RUNGS, names, workers=max(1, (os.cpu_count() or 4) // 4))
     report = {**report, "framework": framework, "config": cfg.name}
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{framework}.json.tmp"

@@ -76,16 +76,16 @@ class Beside:
         return report
 
 
-def ladder_ahead(lab, rungs: dict, names) -> dict:
+def ladder_ahead(lab, rungs: dict, names, workers: int | None = None) -> dict:
     """Compile the programs the ladder of ``rungs`` (running ``names``) is expected to build
     (``perfladder.ladder.expected``, guessed from the committed runs; ``expected_jobs``), the
-    longest first; the report of ``compile_ahead``."""
+    longest first, in ``workers`` threads; the report of ``compile_ahead``."""
     from perfladder.ladder import expected
     reference, history = expected.committed_runs(lab)
     recipes = expected.expected_recipes(lab, rungs, names, reference, history, compiles=compiles)
     costs = expected.expected_costs(reference)
     recipes = dict(sorted(recipes.items(), key=lambda kv: -costs.get(expected.rung_of(kv[0]), 0.0)))
-    return compile_ahead(expected_jobs(lab, recipes))
+    return compile_ahead(expected_jobs(lab, recipes), workers=workers)
 
 
 def compiles(recipe) -> bool:
