@@ -43,13 +43,14 @@ def main(argv=None) -> int:
     # a fresh cache, before anything compiles: what is loaded was compiled by the helpers
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="perfladder-ahead-probe-")
     from perfladder.config import get_config
+    from perfladder.ladder.expected import expected_recipes
     from perfladder.results.committed import read_run
     from perfladder.torch import ahead
     from perfladder.torch.lab import TorchLab
     from perfladder.torch.timer import cache_events
 
     lab = TorchLab(get_config(a.config), probe=False)
-    recipes = ahead.expected_recipes(lab, RUNGS, names, read_run(a.results))
+    recipes = expected_recipes(lab, RUNGS, names, read_run(a.results), compiles=ahead.compiles)
     if not recipes:
         print(f"compile_ahead_probe: none of {', '.join(names)} is a compiled step to compile ahead")
         return 0

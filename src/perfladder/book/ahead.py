@@ -6,9 +6,9 @@ them compiles as it goes: the PyTorch ladder's steps in helper processes before 
 timing is GPU and host work, and nothing is timed while programs compile ahead, so
 ``scripts/build_book.sh`` first runs this stage: one process per framework, at the same time,
 
-* ``torch``: ``perfladder.torch.ahead.ladder_ahead`` (the steps into inductor's caches), its
+* ``torch``: ``perfladder.torch.rungs.ahead_stage`` (the steps into inductor's caches), its
   helpers' device memory bounded so that the JAX process keeps ``JAX_RESERVE_BYTES``;
-* ``jax``: ``perfladder.jax.ahead.ladder_ahead`` (steps, gate programs and references, in a
+* ``jax``: ``perfladder.jax.rungs.ahead_stage`` (steps, gate programs and references, in a
   quarter of the cores' worth of threads) into the persistent compilation cache named by ``JAX_COMPILATION_CACHE_DIR``,
   which the build exports to the notebook's kernel too, with XLA's settings the notebook makes
   (``cublas_gemms``) and no preallocation of the device memory;
@@ -24,6 +24,7 @@ no report: its ladder compiles as it would have without the stage, and the stage
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -36,28 +37,15 @@ JAX_RESERVE_BYTES = 24 * 2**30      # device memory the JAX process may use besi
 
 
 def one(framework: str, folder: Path, rungs: list[str] | None = None) -> dict:
-    """Compile ``framework``'s expected programs in this process; write and return the report."""
+    """Compile ``framework``'s expected programs in this process (its ladder's ``ahead_stage``); write
+    and return the report."""
     from perfladder.config import pick_config
     cfg = pick_config(verbose=False)
-    if framework == "jax":                       # the notebook's settings, before the backend
-        from perfladder.jax.compiler import cublas_gemms, fast_cpu_compiles
-        fast_cpu_compiles() if cfg.is_smoke else cublas_gemms()
-    from perfladder.ladder import engine
+    ladder = importlib.import_module(f"perfladder.{framework}.rungs")   # no framework imported here
     if framework == "torch":
-        from perfladder.torch import ahead
-        from perfladder.torch.lab import TorchLab as Lab
-        from perfladder.torch.rungs import RUNGS
-    else:
-        from perfladder.jax import ahead
-        from perfladder.jax.lab import JaxLab as Lab
-        from perfladder.jax.rungs import RUNGS
-    names = engine.check_rungs(RUNGS, rungs)          # a bad name: before any setup
-    lab = Lab(cfg, probe=False)
-    if framework == "torch":
-        room = max(0.0, ahead.device_room(lab) - JAX_RESERVE_BYTES)
-        report = ahead.ladder_ahead(lab, RUNGS, names, room=room)
+        report = ladder.ahead_stage(cfg, rungs, reserve_bytes=JAX_RESERVE_BYTES)
     else:        # a quarter of the cores: the torch helpers' Python needs the rest
-        report = ahead.ladder_ahead(lab, RUNGS, names, workers=max(1, (os.cpu_count() or 4) // 4))
+        report = ladder.ahead_stage(cfg, rungs, workers=max(1, (os.cpu_count() or 4) // 4))
     report = {**report, "framework": framework, "config": cfg.name}
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{framework}.json.tmp"

@@ -1,28 +1,20 @@
-"""A rung's programs compiled side by side, before any of them runs: ``Beside``.
+"""The JAX ladder's expected programs compiled before its first rung, in threads:
+``ladder_ahead`` (a book build runs it in a process of its own: ``perfladder.book.ahead``).
 
-XLA compiles in C++ with Python's lock released, so several threads compile several programs
-at once. A JAX rung compiles its timed step on the calling thread (with XLA's GEMM autotuning,
-which times candidate kernels on the GPU) while helper threads compile the programs its gates
-will run (``perfladder.jax.gate_programs``: no autotuning, so nothing of theirs runs on the GPU
-while the step's kernels are being timed). When the gates and the first call come, they find
-their programs compiled. On the H200, a step and one gate program took 14.3 s of wall time
-side by side against 19.8 s one after the other (``benchmarks/xla_compile_flags.py``).
+XLA compiles in C++ with Python's lock released, so threads compile programs side by side,
+into JAX's persistent compilation cache. A rung's own compile then finds its program there and
+loads it: the cache is keyed by the program's text without source locations, so the library's
+code, with which the threads build each step, and a notebook's identical code give one key; a
+reader's changed code gives another, and that rung compiles as it always did.
 
-A job that fails in its thread is recorded, not raised: the gate that needs the program
-compiles it again when it runs, and raises there, with its own context.
-
-``compile_ahead``: the ladder's expected programs compiled before its first rung, in threads,
-into JAX's persistent compilation cache (on a GPU a fresh folder per process,
-``perfladder.jax.lab``). A rung's own compile then finds its program there and loads it: the
-cache is keyed by the program's text without source locations, so the library's code, with
-which the threads build each step, and a notebook's identical code give one key; a reader's
-changed code gives another, and that rung compiles as it always did. What is compiled: each
-expected step (``perfladder.ladder.expected``, R1 left out: its first call is where the chapter
-shows what compiling costs), the step-form gates' 8-row steps, and the loss gates' plain bf16
-reference at each beyond batch; with each step, the model gate's programs. Unlike the programs beside a rung
-(no autotuning), these are autotuned as the rungs' own are, the threads' timing of candidate
-GEMM algorithms sharing the GPU with one another (``benchmarks/jax_ahead_probe.py`` compares
-the chosen kernels with those of a program compiled alone).
+What is compiled (``expected_jobs``): each expected step (``perfladder.ladder.expected``; R1
+left out: its first call is where the chapter shows what compiling costs) with its model
+gate's programs, the step-form gates' 8-row steps, and the loss gates' plain bf16 reference at
+each beyond batch. Unlike the programs compiled beside a rung (``perfladder.jax.beside``: no
+autotuning), the steps are autotuned as the rungs' own are, while the threads share the GPU.
+On the H200 a loaded step's kernels differed from one compiled alone in 9 lines of its HLO,
+and two compiles alone differed in 26: XLA's autotuning varies by itself more than the sharing
+changed it (``benchmarks/jax_ahead_probe.py``, ``benchmarks/results/h200-jax-ahead-2026-12-03``).
 """
 from __future__ import annotations
 
@@ -34,46 +26,7 @@ from typing import Callable
 
 from perfladder.jax.timer import cache_hit_count, compile_count
 
-__all__ = ["Beside", "compile_ahead", "expected_jobs", "compiles", "summary"]
-
-
-class Beside:
-    """Run each of ``jobs`` (functions of no arguments) in a helper thread of its own, all
-    started at once; ``join()`` waits for them and returns what they did: ``jobs``,
-    ``seconds`` (wall, until the last finished), ``compilations`` (theirs, not the caller's)
-    and, if one raised, the first ``error``."""
-
-    def __init__(self, jobs: list[Callable[[], object]]):
-        self.jobs = list(jobs)
-        self._t0 = time.perf_counter()
-        self._done: list[dict] = [{} for _ in self.jobs]
-        self._threads = [threading.Thread(target=self._run, args=(job, out), daemon=True,
-                                          name=f"perfladder-compile-beside-{i}")
-                         for i, (job, out) in enumerate(zip(self.jobs, self._done))]
-        for t in self._threads:
-            t.start()
-
-    @staticmethod
-    def _run(job: Callable[[], object], out: dict) -> None:
-        c0 = compile_count(this_thread=True)
-        try:
-            job()
-        except Exception as e:        # said in the report; the gate itself raises later
-            out["error"] = f"{type(e).__name__}: {e}"[:500]
-        finally:
-            out["compilations"] = compile_count(this_thread=True) - c0
-            out["end"] = time.perf_counter()
-
-    def join(self) -> dict:
-        for t in self._threads:
-            t.join()
-        report = {"jobs": len(self.jobs),
-                  "seconds": max((d["end"] for d in self._done), default=self._t0) - self._t0,
-                  "compilations": sum(d["compilations"] for d in self._done)}
-        errors = [d["error"] for d in self._done if "error" in d]
-        if errors:
-            report["error"] = errors[0]
-        return report
+__all__ = ["compile_ahead", "expected_jobs", "compiles", "ladder_ahead", "summary"]
 
 
 def ladder_ahead(lab, rungs: dict, names, workers: int | None = None) -> dict:

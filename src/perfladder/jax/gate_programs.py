@@ -1,7 +1,7 @@
 """The programs the JAX gates compile: a model's (or a training step's own) loss, logits and
 gradients, as ``perfladder.jax.gates`` compares them, and the optimizer gate's reference step;
 ``gate_jit`` also compiles the learning check's judge (``perfladder.jax.evaluate``). Each has a
-``compile_...`` twin that compiles it without running it (``perfladder.jax.ahead``).
+``compile_...`` twin that compiles it without running it (``perfladder.jax.beside``).
 
 They are compiled without XLA's GEMM autotuning (``GATE_COMPILE``): a gate or a judge needs the
 arithmetic, not the fastest kernels, and autotuning times candidate kernels for shapes (the

@@ -53,7 +53,7 @@ def cache_hit_count(this_thread: bool = False) -> int:
 def compile_count(this_thread: bool = False) -> int:
     """XLA compilations seen in this process since perfladder.jax was imported; with
     ``this_thread``, only those the calling thread made (a rung compiles its gate programs in
-    a helper thread while it compiles its step: ``perfladder.jax.ahead``)."""
+    a helper thread while it compiles its step: ``perfladder.jax.beside``)."""
     return getattr(_this_thread, "compiles", 0) if this_thread else _compiles
 
 

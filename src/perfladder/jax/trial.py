@@ -1,7 +1,7 @@
 """One JAX rung's measurement, in the same order for every rung: ``trial``.
 
     build the recipe's step (fresh init) -> compile (the step's program, and beside it in a
-    helper thread the model gate's: ``perfladder.jax.ahead``) -> gates (on the fresh model: the model gate with the
+    helper thread the model gate's: ``perfladder.jax.beside``) -> gates (on the fresh model: the model gate with the
     step's own loss and gradients, the optimizer gate of the step's form, the rung's own
     checks; the loss gate's steps include the first, compiling, call) -> first call ->
     receipt (dtypes written while the step was traced, the returned loss's included) -> the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from perfladder.jax.ahead import Beside
+from perfladder.jax.beside import Beside
 from perfladder.jax.checks import assert_fp32_masters, distinct_devices
 from perfladder.jax.gates import (
     compile_optimizer_gate_reference,
@@ -51,7 +51,7 @@ def model_gated(recipe: Recipe) -> bool:
 
 def gate_programs(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Callable]:
     """What ``model_gates`` will compile for ``step`` that autotunes nothing, as jobs that
-    compile without running (``perfladder.jax.ahead.Beside``): the model gate's two programs,
+    compile without running (``perfladder.jax.beside.Beside``): the model gate's two programs,
     and the step-form gate's reference step the first time that gate runs compiled. (The
     step form itself is the rung's own code, compiled as the rung compiles it: autotuned.)"""
     if not model_gated(recipe):
@@ -206,7 +206,7 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
     docstring.
 
     ``check(step, X, Y) -> [Gate]`` runs on the fresh model; ``check_programs(step, X, Y) ->
-    [job]``: what it compiles, compiled beside the step (``perfladder.jax.ahead``); ``loss_gate_`` adds the loss gate
+    [job]``: what it compiles, compiled beside the step (``perfladder.jax.beside``); ``loss_gate_`` adds the loss gate
     (its first steps on fixed batches against ``reference_recipe``'s); ``inspect(hlo_text,
     details) -> dict`` reads the compiled program before timing; ``after(step, stream, base)
     -> dict`` runs after timing (``base()`` builds the step of the configuration the rung builds

@@ -52,3 +52,14 @@ def _ahead(lab: TorchLab, names, ahead: bool | None) -> None:
     from perfladder.torch import ahead as compile_ahead
     take_ahead(lab, ahead, lab.on_gpu and not lab.config.is_smoke,
                lambda: compile_ahead.ladder_ahead(lab, RUNGS, names), compile_ahead.summary)
+
+
+def ahead_stage(config: LadderConfig, rungs=None, reserve_bytes: float = 0.0) -> dict:
+    """A book build's compile-ahead for this ladder (``perfladder.book.ahead``), in this
+    process: a lab, the expected steps (``rungs``: only these rungs') in helpers that leave
+    ``reserve_bytes`` of the free device memory to others; the report."""
+    from perfladder.torch import ahead as compile_ahead
+    names = engine.check_rungs(RUNGS, rungs)          # a bad name: before any setup
+    lab = TorchLab(config, probe=False)
+    room = max(0.0, compile_ahead.device_room(lab) - reserve_bytes)
+    return compile_ahead.ladder_ahead(lab, RUNGS, names, room=room)
