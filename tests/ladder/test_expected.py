@@ -129,7 +129,7 @@ def test_a_book_builds_report_is_taken_and_nothing_compiles_here(tmp_path, monke
     lab, here = _Lab(), []
     ahead.take_ahead(lab, None, True, lambda: here.append(1), lambda r: f"{len(r['compiled'])} steps")
     assert here == [] and lab.result.ahead["compiled"] == ["R2", "B3"]
-    assert lab.result.notes == [f"2 steps ({lab.result.ahead['by']})"]
+    assert lab.result.notes == [f"2 steps; compiled {lab.result.ahead['by']}"]
     assert "by the book build" in lab.result.ahead["by"] and "2 steps" in capsys.readouterr().out
     # another config's report, or none at all: the ladder's own default decides
     for lab, folder in [(_Lab("smoke"), tmp_path), (_Lab(), tmp_path / "absent")]:
@@ -142,3 +142,15 @@ def test_a_book_builds_report_is_taken_and_nothing_compiles_here(tmp_path, monke
     monkeypatch.setenv(ahead.AHEAD_DIR_ENV, str(tmp_path))
     ahead.take_ahead(lab, False, True, lambda: here.append(1), str)     # off: not even the build's
     assert here == [] and lab.result.ahead is None
+
+
+def test_the_summary_line_says_what_compiled_where_and_what_failed():
+    report = {"steps": 3, "compiled": ["R2", "B3"], "workers": 1, "seconds": 12.4,
+              "failed": {"B4": "RuntimeError: no cuDNN"}, "already_cached": 1}
+    line = ahead.summary(report, "programs", "helper processes", "then")
+    assert line == ("compiled ahead: 2 of 3 expected programs in 1 helper process, 12 s before the "
+                    "first rung (then); 1 of them were in the cache already; not compiled ahead: B4 "
+                    "(B4: RuntimeError: no cuDNN)")
+    assert "in 2 threads" in ahead.summary({**report, "workers": 2}, "programs", "threads", "then")
+    assert ahead.summary({**report, "steps": 0}, "x", "y", "z") == ("compiled ahead: nothing (no "
+                                                                   "compiled step expected)")

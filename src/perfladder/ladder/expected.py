@@ -127,7 +127,7 @@ def take_ahead(lab, ahead: bool | None, default: bool, compile_here, summary) ->
             return
         report = compile_here()
     lab.result.ahead = report
-    lab.result.notes.append(summary(report) + (f" ({report['by']})" if "by" in report else ""))
+    lab.result.notes.append(summary(report) + (f"; compiled {report['by']}" if "by" in report else ""))
     print(f"perfladder: {lab.result.notes[-1]}", flush=True)
 
 
@@ -208,8 +208,11 @@ def summary(report: dict, unit: str, where: str, then: str) -> str:
     the rungs do ``then``; what was already cached, what failed."""
     if not report["steps"]:
         return "compiled ahead: nothing (no compiled step expected)"
+    n = report["workers"]
+    if n == 1:                                       # 'helper processes' -> 'helper process'
+        where = where[:-2] if where.endswith("sses") else where[:-1]
     line = (f"compiled ahead: {len(report['compiled'])} of {report['steps']} expected {unit} in "
-            f"{report['workers']} {where}, {report['seconds']:.0f} s before the first rung ({then})")
+            f"{n} {where}, {report['seconds']:.0f} s before the first rung ({then})")
     if report.get("already_cached"):
         line += f"; {report['already_cached']} of them were in the cache already"
     if report["failed"]:
