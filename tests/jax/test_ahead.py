@@ -95,8 +95,13 @@ def test_a_step_that_fails_to_compile_leaves_no_gate_program_compiling(monkeypat
 _LOADS = r'''
 import json, sys
 from functools import partial
-from perfladder.jax.compiler import fast_cpu_compiles
-fast_cpu_compiles(cache_dir=sys.argv[1])                 # a fresh persistent cache
+import jax
+from perfladder.jax.compiler import cublas_gemms, fast_cpu_compiles
+if sys.argv[2] == "gpu":                                 # as the full config's notebook does
+    cublas_gemms()
+    jax.config.update("jax_compilation_cache_dir", sys.argv[1])   # a fresh persistent cache
+else:
+    fast_cpu_compiles(cache_dir=sys.argv[1])
 from flax import nnx
 from perfladder.config import get_config
 from perfladder.jax import ahead
@@ -127,18 +132,35 @@ print(json.dumps(out))
 '''
 
 
+def _loads(tmp_path, where: str) -> dict:
+    import json
+    import subprocess
+    import sys
+    import os
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}   # beside this process's JAX
+    out = subprocess.run([sys.executable, "-c", _LOADS, str(tmp_path / "cache"), where],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+def test_on_a_gpu_programs_compiled_ahead_are_loaded_by_the_rungs_own_compiles(tmp_path):
+    """The same on a GPU, where the step-form gate's step runs at full fp32 matmul precision
+    (part of its program's key) and XLA autotunes each step while the threads share the GPU."""
+    got = _loads(tmp_path, "gpu")
+    assert got["report"]["failed"] == {}
+    assert got["step"] == 1 and got["step form"] >= 1 and got["loss reference"] == 1
+    assert got["model gate"] >= 1
+
+
 def test_programs_compiled_ahead_are_loaded_by_the_rungs_own_compiles(tmp_path):
     """In a fresh cache, threads compile an expected step with the library's code (and its
     model gate's programs), the step-form gates' steps and the loss reference; afterwards a
     step built from a notebook's own copy of the code, a step-form gate, the loss reference and
     a model gate each load their program (cache hits)."""
-    import json
-    import subprocess
-    import sys
-    out = subprocess.run([sys.executable, "-c", _LOADS, str(tmp_path / "cache")],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _loads(tmp_path, "cpu")
     report = got["report"]
     assert report["failed"] == {} and report["workers"] == 2
     assert set(report["compiled"]) == {"B3", "step-form gate (split)", "loss reference (batch 8)"}
