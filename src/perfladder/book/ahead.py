@@ -9,9 +9,10 @@ timing is GPU and host work, and nothing is timed while programs compile ahead, 
 * ``torch``: ``perfladder.torch.rungs.ahead_stage`` (the steps into inductor's caches), its
   helpers' device memory bounded so that the JAX process keeps ``JAX_RESERVE_BYTES``;
 * ``jax``: ``perfladder.jax.rungs.ahead_stage`` (steps, gate programs and references, in a
-  quarter of the cores' worth of threads) into the persistent compilation cache named by ``JAX_COMPILATION_CACHE_DIR``,
-  which the build exports to the notebook's kernel too, with XLA's settings the notebook makes
-  (``cublas_gemms``) and no preallocation of the device memory;
+  quarter of the cores' worth of threads) into the persistent compilation cache named by
+  ``JAX_COMPILATION_CACHE_DIR``, which the build exports to the notebook's kernel too, with
+  XLA's settings the notebook makes (``cublas_gemms``) and no preallocation of the device
+  memory;
 
 each writing its report to ``DIR/<framework>.json``. Each ladder then finds the report
 (``perfladder.ladder.expected.done_ahead``), keeps it in its result and compiles nothing ahead
@@ -37,8 +38,8 @@ JAX_RESERVE_BYTES = 24 * 2**30      # device memory the JAX process may use besi
 
 
 def one(framework: str, folder: Path, rungs: list[str] | None = None) -> dict:
-    """Compile ``framework``'s expected programs in this process (its ladder's ``ahead_stage``); write
-    and return the report."""
+    """Compile ``framework``'s expected programs in this process (its ladder's ``ahead_stage``);
+    write and return the report."""
     from perfladder.config import pick_config
     cfg = pick_config(verbose=False)
     ladder = importlib.import_module(f"perfladder.{framework}.rungs")   # no framework imported here
@@ -77,7 +78,7 @@ def run(folder: Path, rungs: str | None = None) -> int:
             print(f"[ahead] {fw}: {len(r['compiled'])} of {r['steps']} expected programs in "
                   f"{r['seconds']:.0f} s" + (f"; not compiled: {', '.join(r['failed'])}" if r["failed"] else ""),
                   flush=True)
-    print(f"[ahead] both ladders compiled ahead in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"[ahead] the stage took {time.perf_counter() - t0:.0f} s", flush=True)
     return 1 if failed else 0
 
 
