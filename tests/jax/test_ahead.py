@@ -205,3 +205,18 @@ def test_the_jax_guess_is_the_reference_runs_jitted_steps_without_r1():
     assert "R0 (un-jitted, one step)" not in jobs
     assert {"step-form gate (nnx)", "step-form gate (split)"} <= set(jobs)
     assert any(k.startswith("loss reference (batch") for k in jobs)
+
+
+def test_jobs_past_the_time_limit_are_reported_not_waited_for():
+    import threading
+    release, done = threading.Event(), []
+
+    def slow():
+        release.wait(60)
+        done.append(1)
+    report = ahead_mod().compile_ahead({"slow": slow, "next": lambda: None}, workers=1, timeout_s=0.5)
+    assert done == []                        # returned while the slow job still ran
+    release.set()
+    assert report["failed"] == {"slow": "not compiled within the time limit",
+                                "next": "not compiled within the time limit"}
+    assert report["compiled"] == []

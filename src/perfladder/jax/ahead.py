@@ -82,14 +82,20 @@ def expected_jobs(lab, recipes: dict) -> dict[str, Callable[[], object]]:
     return jobs
 
 
-def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = None) -> dict:
+TIMEOUT_S = 600      # the threads' wall budget; past it no job starts and the rest are not waited for
+
+
+def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = None,
+                  timeout_s: float = TIMEOUT_S) -> dict:
     """Run ``jobs`` (``expected_jobs``) in ``workers`` threads (default: half the CPU cores), one
-    queue in the given order, and wait for them. Returns the report: ``steps``, ``workers``,
-    ``seconds``, ``compiled`` (names), ``runs`` (``{name: [start, end]}``, wall-clock),
-    ``compilations``, ``loaded`` (of those, how many a job loaded from the cache: another job's
-    program, such as a model's initialisation, or an earlier build's) and ``failed``
-    (``{name: error}``): a job that fails costs only its rung's compile."""
+    queue in the given order, and wait for them, ``timeout_s`` at most. Returns the report:
+    ``steps``, ``workers``, ``seconds``, ``compiled`` (names), ``runs`` (``{name: [start, end]}``,
+    wall-clock), ``compilations``, ``loaded`` (of those, how many a job loaded from the cache:
+    another job's program, such as a model's initialisation, or an earlier build's) and
+    ``failed`` (``{name: error}``): a job that fails, or that the time limit left undone, costs
+    only its rung's compile."""
     t0 = time.perf_counter()
+    stop = threading.Event()
     n = max(1, min(len(jobs), workers or (os.cpu_count() or 2) // 2))
     report = {"steps": len(jobs), "workers": n if jobs else 0, "seconds": 0.0, "compiled": [],
               "failed": {}, "runs": {}, "compilations": 0, "loaded": 0}
@@ -99,7 +105,7 @@ def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = N
     lock = threading.Lock()
 
     def work():
-        while True:
+        while not stop.is_set():
             try:
                 name, job = todo.get_nowait()
             except queue.Empty:
@@ -124,9 +130,14 @@ def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = N
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
-    report["seconds"] = time.perf_counter() - t0
-    return report
+        t.join(max(0.0, t0 + timeout_s - time.perf_counter()))
+    stop.set()                      # a compile still running finishes unseen in its thread
+    with lock:
+        for name in jobs:
+            if name not in report["runs"]:
+                report["failed"][name] = "not compiled within the time limit"
+        report["seconds"] = time.perf_counter() - t0
+        return dict(report)
 
 
 def summary(report: dict) -> str:
