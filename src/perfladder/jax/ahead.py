@@ -117,6 +117,8 @@ def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = N
             except Exception as e:      # reported; the rung compiles for itself, and raises there
                 error = f"{type(e).__name__}: {e}"[:500]
             with lock:
+                if stop.is_set():          # past the limit: the report is closed
+                    return
                 report["runs"][name] = [start, time.time()]
                 report["compilations"] += compile_count(this_thread=True) - c0
                 report["loaded"] += cache_hit_count(this_thread=True) - h0
@@ -137,7 +139,7 @@ def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = N
             if name not in report["runs"]:
                 report["failed"][name] = "not compiled within the time limit"
         report["seconds"] = time.perf_counter() - t0
-        return dict(report)
+    return report
 
 
 def summary(report: dict) -> str:
