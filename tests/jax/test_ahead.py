@@ -134,9 +134,9 @@ print(json.dumps(out))
 
 def _loads(tmp_path, where: str) -> dict:
     import json
+    import os
     import subprocess
     import sys
-    import os
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}   # beside this process's JAX
     out = subprocess.run([sys.executable, "-c", _LOADS, str(tmp_path / "cache"), where],
                          capture_output=True, text=True, timeout=300, env=env)
