@@ -44,7 +44,7 @@ def test_both_stages_side_by_side_one_line_each(tmp_path, monkeypatch, capsys):
                 {"steps": 3, "compiled": ["R2", "B3"], "seconds": 12.0, "failed": {"B4": "no cuDNN"}}))
             self.returncode = 0
 
-        def wait(self):
+        def wait(self, timeout=None):
             return 0
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     monkeypatch.setattr(ahead.subprocess, "Popen", Proc)
@@ -53,3 +53,23 @@ def test_both_stages_side_by_side_one_line_each(tmp_path, monkeypatch, capsys):
     assert all(p == "false" and c == str(tmp_path / "jax-cache") for _, p, c in started)
     out = capsys.readouterr().out
     assert "[ahead] jax: 2 of 3 expected programs in 12 s; not compiled: B4" in out
+
+
+def test_the_jax_side_is_told_it_has_done_enough_once_torch_is_done(tmp_path, monkeypatch, capsys):
+    """Torch ends; the JAX side, still compiling ``GRACE_S`` later, finds the file that tells it
+    to start no more jobs, then writes its report (what it did not compile, its ladder will)."""
+    class Proc:
+        def __init__(self, argv, env):
+            self.fw = argv[argv.index("one") + 1]
+            self.returncode = 0
+
+        def wait(self, timeout=None):
+            if self.fw == "jax" and not (tmp_path / ahead.ENOUGH).exists():
+                raise ahead.subprocess.TimeoutExpired("jax", timeout)
+            (tmp_path / f"{self.fw}.json").write_text(json.dumps(
+                {"steps": 1, "compiled": [], "seconds": 1.0, "failed": {"B8": "not compiled: the stage had done enough"}}))
+            return 0
+    monkeypatch.setattr(ahead.subprocess, "Popen", Proc)
+    assert ahead.run(tmp_path) == 0
+    assert (tmp_path / ahead.ENOUGH).exists()
+    assert "[ahead] jax: 0 of 1 expected programs in 1 s; not compiled: B8" in capsys.readouterr().out

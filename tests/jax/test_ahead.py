@@ -203,6 +203,14 @@ def test_the_jax_guess_is_the_reference_runs_jitted_steps_without_r1():
     assert all(got[n] == lab.recipe_from_dict(measured[n].recipe) for n in got if " if " not in n)
     jobs = ahead_mod().expected_jobs(lab, got)
     assert "R0 (un-jitted, one step)" not in jobs
+    # the order the threads take them in: the guess's steps, the gates', then the other ways
+    import unittest.mock
+    with unittest.mock.patch.object(ahead_mod(), "compile_ahead", lambda jobs, **kw: list(jobs)):
+        order = ahead_mod().ladder_ahead(lab, RUNGS, engine.check_rungs(RUNGS, None))
+    others = [i for i, k in enumerate(order) if " if " in k]
+    gates = [i for i, k in enumerate(order) if k.startswith(("step-form", "loss reference"))]
+    assert others and gates and max(gates) < min(others)
+    assert all(" if " not in k for k in order[: min(gates)])
     assert {"step-form gate (nnx)", "step-form gate (split)"} <= set(jobs)
     assert any(k.startswith("loss reference (batch") for k in jobs)
 
@@ -220,3 +228,18 @@ def test_jobs_past_the_time_limit_are_reported_not_waited_for():
     assert report["failed"] == {"slow": "not compiled within the time limit",
                                 "next": "not compiled within the time limit"}
     assert report["compiled"] == []
+
+
+def test_once_enough_no_job_starts_and_none_is_waited_for():
+    import threading
+    release, ran = threading.Event(), []
+
+    def first():
+        ran.append("first")
+        release.wait(60)
+    report = ahead_mod().compile_ahead({"first": first, "second": lambda: ran.append("second")},
+                                       workers=1, enough=lambda: bool(ran))
+    release.set()
+    assert ran == ["first"]
+    assert report["failed"] == {"first": "not compiled: the stage had done enough",
+                                "second": "not compiled: the stage had done enough"}

@@ -14,9 +14,12 @@ timing is GPU and host work, and nothing is timed while programs compile ahead, 
   XLA's settings the notebook makes (``cublas_gemms``) and no preallocation of the device
   memory;
 
-each writing its report to ``DIR/<framework>.json``. Each ladder then finds the report
-(``perfladder.ladder.expected.done_ahead``), keeps it in its result and compiles nothing ahead
-itself; its rungs load their programs from the caches. A framework whose stage failed leaves
+each writing its report to ``DIR/<framework>.json``. The stage lasts about as long as the
+PyTorch side: ``GRACE_S`` after it ends, the JAX side starts no more jobs (they are ordered
+most useful first: the guess's own steps, then the gates', then the steps compiled in case a
+rung goes the other way), and what it did not compile its ladder compiles as it goes. Each
+ladder then finds the report (``perfladder.ladder.expected.done_ahead``), keeps it in its
+result and compiles nothing ahead itself; its rungs load their programs from the caches. A framework whose stage failed leaves
 no report: its ladder compiles as it would have without the stage, and the stage says so.
 
     python -m perfladder.book.ahead run DIR [--rungs R2,B3]     # both, side by side
@@ -35,6 +38,8 @@ from pathlib import Path
 
 FRAMEWORKS = ("torch", "jax")
 JAX_RESERVE_BYTES = 24 * 2**30      # device memory the JAX process may use beside the helpers
+GRACE_S = 30.0                      # how long the JAX side may go on alone once torch is done
+ENOUGH = ".enough"                  # the file that tells the JAX side to start no more jobs
 
 
 def one(framework: str, folder: Path, rungs: list[str] | None = None) -> dict:
@@ -46,7 +51,8 @@ def one(framework: str, folder: Path, rungs: list[str] | None = None) -> dict:
     if framework == "torch":
         report = ladder.ahead_stage(cfg, rungs, reserve_bytes=JAX_RESERVE_BYTES)
     else:        # a quarter of the cores: the torch helpers' Python needs the rest
-        report = ladder.ahead_stage(cfg, rungs, workers=max(1, (os.cpu_count() or 4) // 4))
+        report = ladder.ahead_stage(cfg, rungs, workers=max(1, (os.cpu_count() or 4) // 4),
+                                    enough=lambda: (folder / ENOUGH).exists())
     report = {**report, "framework": framework, "config": cfg.name}
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{framework}.json.tmp"
@@ -65,10 +71,15 @@ def run(folder: Path, rungs: str | None = None) -> int:
     procs = {fw: subprocess.Popen([sys.executable, "-m", "perfladder.book.ahead", "one", fw,
                                    str(folder), *extra], env=env)
              for fw in FRAMEWORKS}
-    failed = []
-    for fw, p in procs.items():
-        if p.wait() != 0 or not (folder / f"{fw}.json").is_file():
-            failed.append(fw)
+    procs["torch"].wait()
+    try:        # the JAX side's jobs are ordered most useful first: what it has not started by
+        procs["jax"].wait(timeout=GRACE_S)    # then, its ladder compiles as it goes
+    except subprocess.TimeoutExpired:
+        (folder / ENOUGH).touch()
+        procs["jax"].wait()
+    # a report is written whole before its process exits: what it says was done (a process
+    # may still exit uncleanly, stopping threads left compiling what was no longer waited for)
+    failed = [fw for fw in procs if not (folder / f"{fw}.json").is_file()]
     for fw in FRAMEWORKS:
         if fw in failed:
             print(f"[ahead] {fw}: the stage failed (exit {procs[fw].returncode}); its ladder "

@@ -29,16 +29,22 @@ from perfladder.jax.timer import cache_hit_count, compile_count
 __all__ = ["compile_ahead", "expected_jobs", "compiles", "ladder_ahead", "summary"]
 
 
-def ladder_ahead(lab, rungs: dict, names, workers: int | None = None) -> dict:
+def ladder_ahead(lab, rungs: dict, names, workers: int | None = None,
+                 enough: Callable[[], bool] | None = None) -> dict:
     """Compile the programs the ladder of ``rungs`` (running ``names``) is expected to build
-    (``perfladder.ladder.expected``, guessed from the committed runs; ``expected_jobs``), the
-    longest first, in ``workers`` threads; the report of ``compile_ahead``."""
+    (``perfladder.ladder.expected``, guessed from the committed runs; ``expected_jobs``) in
+    ``workers`` threads: the guess's own steps first, the longest first, then the gates'
+    steps and references, then the steps compiled in case an undecided rung goes the other
+    way (the least likely to be used); the report of ``compile_ahead``, which stops starting
+    jobs once ``enough()`` says so."""
     from perfladder.ladder import expected
     reference, history = expected.committed_runs(lab)
     recipes = expected.expected_recipes(lab, rungs, names, reference, history, compiles=compiles)
     costs = expected.expected_costs(reference)
     recipes = dict(sorted(recipes.items(), key=lambda kv: -costs.get(expected.rung_of(kv[0]), 0.0)))
-    return compile_ahead(expected_jobs(lab, recipes), workers=workers)
+    jobs = expected_jobs(lab, recipes)
+    jobs = {k: jobs[k] for k in sorted(jobs, key=lambda k: " if " in k)}     # stable: the rest keep order
+    return compile_ahead(jobs, workers=workers, enough=enough)
 
 
 def compiles(recipe) -> bool:
@@ -86,9 +92,10 @@ TIMEOUT_S = 600      # the threads' wall budget; past it no job starts and the r
 
 
 def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = None,
-                  timeout_s: float = TIMEOUT_S) -> dict:
+                  timeout_s: float = TIMEOUT_S, enough: Callable[[], bool] | None = None) -> dict:
     """Run ``jobs`` (``expected_jobs``) in ``workers`` threads (default: half the CPU cores), one
-    queue in the given order, and wait for them, ``timeout_s`` at most. Returns the report:
+    queue in the given order, and wait for them, ``timeout_s`` at most, or until ``enough()``
+    (asked every second) says to start no more jobs and wait for none. Returns the report:
     ``steps``, ``workers``, ``seconds``, ``compiled`` (names), ``runs`` (``{name: [start, end]}``,
     wall-clock), ``compilations``, ``loaded`` (of those, how many a job loaded from the cache:
     another job's program, such as a model's initialisation, or an earlier build's) and
@@ -131,13 +138,18 @@ def compile_ahead(jobs: dict[str, Callable[[], object]], workers: int | None = N
                for i in range(report["workers"])]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(max(0.0, t0 + timeout_s - time.perf_counter()))
+    while time.perf_counter() < t0 + timeout_s and not (enough is not None and enough()):
+        alive = [t for t in threads if t.is_alive()]
+        if not alive:
+            break
+        # a second at a time, so that ``enough`` is asked between
+        alive[0].join(min(1.0, max(0.0, t0 + timeout_s - time.perf_counter())))
     stop.set()                      # a compile still running finishes unseen in its thread
     with lock:
         for name in jobs:
             if name not in report["runs"]:
-                report["failed"][name] = "not compiled within the time limit"
+                report["failed"][name] = "not compiled within the time limit" if not (
+                    enough and enough()) else "not compiled: the stage had done enough"
         report["seconds"] = time.perf_counter() - t0
     return report
 

@@ -54,12 +54,15 @@ def _ahead(lab: JaxLab, names, ahead: bool | None) -> None:
                lambda: compile_ahead.ladder_ahead(lab, RUNGS, names), compile_ahead.summary)
 
 
-def ahead_stage(config: LadderConfig, rungs=None, workers: int | None = None) -> dict:
+def ahead_stage(config: LadderConfig, rungs=None, workers: int | None = None,
+                enough=None) -> dict:
     """A book build's compile-ahead for this ladder (``perfladder.book.ahead``), in this
     process: XLA's settings the notebook makes before the backend starts, a lab, the expected
-    programs (``rungs``: only these rungs') in ``workers`` threads; the report."""
+    programs (``rungs``: only these rungs') in ``workers`` threads, no more started once
+    ``enough()`` says so; the report."""
     from perfladder.jax import ahead as compile_ahead
     from perfladder.jax.compiler import cublas_gemms, fast_cpu_compiles
     fast_cpu_compiles() if config.is_smoke else cublas_gemms()
     names = engine.check_rungs(RUNGS, rungs)          # a bad name: before any setup
-    return compile_ahead.ladder_ahead(JaxLab(config, probe=False), RUNGS, names, workers=workers)
+    return compile_ahead.ladder_ahead(JaxLab(config, probe=False), RUNGS, names, workers=workers,
+                                      enough=enough)
