@@ -58,7 +58,7 @@ def expected_jobs(lab, recipes: dict) -> dict[str, Callable[[], object]]:
     with the library's code on a gate batch of its shape, then its model gate's programs
     (``trial.gate_programs``: not autotuned); the step-form gates' steps for each jit form
     among them, and the loss gates' reference at each beyond batch among them. Not the
-    un-jitted R0: its first call compiles some hundred small programs, one operation each,
+    un-jitted R0: its first call compiles many small programs, one operation each,
     dispatched from Python; in a thread beside the others it held them up for minutes on the
     H200 (``benchmarks/results/h200-jax-ahead-2026-12-03``) to save R0 about 18 s."""
     import jax
