@@ -37,11 +37,8 @@ def ladder_ahead(lab, rungs: dict, names, workers: int | None = None,
     steps and references, then the steps compiled in case an undecided rung goes the other
     way (the least likely to be used); the report of ``compile_ahead``, which stops starting
     jobs once ``enough()`` says so."""
-    from perfladder.ladder import expected
-    reference, history = expected.committed_runs(lab)
-    recipes = expected.expected_recipes(lab, rungs, names, reference, history, compiles=compiles)
-    costs = expected.expected_costs(reference)
-    recipes = dict(sorted(recipes.items(), key=lambda kv: -costs.get(expected.rung_of(kv[0]), 0.0)))
+    from perfladder.ladder.expected import guess
+    recipes, _ = guess(lab, rungs, names, compiles)
     jobs = expected_jobs(lab, recipes)
     jobs = {k: jobs[k] for k in sorted(jobs, key=lambda k: " if " in k)}     # stable: the rest keep order
     return compile_ahead(jobs, workers=workers, enough=enough)

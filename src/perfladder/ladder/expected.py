@@ -131,6 +131,16 @@ def take_ahead(lab, ahead: bool | None, default: bool, compile_here, summary) ->
     print(f"perfladder: {lab.result.notes[-1]}", flush=True)
 
 
+def guess(lab, rungs: dict, names, compiles) -> tuple[dict, object]:
+    """``(recipes, reference)``: the steps ``expected_recipes`` guesses from the committed runs
+    (``committed_runs``), the longest expected compile first (``expected_costs``), and the
+    reference run they came from (None without one)."""
+    reference, history = committed_runs(lab)
+    recipes = expected_recipes(lab, rungs, names, reference, history, compiles=compiles)
+    costs = expected_costs(reference)
+    return dict(sorted(recipes.items(), key=lambda kv: -costs.get(rung_of(kv[0]), 0.0))), reference
+
+
 def expected_recipes(lab, rungs: dict, names, reference=None, history=(),
                      compiles=lambda recipe: True) -> dict:
     """``{name: Recipe}``: the compiled steps the ladder is expected to build, one per

@@ -255,8 +255,8 @@ def rung_seconds(r: RungResult) -> float:
 
 def time_spent(result: LadderResult) -> str:
     """Where the ladder's own wall time went, in one line: the compile ahead of the first rung
-    (where one ran; named but not counted when the book build's stage ran it), every rung's total (the three costliest named), the kernel report's and
-    the learning check's. Rungs from a file written before rungs recorded their phases are left
+    (where one ran; named but not counted when the book build's stage ran it), every rung's
+    total (the three costliest named), the kernel report's and the learning check's. Rungs from a file written before rungs recorded their phases are left
     out, and the line says how many."""
     totals = {r.name: rung_seconds(r) for r in result.rungs if r.details.get("seconds")}
     untimed = len(result.rungs) - len(totals)
@@ -266,8 +266,9 @@ def time_spent(result: LadderResult) -> str:
     top = sorted(totals.items(), key=lambda kv: -kv[1])[:3]
     if top:
         parts[0] += " (costliest: " + ", ".join(f"{n} {s:.0f} s" for n, s in top) + ")"
-    ahead = (result.ahead or {}).get("seconds")
-    if ahead is not None and (result.ahead or {}).get("by"):     # the book build's stage
+    report = result.ahead or {}
+    ahead = report.get("seconds")
+    if ahead is not None and report.get("by"):                    # the book build's stage
         parts.insert(0, f"compiled ahead {ahead:.0f} s by the book build, before the notebooks and "
                         "beside the other framework (not counted here)")
         ahead = None

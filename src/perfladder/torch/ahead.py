@@ -239,8 +239,7 @@ def ladder_ahead(lab, rungs: dict, names, room: float | None = None) -> dict:
     report of ``compile_ahead``. ``room``: device bytes the helpers may hold (default:
     ``device_room``)."""
     from perfladder.ladder import expected
-    reference, history = expected.committed_runs(lab)
-    recipes = expected.expected_recipes(lab, rungs, names, reference, history, compiles=compiles)
+    recipes, reference = expected.guess(lab, rungs, names, compiles)
     return compile_ahead(lab, recipes, costs=expected.expected_costs(reference),
                          needs=expected.expected_needs(reference, recipes), room=room)
 
