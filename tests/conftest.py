@@ -26,6 +26,13 @@ if not gpu_present():
     # torchrun 1.3x). The ranks of a launch get one anyway (perfladder.torch.parallel.launch);
     # a lab that finds several drops to one itself (tests/torch/test_lab.py plants several)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The fault tests send SIGINT to a build or a ladder, as a reader's Ctrl-C does. A suite started
+# in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored,
+# and so would every process it starts, which then rightly ignores the test's signal: give the
+# children the terminal's disposition back (a Python handler here is reset to the default in
+# a child at exec; an ignored one is not)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # the tests mirror src/ in folders and are imported by path (--import-mode=importlib); the
 # shared helpers (conftest, _ladders, ...) stay importable by name from this folder
 sys.path.insert(0, str(Path(__file__).resolve().parent))

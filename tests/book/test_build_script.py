@@ -37,7 +37,9 @@ def main():
         signal.signal(signal.SIGTERM, noisy)
         kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                                start_new_session=True)
-        Path(os.environ["FAKE_PIDS"]).write_text(f"{os.getpid()} {kid.pid}")
+        pids = Path(os.environ["FAKE_PIDS"])   # whole or not at all: the test polls for it
+        pids.with_suffix(".part").write_text(f"{os.getpid()} {kid.pid}")
+        pids.with_suffix(".part").replace(pids)
         print("reading sources...", flush=True)
         time.sleep(120)
     html = out / "html"

@@ -149,8 +149,9 @@ def test_the_summary_line_says_what_compiled_where_and_what_failed():
               "failed": {"B4": "RuntimeError: no cuDNN"}, "already_cached": 1}
     line = ahead.summary(report, "programs", "helper processes", "then")
     assert line == ("compiled ahead: 2 of 3 expected programs in 1 helper process, 12 s before the "
-                    "first rung (then); 1 of them were in the cache already; not compiled ahead: B4 "
+                    "first rung (then); 1 of them was in the cache already; not compiled ahead: B4 "
                     "(B4: RuntimeError: no cuDNN)")
     assert "in 2 threads" in ahead.summary({**report, "workers": 2}, "programs", "threads", "then")
+    assert "; 2 of them were in the cache" in ahead.summary({**report, "already_cached": 2}, "x", "y", "z")
     assert ahead.summary({**report, "steps": 0}, "x", "y", "z") == ("compiled ahead: nothing (no "
                                                                    "compiled step expected)")

@@ -111,7 +111,7 @@ def done_ahead(lab) -> dict | None:
         return None
     if not isinstance(report, dict) or report.get("config") != lab.config.name:
         return None
-    return {**report, "by": "by the book build, before the notebooks, beside the other framework's"}
+    return {**report, "by": "by the book build, before the notebooks, beside the other framework's programs"}
 
 
 def take_ahead(lab, ahead: bool | None, default: bool, compile_here, summary) -> None:
@@ -224,7 +224,8 @@ def summary(report: dict, unit: str, where: str, then: str) -> str:
     line = (f"compiled ahead: {len(report['compiled'])} of {report['steps']} expected {unit} in "
             f"{n} {where}, {report['seconds']:.0f} s before the first rung ({then})")
     if report.get("already_cached"):
-        line += f"; {report['already_cached']} of them were in the cache already"
+        k = report["already_cached"]
+        line += f"; {k} of them {'was' if k == 1 else 'were'} in the cache already"
     if report["failed"]:
         first = next(iter(report["failed"].items()))
         line += f"; not compiled ahead: {', '.join(report['failed'])} ({first[0]}: {first[1][:200]})"
