@@ -10,7 +10,8 @@
 # installs the book's wheels from .whl/ offline; build_book.sh picks the full config because a
 # GPU is present). With two or more GPUs the build runs the two ladder notebooks side by side,
 # one GPU and half the physical cores each (PERFLADDER_BOOK_PARALLEL=1); with one GPU, one
-# notebook after another. The GPU-only tests run after the build (GPU_TESTS_S seconds at most);
+# notebook after another. The GPU-only tests run after the build (GPU_TESTS_S seconds at most,
+# default 600: on one H200 they took about nine minutes);
 # PRE_TESTS (node ids) run before it, on the idle GPU, and are not run again after. ANOMALY=1 adds the
 # JAX bf16 anomaly diagnostics first. SKIP_TESTS (node ids) are left out of the tests after the
 # build (the log's deselected count says how many). AFTER (a command) runs last, on the idle
@@ -83,7 +84,7 @@ case "${1:-}" in
       date +%s > '"$JOB"'/t_book
       cp -r _build/side_by_side '"$JOB"'/ 2>/dev/null
       # the GPU-only tests after the build, never beside a ladder (they would disturb its timing)
-      timeout ${GPU_TESTS_S:-300} .venv/bin/python -m pytest -v -m gpu -p no:cacheprovider --durations=0 $deselect tests > '"$JOB"'/gpu_tests.log 2>&1
+      timeout ${GPU_TESTS_S:-600} .venv/bin/python -m pytest -v -m gpu -p no:cacheprovider --durations=0 $deselect tests > '"$JOB"'/gpu_tests.log 2>&1
       echo "gpu tests exit $?" >> '"$JOB"'/status
       if [ -n "${AFTER:-}" ]; then
         echo "$AFTER" > '"$JOB"'/after_command
