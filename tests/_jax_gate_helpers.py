@@ -15,7 +15,7 @@ from perfladder.data import TimeMachine  # noqa: E402
 from perfladder.jax.model import GPT  # noqa: E402
 from perfladder.jax.stream import batches  # noqa: E402
 
-CFG = get_config("smoke")
+CFG = get_config("smoke").replace(num_blks=1)   # one block: every parameter kind, half the compile
 DATA = TimeMachine(CFG.batch_size, CFG.num_steps, num_train=CFG.num_train, num_val=CFG.num_val)
 GPT_CFG = CFG.gpt(vocab_size=len(DATA.vocab))
 
