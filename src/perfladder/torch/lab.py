@@ -27,6 +27,7 @@ from perfladder.measure.evidence import (
 )
 from perfladder.measure.timing import Stopwatch, measure_settled, phase
 from perfladder.results.record import LadderResult
+from perfladder.torch.compiler import fast_cpu_compiles
 from perfladder.torch.device import device_name, probe_roofs, versions
 from perfladder.torch.kernels import time_attention
 from perfladder.torch.model import GPT, checkpoint_block
@@ -82,6 +83,9 @@ class TorchLab:
             # tiny smoke ops: thread synchronisation would cost more than it saves
             torch.set_num_threads(1)
             self.result.notes.append("smoke config on CPU: torch.set_num_threads(1)")
+        if not self.on_gpu and config.is_smoke and fast_cpu_compiles():
+            self.result.notes.append("smoke config on CPU: inductor's C++ kernels scalar, not "
+                                     "vectorised (perfladder.torch.compiler.fast_cpu_compiles)")
 
     def _check_flops(self) -> str:
         """The FLOPs-per-token formula every rung's TFLOP/s and MFU use, against
