@@ -27,8 +27,8 @@ if not gpu_present():
     # a lab that finds several drops to one itself (tests/torch/test_lab.py plants several)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # inductor's C++ kernels scalar, as a smoke lab on a CPU makes them
-    # (perfladder.torch.compiler): the tests that compile without a lab, and the suite's book
-    # build, compile in about 60% of the time
+    # (perfladder.torch.compiler, which this framework-free file does not import): for the tests
+    # that compile without a lab too, and the processes they start
     os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 # The fault tests send SIGINT to a build or a ladder, as a reader's Ctrl-C does. A suite started
 # in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored,

@@ -9,31 +9,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+from perfladder.torch.compiler import VEC_ISA_ENV
+
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 PROBE = """
-import json, os, sys
+import json, os
 import torch
 from perfladder.torch.compiler import VEC_ISA_ENV, fast_cpu_compiles
-out = {"took": fast_cpu_compiles() if sys.argv[1] == "call" else None}
-out["env"] = os.environ.get(VEC_ISA_ENV)
+out = {"took": fast_cpu_compiles(), "env": os.environ.get(VEC_ISA_ENV)}
 from torch._inductor.utils import run_and_get_code
 _, code = run_and_get_code(torch.compile(lambda t: torch.nn.functional.gelu(t).sum(-1)), torch.randn(64, 64))
 out["vectorized"] = "Vectorized" in "\\n".join(code)
-if sys.argv[1] == "call":
-    from perfladder.config import get_config
-    from perfladder.torch.lab import TorchLab
-    out["noted"] = any("scalar, not vectorised" in n for n in TorchLab(get_config("smoke"), probe=False).result.notes)
+from perfladder.config import get_config
+from perfladder.torch.lab import TorchLab
+out["noted"] = any("scalar, not vectorised" in n for n in TorchLab(get_config("smoke"), probe=False).result.notes)
 print(json.dumps(out))
 """
 
 
-def probe(how: str, env_value: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_VEC_ISA_OK", "CUDA_VISIBLE_DEVICES")}
+def probe(env_value: str | None) -> dict:
+    """What a fresh process that calls ``fast_cpu_compiles`` with ``$TORCHINDUCTOR_VEC_ISA_OK``
+    at ``env_value`` (None: unset) reports."""
+    env = {k: v for k, v in os.environ.items() if k not in (VEC_ISA_ENV, "CUDA_VISIBLE_DEVICES")}
     env.update(PYTHONPATH=SRC, CUDA_VISIBLE_DEVICES="")       # a CPU lab, also on a GPU machine
     if env_value is not None:
-        env["TORCHINDUCTOR_VEC_ISA_OK"] = env_value
-    out = subprocess.run([sys.executable, "-c", PROBE, how], env=env, capture_output=True, text=True,
+        env[VEC_ISA_ENV] = env_value
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -41,9 +43,9 @@ def probe(how: str, env_value: str | None) -> dict:
 
 def test_fast_cpu_compiles_writes_scalar_kernels_and_tells_the_processes_it_starts():
     # scalar, in the environment its child processes inherit, and noted by a smoke lab
-    assert probe("call", None) == {"took": True, "env": "0", "vectorized": False, "noted": True}
+    assert probe(None) == {"took": True, "env": "0", "vectorized": False, "noted": True}
 
 
 def test_a_users_own_setting_wins():
     # and with it inductor's vectorised kernels, which the check above would see
-    assert probe("call", "1") == {"took": False, "env": "1", "vectorized": True, "noted": False}
+    assert probe("1") == {"took": False, "env": "1", "vectorized": True, "noted": False}

@@ -79,13 +79,14 @@ class TorchLab:
         self._seeds = itertools.count(config.seed)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
         self.code = dict(LIBRARY_CODE)
-        if not self.on_gpu and config.is_smoke and torch.get_num_threads() > 1:
-            # tiny smoke ops: thread synchronisation would cost more than it saves
-            torch.set_num_threads(1)
-            self.result.notes.append("smoke config on CPU: torch.set_num_threads(1)")
-        if not self.on_gpu and config.is_smoke and fast_cpu_compiles():
-            self.result.notes.append("smoke config on CPU: inductor's C++ kernels scalar, not "
-                                     "vectorised (perfladder.torch.compiler.fast_cpu_compiles)")
+        if not self.on_gpu and config.is_smoke:
+            if torch.get_num_threads() > 1:
+                # tiny smoke ops: thread synchronisation would cost more than it saves
+                torch.set_num_threads(1)
+                self.result.notes.append("smoke config on CPU: torch.set_num_threads(1)")
+            if fast_cpu_compiles():
+                self.result.notes.append("smoke config on CPU: inductor's C++ kernels scalar, not "
+                                         "vectorised (perfladder.torch.compiler.fast_cpu_compiles)")
 
     def _check_flops(self) -> str:
         """The FLOPs-per-token formula every rung's TFLOP/s and MFU use, against
