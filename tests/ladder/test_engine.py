@@ -494,3 +494,14 @@ def test_a_cell_s_recipe_change_replaces_the_declared_one_for_this_ladder_only()
     assert run.run("B1").recipe["batch_size"] == 48                         # builds on what ran
     with pytest.raises(ValueError, match="change='big' is not valid"):
         LadderRun(FakeLab(get_config("smoke")), rungs).run("R0", change="big")
+
+
+def test_every_entry_says_what_became_of_it_and_only_failures_are_not_final():
+    from perfladder.results.record import FINAL_OUTCOMES, OUTCOMES, RungResult
+    assert set(FINAL_OUTCOMES) < set(OUTCOMES) and {"failed", "error"} == set(OUTCOMES) - set(FINAL_OUTCOMES)
+    measured = RungResult(name="R1", key="compile", label="compile", tokens_per_s=1.0, outcome="measured")
+    broke = RungResult(name="R2", key="bf16", label="bf16", kind="skipped", error="x", outcome="failed")
+    card = RungResult(name="B6", key="batch_x4", label="b", kind="skipped", error="x", outcome="does_not_fit")
+    old = RungResult(name="R3", key="batch", label="b", kind="skipped", error="x")      # before outcomes
+    assert [r.final for r in (measured, broke, card, old)] == [True, False, True, False]
+    assert RungResult.from_dict(card.to_dict()).outcome == "does_not_fit"

@@ -119,11 +119,12 @@ def record(rung: Rung, given: Given, ev: Evidence, lab) -> RungResult:
         mfu=mfu(per_device, fpt, lab.device_name, "bf16" if precision == "bf16" else "tf32"),
         memory=ev.memory, compile=ev.compile, gates=list(ev.gates), receipt=ev.receipt,
         profile=ev.profile, prediction=ev.prediction, details=dict(ev.details),
-        notes=list(ev.notes), section=rung.section)
+        notes=list(ev.notes), section=rung.section, outcome="measured")
 
 
 def failed(rung: Rung, lab, base: str | None, recipe, error: str, tb: str = "", *,
-           details: dict | None = None, prediction=None, loud: bool = True) -> RungResult:
+           details: dict | None = None, prediction=None, loud: bool = True,
+           outcome: str = "error") -> RungResult:
     """The 'skipped' entry of a rung that measured nothing (said on stderr unless it chose not
     to measure)."""
     if loud:
@@ -137,7 +138,7 @@ def failed(rung: Rung, lab, base: str | None, recipe, error: str, tb: str = "", 
                       recipe=recipe.to_dict() if recipe is not None else {},
                       precision=getattr(recipe, "precision", None) or "fp32",
                       error=error[:3000], section=rung.section, details=details,
-                      prediction=prediction)
+                      prediction=prediction, outcome=outcome)
 
 
 def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
@@ -151,12 +152,13 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
         given = Given(rung=rung, recipe=recipe, base_name=base, base_recipe=base_recipe,
                       base=_ran(lab.result, base), watch=watch)
         if rung.needs_gpu and not lab.on_gpu:
-            res = failed(rung, lab, base, recipe, f"not applicable on CPU: {rung.needs_gpu}")
+            res = failed(rung, lab, base, recipe, f"not applicable on CPU: {rung.needs_gpu}",
+                         outcome="not_applicable")
         else:
             res = record(rung, given, rung.fn(lab, given), lab)
     except NotMeasured as e:
         res = failed(rung, lab, base, e.recipe or recipe, e.reason, details=e.details,
-                     prediction=e.prediction, loud=False)
+                     prediction=e.prediction, loud=False, outcome=e.outcome)
     except Exception as e:     # the ladder goes on; the entry says what happened ...
         reraise_if_interrupt(e)    # ... unless the user stopped it: an interrupt is never a skip
         res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc())

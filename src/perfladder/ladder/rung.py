@@ -118,7 +118,11 @@ class Evidence:
 
 
 class NotMeasured(Exception):
-    """A rung that found nothing to measure (not a failure): the reason, and what it found."""
+    """A rung that found nothing to measure (not a failure): the reason, and what it found.
+    Subclasses name a property of the card instead (``outcome``, one of
+    ``perfladder.results.record.OUTCOMES``)."""
+
+    outcome = "not_measured"
 
     def __init__(self, reason: str, *, recipe=None, details: dict | None = None,
                  prediction: Prediction | None = None):

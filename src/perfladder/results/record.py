@@ -38,6 +38,19 @@ from perfladder.results.schema import load_json, upgrade, validate
 FRAMEWORKS = ("torch", "jax")
 KINDS = ("rung", "control", "multi-gpu", "skipped")
 STAGES = ("seed", "beyond", "multi-gpu")
+# What became of a rung, one word each. A measured rung is "measured"; an entry with no number
+# says why:
+#   "failed"          the machine failed it (out of space, a corrupt compile cache, a killed
+#                     compile worker, a missing compiler): not a result; retried on --resume
+#   "error"           its own code raised (a gate refused the model, a kernel refused the shape)
+#   "does_not_fit"    a property of the card: the rung needs more memory than the device has
+#   "not_supported"   a property of the card: its precision or kernels are not supported there
+#   "not_applicable"  not for this machine at all (a GPU-only rung on a CPU)
+#   "not_measured"    the rung found nothing to measure (not a failure)
+OUTCOMES = ("measured", "failed", "error", "does_not_fit", "not_supported", "not_applicable",
+            "not_measured")
+# entries that are facts about the run or the card; everything else is tried again by --resume
+FINAL_OUTCOMES = ("measured", "does_not_fit", "not_supported", "not_applicable", "not_measured")
 
 
 _SLOTS = {"timing": Timing, "memory": Memory, "compile": Compile, "receipt": Receipt,
@@ -71,6 +84,7 @@ class RungResult:
     details: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     error: str | None = None                # why a skipped rung measured nothing
+    outcome: str | None = None              # see OUTCOMES; None in files written before it
     section: str = ""                       # the chapter section whose tool the rung applies
     # derived by LadderResult.finalize()
     ratio_prev: float | None = None
@@ -81,6 +95,19 @@ class RungResult:
     @property
     def measured(self) -> bool:
         return self.tokens_per_s is not None
+
+    @property
+    def result_kind(self) -> str:
+        """``outcome``, or for a file written before it: measured, or 'error' (an old skipped
+        entry does not say whether the machine or the rung failed)."""
+        if self.outcome is not None:
+            return self.outcome
+        return "measured" if self.measured else "error"
+
+    @property
+    def final(self) -> bool:
+        """A fact of the run or the card (kept by --resume), not a failure to try again."""
+        return self.result_kind in FINAL_OUTCOMES
 
     @property
     def windows(self) -> list[float]:
