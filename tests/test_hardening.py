@@ -162,7 +162,7 @@ def test_cli_bad_output_no_traceback_in_a_real_process(tmp_path):
     ("NVIDIA RTX A1000", None),                 # contains 'a100', is not an A100
     ("NVIDIA GeForce RTX 4090 D", None),        # a different, slower card
     ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", None),  # a slice, not the card
-    ("NVIDIA GH200 480GB", None),
+    ("NVIDIA GH200 480GB", "NVIDIA GH200"),    # the size is Grace's and the GPU's memory
 ])
 def test_gpu_names_match_whole_models(name, expected):
     peak = peak_for(name)

@@ -176,12 +176,28 @@ def before_backend(fw, framework: str, config: str | None) -> bool:
     return fw.cublas_gemms()
 
 
+def memory_cap(value) -> float | None:
+    """``--memory-cap-gib`` (else ``$PERFLADDER_MEMORY_CAP_GIB``), checked, and put in the
+    environment before the framework is imported: its lab, JAX's allocator settings and the
+    processes a run starts all read it there (``perfladder.ladder.fit.memory_cap_gib``)."""
+    from perfladder.ladder.fit import MEMORY_CAP_VARIABLE, check_cap_gib, memory_cap_gib
+    try:
+        if value is None:
+            return memory_cap_gib()
+        cap = check_cap_gib(value, "--memory-cap-gib")
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    os.environ[MEMORY_CAP_VARIABLE] = f"{cap:g}"
+    return cap
+
+
 def cmd_run(args) -> int:
     json_path, figure_path = run_outputs(args.out, args.png)
     if args.framework not in FRAMEWORKS:
         raise CLIError(f"framework {args.framework!r} is not valid; valid choices: {FRAMEWORKS}")
     if args.config is not None and args.config not in CONFIG_NAMES:
         raise CLIError(f"--config {args.config!r} is not valid; valid choices: {', '.join(CONFIG_NAMES)}")
+    memory_cap(args.memory_cap_gib)
     check_environment()
     try:
         fw = importlib.import_module(f"perfladder.{args.framework}")
@@ -307,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile the expected steps before the first rung: torch in helper "
                         "processes (perfladder.torch.ahead; default: on for the full config on a "
                         "GPU), JAX in threads (perfladder.jax.ahead; default: off)")
+    r.add_argument("--memory-cap-gib", default=None, metavar="GIB",
+                   help="hold the run to this much device memory, as a smaller card would (the "
+                        "framework's allocator is capped, and a rung predicted not to fit is "
+                        "recorded as does_not_fit); also $PERFLADDER_MEMORY_CAP_GIB")
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plot", help="waterfall PNG from results JSON (two files: side by side)")
     pl.add_argument("results", nargs="+")

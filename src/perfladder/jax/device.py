@@ -12,7 +12,10 @@ Random data, not zeros: zeros run faster on tensor cores.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
+import subprocess
 import time
 from functools import partial
 
@@ -20,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from perfladder.checks import check_int
-from perfladder.jax.compiler import xla_flags
+from perfladder.jax.compiler import backend_started, xla_flags
+from perfladder.ladder.fit import memory_cap_gib
 from perfladder.results.record import python_versions
 
 MATMUL_N = 8192
@@ -102,3 +106,106 @@ def versions() -> dict[str, str]:
     out["device_count"] = str(jax.device_count())
     out["XLA_FLAGS"] = xla_flags()       # compiler settings change both speed and compile time
     return out
+
+
+def capability() -> tuple[int, int] | None:
+    """The GPU's compute capability, e.g. ``(9, 0)``; ``None`` on a CPU."""
+    d = jax.devices()[0]
+    cc = getattr(d, "compute_capability", None) if d.platform == "gpu" else None
+    if not cc:
+        return None
+    major, _, minor = str(cc).partition(".")
+    return int(major), int(minor or 0)
+
+
+def memory_room(cap_bytes: int | None) -> int | None:
+    """Bytes a rung may still allocate: what JAX's allocator may still hand out (its limit, less
+    what is in use), and no more than the cap leaves; without a GPU, the cap (an emulated card)
+    or ``None`` (no limit known)."""
+    d = jax.devices()[0]
+    stats = d.memory_stats() if d.platform == "gpu" else None
+    if not stats:
+        return cap_bytes
+    in_use = int(stats.get("bytes_in_use", 0))
+    limit = stats.get("bytes_limit")
+    room = None if limit is None else int(limit) - in_use
+    if cap_bytes is not None:
+        room = cap_bytes - in_use if room is None else min(room, cap_bytes - in_use)
+    return room
+
+
+PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+# the name every jaxlib reads (newer ones also read XLA_CLIENT_MEM_FRACTION, and refuse both)
+FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+FRACTIONS = ("XLA_CLIENT_MEM_FRACTION", FRACTION)
+_SET_HERE: set[str] = set()      # the variables this process set (the others: the user's)
+
+
+def memory_settings(environ=None) -> list[str]:
+    """JAX's use of the device memory, set before its backend starts (XLA reads these once),
+    each only where the user has not set it:
+
+    * no preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE=false``): JAX takes memory as the
+      steps need it, instead of 75% of the card at its first operation, so whatever runs beside
+      it (the PyTorch ladder of a book build, another notebook) keeps the rest;
+    * with a memory cap (``PERFLADDER_MEMORY_CAP_GIB``), the allocator's limit:
+      ``XLA_PYTHON_CLIENT_MEM_FRACTION`` = the cap over the card's memory, read from
+      ``nvidia-smi`` (JAX cannot be asked before it starts).
+
+    Returns the lines a result keeps: what is in effect, and a cap that could not be set."""
+    env = os.environ if environ is None else environ
+    started = backend_started()
+    lines = []
+    if PREALLOCATE not in env and not started:
+        env[PREALLOCATE] = "false"
+        _SET_HERE.add(PREALLOCATE)
+    lines.append(f"{PREALLOCATE}={env.get(PREALLOCATE, '(unset: JAX preallocates 75% of the card)')}"
+                 + ("" if PREALLOCATE in _SET_HERE or PREALLOCATE not in env else " (the user's)"))
+    cap = memory_cap_gib(env)
+    user = [v for v in FRACTIONS if v in env]
+    if user and set(user) <= _SET_HERE:
+        lines.append(f"device memory capped by {', '.join(f'{v}={env[v]}' for v in user)} "
+                     f"(from the {cap:g} GiB cap)" if cap is not None else
+                     f"{', '.join(f'{v}={env[v]}' for v in user)}")
+    elif cap is not None and not user:
+        total = gpu_total_bytes(env)
+        if started:
+            lines.append(f"memory cap {cap:g} GiB not set in JAX's allocator: its backend had "
+                         "started; the fit check before each rung still holds rungs to it")
+        elif total is None:
+            lines.append(f"memory cap {cap:g} GiB not set in JAX's allocator: nvidia-smi did not "
+                         f"say the card's memory (set {FRACTION} yourself); the fit check before "
+                         "each rung still holds rungs to it")
+        else:
+            env[FRACTION] = f"{min(1.0, cap * 2 ** 30 / total):.4f}"
+            _SET_HERE.add(FRACTION)
+            lines.append(f"device memory capped to {cap:g} GiB of {total / 2 ** 30:.1f} GiB "
+                         f"({FRACTION}={env[FRACTION]})")
+    elif user:
+        lines.append(", ".join(f"{v}={env[v]}" for v in user) + " (the user's)")
+    return lines
+
+
+def gpu_total_bytes(environ=None) -> int | None:
+    """The memory of the first visible GPU, from ``nvidia-smi`` (no CUDA call in this process);
+    ``None`` when it cannot say."""
+    env = os.environ if environ is None else environ
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    first = str(env.get("CUDA_VISIBLE_DEVICES", "0")).split(",")[0].strip() or "0"
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits",
+                              "-i", first], capture_output=True, text=True, timeout=20)
+        return int(float(out.stdout.split()[0]) * 2 ** 20) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+# Made when perfladder.jax is imported (its package imports this module before any of its
+# modules can start JAX's backend); JaxLab reads them again and keeps the lines. A bad
+# $PERFLADDER_MEMORY_CAP_GIB is JaxLab's error to raise, in one line, not an import's.
+try:
+    memory_settings()
+except ValueError:
+    pass

@@ -20,8 +20,15 @@ import jax.numpy as jnp
 
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
-from perfladder.hardware import peak_for
-from perfladder.jax.device import device_name, has_gpu, versions
+from perfladder.hardware import peak_for, supports_bf16
+from perfladder.jax.device import (
+    capability,
+    device_name,
+    has_gpu,
+    memory_room,
+    memory_settings,
+    versions,
+)
 from perfladder.jax.model import GPT
 from perfladder.jax.parallel.layout import place_state
 from perfladder.jax.program import planned_temp_bytes
@@ -30,6 +37,8 @@ from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import compile_count, throughput
 from perfladder.kernels.roofline import of_run
+from perfladder.ladder.fit import GIB, check_fit, memory_cap_gib
+from perfladder.ladder.support import Kernels, check_card
 from perfladder.measure.evidence import (
     Compile,
     Memory,
@@ -72,14 +81,19 @@ class JaxLab:
         if not isinstance(config, LadderConfig):
             raise TypeError(f"config must be a perfladder.config.LadderConfig, got {type(config).__name__}")
         self.config = config
+        memory = memory_settings()     # before the backend starts, where it has not yet
+        self.memory_cap_gib = memory_cap_gib()
         cached = _compile_cache_on_gpu()
         self.data = TimeMachine(config.batch_size, config.num_steps, num_train=config.num_train,
                                 num_val=config.num_val)
         self.gpt_config = config.gpt(vocab_size=len(self.data.vocab))
         self.on_gpu = has_gpu()
         self.device_name = device_name()
+        # what the checks before each rung read of the card (``admit``); a test emulates
+        # another card by setting it
+        self.capability = capability()
         peak = peak_for(self.device_name)
-        roofs, notes = None, [self._check_flops()]
+        roofs, notes = None, [self._check_flops(), "JAX device memory: " + "; ".join(memory)]
         if not self.on_gpu:
             notes.append("run on CPU: fp32 matmuls are plain fp32 (no TF32), MFU is not applicable, "
                          "cudnn attention is not available; roofs: no device probe on CPU")
@@ -96,7 +110,7 @@ class JaxLab:
             framework="jax", device=self.device_name, config=config.to_dict(), baseline="R1",
             versions=versions(), command=command,
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
-            roofs=roofs, notes=notes)
+            roofs=roofs, notes=notes, memory_cap_gib=self.memory_cap_gib)
         self._streams: dict[int, Batches] = {}
         self.code = dict(LIBRARY_CODE)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
@@ -251,10 +265,45 @@ class JaxLab:
                             devices=devices, perfetto=self.on_gpu)
 
     def precision(self, recipe: Recipe) -> str:
-        """What the matmuls run in: 'bf16', or 'tf32' (fp32 on a GPU), or 'fp32' (CPU)."""
+        """What the matmuls run in: 'bf16', or 'tf32' (fp32 on a GPU with TF32, compute
+        capability 8.0 on), or 'fp32' (CPU, older GPUs)."""
         if recipe.bf16:
             return "bf16"
-        return "tf32" if self.on_gpu else "fp32"
+        return "tf32" if self.on_gpu and supports_bf16(self.capability) else "fp32"
+
+    # -- what the card can run and hold ----------------------------------------------------
+    def admit(self, rung, given) -> None:
+        """The engine's check before a rung runs: ``NotSupported`` (bf16 on a card without bf16
+        tensor cores), ``NotApplicable`` (Pallas or cuDNN kernels it cannot run), ``DoesNotFit``
+        (its predicted memory, ``perfladder.ladder.fit``, over what there is)."""
+        recipe = given.recipe
+        check_card(self.device_name, self.capability, self.precision(recipe), self.kernels(recipe))
+        cap = None if self.memory_cap_gib is None else int(self.memory_cap_gib * GIB)
+        check_fit(rung.name, recipe.to_dict(), self.result.rungs, fixed_bytes=self.fixed_bytes,
+                  held_bytes=self.held_bytes, available_bytes=memory_room(cap),
+                  must_match=("dtype", "checkpoint"), cap_bytes=cap,
+                  base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None)
+
+    @property
+    def held_bytes(self) -> int:
+        """Device bytes the step holds beside its planned temporaries (its memory record): the
+        fp32 parameters and AdamW's two moments it is handed and the new ones it returns."""
+        return 2 * 12 * expected_num_params(self.gpt_config)
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Device bytes that do not grow with the batch: ``held_bytes`` and the gradients."""
+        return self.held_bytes + 4 * expected_num_params(self.gpt_config)
+
+    def kernels(self, recipe: Recipe) -> list[Kernels]:
+        """What ``recipe``'s kernels need of a GPU: our Pallas kernels (compiled by Pallas's
+        Triton backend, in bf16) and cuDNN's fused attention, both 8.0 or newer."""
+        out = []
+        if recipe.fused:
+            out.append(Kernels(f"our Pallas kernels ({', '.join(recipe.fused)})", (8, 0)))
+        if recipe.attn_impl == "cudnn":
+            out.append(Kernels("cuDNN's fused attention", (8, 0)))
+        return out
 
     def receipt(self, recipe: Recipe, step: TrainStep) -> Receipt:
         """The dtypes the timed step's forward computed in, as written while it was traced."""

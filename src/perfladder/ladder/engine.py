@@ -155,6 +155,9 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
             res = failed(rung, lab, base, recipe, f"not applicable on CPU: {rung.needs_gpu}",
                          outcome="not_applicable")
         else:
+            admit = getattr(lab, "admit", None)   # can the card compute, run and hold it?
+            if admit is not None:                 # (NotSupported / NotApplicable / DoesNotFit)
+                admit(rung, given)
             res = record(rung, given, rung.fn(lab, given), lab)
     except NotMeasured as e:
         res = failed(rung, lab, base, e.recipe or recipe, e.reason, details=e.details,

@@ -130,6 +130,26 @@ class NotMeasured(Exception):
         self.reason, self.recipe, self.details, self.prediction = reason, recipe, details or {}, prediction
 
 
+class DoesNotFit(NotMeasured):
+    """The rung needs more device memory than there is (its details: the memory it needs and
+    the memory there is, ``perfladder.ladder.fit``)."""
+
+    outcome = "does_not_fit"
+
+
+class NotSupported(NotMeasured):
+    """The card cannot compute the rung's precision (bf16 without bf16 tensor cores): no
+    emulated number is credited to it."""
+
+    outcome = "not_supported"
+
+
+class NotApplicable(NotMeasured):
+    """The rung's kernels cannot run on this card (its compute capability, a missing compiler)."""
+
+    outcome = "not_applicable"
+
+
 def registry(rungs: Iterable[Rung]) -> dict[str, Rung]:
     """Ordered ``{name: Rung}``; names and keys unique, stages in order, ``builds_on`` earlier."""
     out: dict[str, Rung] = {}

@@ -183,6 +183,7 @@ class LadderResult:
     fastest: str | None = None          # the configuration the ladder kept last (its kernel
                                         # report and learning check are of this rung)
     ahead: dict | None = None           # what compiling ahead of the first rung did and took
+    memory_cap_gib: float | None = None  # the device memory the run was capped to (GiB), if any
     schema_read: int = SCHEMA_VERSION   # the schema version the file was written with
 
     def __post_init__(self):
@@ -280,6 +281,7 @@ class LadderResult:
             "notes": list(self.notes),
             "fastest": self.fastest,
             "ahead": self.ahead,
+            "memory_cap_gib": self.memory_cap_gib,
         }
 
     def write(self, path: str | Path) -> Path:
@@ -306,7 +308,7 @@ class LadderResult:
                   created=data.get("created", ""), command=data.get("command", ""),
                   peak_tflops=data.get("peak_tflops"), roofs=data.get("roofs"),
                   notes=data.get("notes", []), fastest=data.get("fastest"), ahead=data.get("ahead"),
-                  schema_read=version)
+                  memory_cap_gib=data.get("memory_cap_gib"), schema_read=version)
         return res.finalize()
 
     @classmethod

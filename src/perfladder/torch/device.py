@@ -75,3 +75,37 @@ def versions() -> dict[str, str]:
         out["gpu"] = device_name()
     out["machine"] = platform.machine()
     return out
+
+
+def capability() -> tuple[int, int] | None:
+    """The CUDA device's compute capability, e.g. ``(9, 0)``; ``None`` without one."""
+    return tuple(torch.cuda.get_device_capability(0)) if has_gpu() else None
+
+
+def triton_present() -> bool:
+    """Is Triton installed (what torch.compile's GPU kernels and our fused kernels compile with)?"""
+    import importlib.util
+    return importlib.util.find_spec("triton") is not None
+
+
+def apply_memory_cap(cap_gib: float) -> str:
+    """Hold this process's CUDA allocator to ``cap_gib`` GiB
+    (``torch.cuda.set_per_process_memory_fraction``: an allocation past it raises as a full
+    card would); the line a result keeps."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    fraction = min(1.0, cap_gib * 2 ** 30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    return (f"device memory capped to {cap_gib:g} GiB of {total / 2 ** 30:.1f} GiB "
+            f"(torch.cuda.set_per_process_memory_fraction({fraction:.4f}))")
+
+
+def memory_room(cap_bytes: int | None) -> int | None:
+    """Bytes a rung may still allocate: the CUDA device's free memory plus what this process's
+    allocator holds unused, and no more than the cap leaves; without a GPU, the cap (an
+    emulated card) or ``None`` (no limit known)."""
+    if not has_gpu():
+        return cap_bytes
+    free, _ = torch.cuda.mem_get_info()
+    allocated = torch.cuda.memory_allocated()
+    room = free + torch.cuda.memory_reserved() - allocated
+    return room if cap_bytes is None else min(room, cap_bytes - allocated)

@@ -18,8 +18,10 @@ import torch
 
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
-from perfladder.hardware import peak_for
+from perfladder.hardware import peak_for, supports_bf16
 from perfladder.kernels.roofline import of_run
+from perfladder.ladder.fit import GIB, check_fit, memory_cap_gib
+from perfladder.ladder.support import Kernels, check_card
 from perfladder.measure.evidence import (
     Memory,
     ProfileSummary,
@@ -28,7 +30,15 @@ from perfladder.measure.evidence import (
 from perfladder.measure.timing import Stopwatch, measure_settled, phase
 from perfladder.results.record import LadderResult
 from perfladder.torch.compiler import fast_cpu_compiles
-from perfladder.torch.device import device_name, probe_roofs, versions
+from perfladder.torch.device import (
+    apply_memory_cap,
+    capability,
+    device_name,
+    memory_room,
+    probe_roofs,
+    triton_present,
+    versions,
+)
 from perfladder.torch.kernels import time_attention
 from perfladder.torch.model import GPT, checkpoint_block
 from perfladder.torch.parallel.worker import parallelize
@@ -63,9 +73,16 @@ class TorchLab:
         self.gpt_config = config.gpt(vocab_size=len(self.data.vocab))
         self.num_params = expected_num_params(self.gpt_config)
         self.device_name = device_name() if self.on_gpu else "cpu"
+        # what the checks before each rung read of the card (``admit``); a test emulates
+        # another card by setting them
+        self.capability = capability() if self.on_gpu else None
+        self.triton = triton_present()
+        self.memory_cap_gib = memory_cap_gib()
         peak = peak_for(self.device_name)
-        notes = [f"fp32 matmuls {'run as TF32' if self.on_gpu else 'stay fp32 on CPU'} "
+        notes = [f"fp32 matmuls {'run as TF32' if self.fp32_label() == 'tf32' else 'stay fp32'} "
                  "(torch.set_float32_matmul_precision('high'))", self._check_flops()]
+        if self.memory_cap_gib is not None and self.on_gpu:
+            notes.append(apply_memory_cap(self.memory_cap_gib))
         roofs = probe_roofs() if self.on_gpu and probe else None
         if roofs is None:
             notes.append("no measured device ceilings in this run "
@@ -74,7 +91,7 @@ class TorchLab:
             framework="torch", device=self.device_name, config=config.to_dict(),
             baseline=self.baseline, versions=versions(), command=command, roofs=roofs,
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
-            notes=notes)
+            notes=notes, memory_cap_gib=self.memory_cap_gib)
         self._allow_recompiles()
         self._seeds = itertools.count(config.seed)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
@@ -154,7 +171,38 @@ class TorchLab:
         return batches(self.data, batch_size, self.device, seed=next(self._seeds), split=split)
 
     def fp32_label(self) -> str:
-        return "tf32" if self.on_gpu else "fp32"
+        """'tf32' on a GPU with TF32 (compute capability 8.0 on), else 'fp32'."""
+        return "tf32" if self.on_gpu and supports_bf16(self.capability) else "fp32"
+
+    # -- what the card can run and hold ----------------------------------------------------
+    def admit(self, rung, given) -> None:
+        """The engine's check before a rung runs: ``NotSupported`` (bf16 on a card without bf16
+        tensor cores), ``NotApplicable`` (Triton kernels it cannot run), ``DoesNotFit`` (its
+        predicted memory, ``perfladder.ladder.fit``, over what there is)."""
+        recipe = given.recipe
+        check_card(self.device_name, self.capability, self.precision(recipe), self.kernels(recipe))
+        cap = None if self.memory_cap_gib is None else int(self.memory_cap_gib * GIB)
+        check_fit(rung.name, recipe.to_dict(), self.result.rungs, fixed_bytes=self.fixed_bytes,
+                  available_bytes=memory_room(cap), must_match=("bf16", "checkpoint"), cap_bytes=cap,
+                  base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None)
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Device bytes that do not grow with the batch: fp32 parameters, their gradients and
+        AdamW's two moments (the measured peak holds them too)."""
+        return 16 * self.num_params
+
+    def kernels(self, recipe: Recipe) -> list[Kernels]:
+        """What ``recipe``'s kernels need of a GPU: torch.compile's (inductor writes Triton on a
+        GPU: Triton's own floor, 7.0), our Triton kernels and max-autotune's Triton GEMMs (bf16:
+        8.0)."""
+        out = []
+        if recipe.compiled:
+            out.append(Kernels("torch.compile's GPU kernels", (7, 0), "triton", self.triton))
+        if recipe.fused or recipe.autotune:
+            what = ", ".join([*recipe.fused, *(["max-autotune GEMMs"] if recipe.autotune else [])])
+            out.append(Kernels(f"our Triton kernels ({what})", (8, 0), "triton", self.triton))
+        return out
 
     # -- measuring -----------------------------------------------------------------------------
     def reset_memory(self) -> None:
