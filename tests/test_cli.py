@@ -194,3 +194,33 @@ def test_compile_ahead_reaches_the_jax_ladder(tmp_path):
     got = json.loads(out.read_text())
     assert got["ahead"]["steps"] == 0 and got["ahead"]["workers"] == 0
     assert "compiled ahead: nothing (no compiled step expected)" in got["notes"]
+
+@pytest.mark.parametrize("bad", ["0", "-1", "lots"])
+def test_a_bad_memory_cap_is_one_line(bad, capsys):
+    assert main(["run", "torch", "--config", "smoke", "--memory-cap-gib", bad]) == 2
+    err = capsys.readouterr().err
+    assert f"--memory-cap-gib={bad!r} is not valid; valid: a number of GiB > 0" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_memory_cap_reaches_the_lab_and_the_file(monkeypatch, tmp_path):
+    """--memory-cap-gib is put where the lab reads it (and JAX's settings, and every process
+    the run starts), before the framework is imported; the file keeps what the lab recorded
+    (the labs' own tests: tests/torch/test_lab_fit.py, tests/jax/test_lab_fit.py)."""
+    import perfladder.torch as pt
+    from perfladder.ladder.fit import MEMORY_CAP_VARIABLE, memory_cap_gib
+    monkeypatch.setenv(MEMORY_CAP_VARIABLE, "99")     # restored after the test, whatever the CLI sets
+    seen = []
+
+    def run_ladder(cfg, **kw):
+        seen.append(memory_cap_gib())
+        res = make_result(config_name=cfg.name)
+        res.memory_cap_gib = seen[-1]
+        return res
+    monkeypatch.setattr(pt, "run_ladder", run_ladder)
+    out = tmp_path / "r.json"
+    assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet",
+                 "--memory-cap-gib", "12", "--out", str(out)]) == 0
+    assert seen == [12.0] and json.loads(out.read_text())["memory_cap_gib"] == 12.0
+    assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet"]) == 0
+    assert seen[-1] == 12.0                           # without the flag: the variable

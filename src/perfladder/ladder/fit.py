@@ -168,11 +168,10 @@ class Fit:
     def reason(self) -> str:
         """One line: the first clause what it needs and what there is (a page's short reason)."""
         n = self.needed
-        cap = f" (a {gib(self.cap_bytes)} cap)" if self.cap_bytes is not None else ""
+        cap = f" (capped at {gib(self.cap_bytes)})" if self.cap_bytes is not None else ""
         line = (f"does not fit: needs about {gib(n.bytes)} at batch {n.batch}, there is "
                 f"{gib(self.available_bytes)}{cap}"
-                + (f", so later rungs build on {self.builds_on}, the last configuration kept"
-                   if self.builds_on else "")
+                + (f", so later rungs build on {self.builds_on}" if self.builds_on else "")
                 + f"; predicted from {n.source()}")
         ck = self.checkpointed
         if ck is not None:

@@ -1,0 +1,113 @@
+"""JaxLab's check before each rung (``admit``) on emulated cards: the smoke ladder's planned
+memory against a cap set so that it stops at B6, the committed H200 run's against a 24 GiB
+card, bf16 and Pallas kernels against an older card's compute capability, the cap recorded in
+the results file, and JAX's preallocation off."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from _ladders import ROOT
+
+from perfladder.config import get_config
+from perfladder.jax import RUNGS
+from perfladder.jax.lab import JaxLab
+from perfladder.jax.recipe import Recipe
+from perfladder.ladder.fit import GIB, MEMORY_CAP_VARIABLE, predict
+from perfladder.ladder.rung import DoesNotFit, Given, NotApplicable, NotSupported
+from perfladder.results.record import LadderResult
+from perfladder.results.schema import validate
+
+H200_RUN = ROOT / "benchmarks" / "results" / "h200-book-stage-2026-12-04" / "jax.json"
+
+
+def replay(lab, run, cap_gib) -> dict:
+    """Each rung of ``run`` admitted (or not) as if the ladder had measured what ran before it,
+    on a card of ``cap_gib``: ``{name: DoesNotFit or None}``."""
+    lab.memory_cap_gib, out = cap_gib, {}
+    try:
+        for i, r in enumerate(run.rungs):
+            if not r.recipe or r.stage == "multi-gpu":
+                continue
+            lab.result.rungs = run.rungs[:i]
+            rung = RUNGS[r.name]
+            try:
+                lab.admit(rung, Given(rung=rung, recipe=Recipe.from_dict(r.recipe), base_name=r.builds_on))
+                out[r.name] = None
+            except DoesNotFit as e:
+                out[r.name] = e
+    finally:
+        lab.memory_cap_gib = None
+    return out
+
+
+def needed(lab, run, name) -> int:
+    """What ``name`` is predicted to need from the rungs before it (0: nothing to predict from)."""
+    i = [r.name for r in run.rungs].index(name)
+    r = run.rungs[i]
+    est = predict(name, r.recipe, run.rungs[:i], fixed_bytes=lab.fixed_bytes, held_bytes=lab.held_bytes,
+                  available_bytes=None, must_match=("dtype", "checkpoint"), base=r.builds_on).needed
+    return 0 if est is None else est.bytes
+
+
+def test_the_smoke_ladder_on_a_card_that_holds_b5_and_not_b6(jax_smoke_ladder):
+    """The smoke ladder's own planned memory (measured on this CPU), the cap set between what
+    the rungs before B6 need and what B6 needs: B6 is refused, and nothing before it."""
+    run = jax_smoke_ladder.result
+    lab = JaxLab(get_config("smoke"), probe=False)
+    names = [r.name for r in run.rungs if r.recipe and r.stage != "multi-gpu"]
+    before = names[:names.index("B6")]
+    most = max(needed(lab, run, n) for n in before)
+    b6 = needed(lab, run, "B6")
+    assert b6 > 1.2 * most            # the batch doubled twice: the smoke ladder's own numbers
+    cap = (most * 1.1 + b6 / 1.1) / 2 / GIB
+    got = replay(lab, run, cap)
+    assert [n for n in before if got[n] is not None] == []
+    assert isinstance(got["B6"], DoesNotFit)
+    assert got["B6"].details["fit"]["needed"]["basis"] == "B5"
+    assert "so later rungs build on B5" in got["B6"].reason
+
+
+@pytest.fixture(scope="module")
+def full_lab():
+    return JaxLab(get_config("full"), probe=False)
+
+
+def test_on_a_24_gib_card_the_h200_plan_stops_at_b6(full_lab):
+    run = LadderResult.read(H200_RUN)
+    got = replay(full_lab, run, 24)
+    assert all(got[n] is None for n in ("R1", "R2", "R3c", "R3", "R4", "B1", "B4", "B5"))
+    e = got["B6"]
+    assert e.details["fit"]["needed"]["basis"] == "B5"
+    planned = run.rung("B6").memory.bytes + full_lab.held_bytes
+    assert e.details["memory_needed_bytes"] == pytest.approx(planned, rel=0.02)
+    assert e.details["fit"]["checkpointed"]["basis"] == "R4" and e.details["fit"]["checkpointing_fits"]
+
+
+def test_a_card_without_bf16_or_with_old_kernels(full_lab):
+    lab, seed = full_lab, full_lab.seed_recipe()
+    lab.capability = (7, 0)                              # an emulated V100
+    try:
+        lab.admit(RUNGS["R1"], Given(rung=RUNGS["R1"], recipe=seed.replace(jit="nnx")))
+        with pytest.raises(NotSupported, match=r"compute capability 7\.0\): bf16 needs bf16 tensor cores"):
+            lab.admit(RUNGS["R2"], Given(rung=RUNGS["R2"], recipe=seed.replace(jit="nnx", dtype="bfloat16")))
+        with pytest.raises(NotApplicable, match=r"our Pallas kernels \(addnorm\) compile for compute "
+                                                r"capability 8\.0"):
+            lab.admit(RUNGS["B7"], Given(rung=RUNGS["B7"], recipe=seed.replace(jit="nnx", fused=("addnorm",))))
+        lab.capability = (8, 6)
+        lab.admit(RUNGS["B7"], Given(rung=RUNGS["B7"],
+                                     recipe=seed.replace(jit="nnx", dtype="bfloat16", fused=("addnorm",))))
+    finally:
+        lab.capability = None
+
+
+def test_the_cap_is_recorded_and_jax_does_not_preallocate(monkeypatch):
+    assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") is not None   # set at import, or the user's
+    monkeypatch.setenv(MEMORY_CAP_VARIABLE, "12")
+    capped = JaxLab(get_config("smoke"), probe=False)
+    assert capped.memory_cap_gib == 12.0
+    assert any("XLA_PYTHON_CLIENT_PREALLOCATE" in n for n in capped.result.notes)
+    data = json.loads(json.dumps(capped.result.to_dict()))
+    validate(data)
+    assert LadderResult.from_dict(data).memory_cap_gib == 12.0

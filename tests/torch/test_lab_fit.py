@@ -1,0 +1,135 @@
+"""TorchLab's check before each rung (``admit``) on emulated cards: the memory of the committed
+H200 run's measured peaks against a smaller card's (a cap), bf16 and Triton kernels against
+an older card's compute capability, and the cap recorded in the results file."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from _ladders import ROOT
+
+from perfladder.config import get_config
+from perfladder.ladder.fit import MEMORY_CAP_VARIABLE
+from perfladder.ladder.rung import DoesNotFit, Given, NotApplicable, NotSupported
+from perfladder.results.record import LadderResult
+from perfladder.results.schema import validate
+from perfladder.torch import RUNGS
+from perfladder.torch.lab import TorchLab
+from perfladder.torch.recipe import Recipe
+
+H200_RUN = ROOT / "benchmarks" / "results" / "h200-book-stage-2026-12-04" / "torch.json"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    return TorchLab(get_config("full"), device="cpu", probe=False)
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return LadderResult.read(H200_RUN)
+
+
+def replay(lab, run, cap_gib):
+    """Each rung of ``run`` admitted (or not) as if the ladder had measured what ran before it,
+    on a card of ``cap_gib``: ``{name: exception or None}``."""
+    lab.memory_cap_gib, out = cap_gib, {}
+    for i, r in enumerate(run.rungs):
+        if not r.recipe or r.stage == "multi-gpu":
+            continue
+        lab.result.rungs = run.rungs[:i]
+        rung = RUNGS[r.name]
+        try:
+            lab.admit(rung, Given(rung=rung, recipe=Recipe.from_dict(r.recipe), base_name=r.builds_on))
+            out[r.name] = None
+        except DoesNotFit as e:
+            out[r.name] = e
+    lab.memory_cap_gib = None
+    return out
+
+
+def test_on_a_24_gib_card_the_measured_peaks_stop_the_ladder_at_b6(lab, h200):
+    got = replay(lab, h200, 24)
+    assert all(got[n] is None for n in ("R0", "R1", "R2", "R3c", "R3", "R4", "B1", "B4", "B5"))
+    e = got["B6"]
+    assert isinstance(e, DoesNotFit) and e.outcome == "does_not_fit"
+    # predicted from B5 (batch 1024) within 2% of what B6 measured on the H200
+    assert e.details["fit"]["needed"]["basis"] == "B5"
+    assert e.details["memory_needed_bytes"] == pytest.approx(h200.rung("B6").memory.bytes, rel=0.02)
+    assert e.details["memory_available_bytes"] == 24 * 2 ** 30
+    # with checkpointing, as R4, the same batch would fit: the chapter's reason for R4
+    assert e.details["fit"]["checkpointed"]["basis"] == "R4" and e.details["fit"]["checkpointing_fits"]
+    assert e.reason.startswith("does not fit: needs about 31.9 GiB at batch 2048, there is 24.0 GiB")
+    assert "so later rungs build on B5" in e.reason
+
+
+def test_on_a_16_gib_card_b5_does_not_fit(lab, h200):
+    got = replay(lab, h200, 16)
+    assert got["R3c"] is None and got["B4"] is None
+    assert isinstance(got["B5"], DoesNotFit)
+
+
+def test_fixed_bytes_are_the_state_that_does_not_grow_with_the_batch(lab):
+    assert lab.fixed_bytes == 16 * lab.num_params        # fp32 weights, grads, two AdamW moments
+
+
+def test_a_card_without_bf16_does_not_run_bf16_rungs(lab):
+    lab.capability = (7, 5)                              # an emulated T4
+    try:
+        seed = lab.seed_recipe()
+        lab.admit(RUNGS["R1"], Given(rung=RUNGS["R1"], recipe=seed.replace(compiled=True)))
+        with pytest.raises(NotSupported, match=r"compute capability 7\.5\): bf16 needs bf16 tensor cores"):
+            lab.admit(RUNGS["R2"], Given(rung=RUNGS["R2"], recipe=seed.replace(compiled=True, bf16=True)))
+    finally:
+        lab.capability = None
+
+
+def test_triton_kernels_need_triton_and_the_capability_they_compile_for(lab):
+    fused = lab.seed_recipe().replace(compiled=True, bf16=True, fused=("rope",))
+    triton = lab.triton
+    lab.capability, lab.triton = (9, 0), False           # an H100 without Triton installed
+    try:
+        with pytest.raises(NotApplicable, match=r"torch.compile's GPU kernels need triton, which is "
+                                                r"not installed"):
+            lab.admit(RUNGS["B8"], Given(rung=RUNGS["B8"], recipe=fused))
+        lab.capability, lab.triton = (7, 5), True        # a T4: our kernels are written for 8.0
+        with pytest.raises(NotApplicable, match=r"our Triton kernels \(rope\) compile for compute "
+                                                r"capability 8\.0"):
+            lab.admit(RUNGS["B8"], Given(rung=RUNGS["B8"], recipe=fused.replace(bf16=False)))
+        lab.capability = (6, 1)                          # a Pascal card: no torch.compile at all
+        with pytest.raises(NotApplicable, match=r"torch.compile's GPU kernels compile for compute "
+                                                r"capability 7\.0"):
+            lab.admit(RUNGS["R1"], Given(rung=RUNGS["R1"], recipe=lab.seed_recipe().replace(compiled=True)))
+        lab.capability = (9, 0)
+        lab.admit(RUNGS["B8"], Given(rung=RUNGS["B8"], recipe=fused))
+    finally:
+        lab.capability, lab.triton = None, triton
+
+
+def test_the_cap_is_recorded_in_the_results_file(monkeypatch):
+    monkeypatch.setenv(MEMORY_CAP_VARIABLE, "12")
+    capped = TorchLab(get_config("smoke"), device="cpu", probe=False)
+    assert capped.memory_cap_gib == 12.0
+    data = json.loads(json.dumps(capped.result.to_dict()))
+    validate(data)
+    assert data["memory_cap_gib"] == 12.0
+    assert LadderResult.from_dict(data).memory_cap_gib == 12.0
+    monkeypatch.setenv(MEMORY_CAP_VARIABLE, "twelve")
+    with pytest.raises(ValueError, match=r"PERFLADDER_MEMORY_CAP_GIB='twelve' is not valid"):
+        TorchLab(get_config("smoke"), device="cpu", probe=False)
+
+
+def test_a_cuda_graphed_peak_is_never_a_basis(lab, h200):
+    """B3's measured peak leaves out the CUDA graphs' pool: a rung on B3's configuration is
+    predicted from a configuration without graphs, not from B3's 0.35 GiB."""
+    i = [r.name for r in h200.rungs].index("B3")
+    b3 = h200.rungs[i]
+    assert b3.memory.bytes < 0.1 * h200.rung("B1").memory.bytes       # what the H200 recorded
+    bigger = Recipe.from_dict(b3.recipe).replace(batch_size=2048)
+    lab.result.rungs, lab.memory_cap_gib = h200.rungs[:i + 1], 24
+    try:
+        with pytest.raises(DoesNotFit) as e:
+            lab.admit(RUNGS["B6"], Given(rung=RUNGS["B6"], recipe=bigger, base_name="B3"))
+    finally:
+        lab.memory_cap_gib = None
+    assert e.value.details["fit"]["needed"]["basis"] != "B3"
