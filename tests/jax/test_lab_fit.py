@@ -5,7 +5,6 @@ the results file, and JAX's preallocation off."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from _ladders import ROOT
@@ -94,7 +93,8 @@ def test_a_card_without_bf16_or_with_old_kernels(full_lab):
             lab.admit(RUNGS["R2"], Given(rung=RUNGS["R2"], recipe=seed.replace(jit="nnx", dtype="bfloat16")))
         with pytest.raises(NotApplicable, match=r"our Pallas kernels \(addnorm\) compile for compute "
                                                 r"capability 8\.0"):
-            lab.admit(RUNGS["B7"], Given(rung=RUNGS["B7"], recipe=seed.replace(jit="nnx", fused=("addnorm",))))
+            lab.admit(RUNGS["B7"], Given(rung=RUNGS["B7"],
+                                         recipe=seed.replace(jit="nnx", fused=("addnorm",))))
         lab.capability = (8, 6)
         lab.admit(RUNGS["B7"], Given(rung=RUNGS["B7"],
                                      recipe=seed.replace(jit="nnx", dtype="bfloat16", fused=("addnorm",))))
@@ -102,8 +102,7 @@ def test_a_card_without_bf16_or_with_old_kernels(full_lab):
         lab.capability = None
 
 
-def test_the_cap_is_recorded_and_jax_does_not_preallocate(monkeypatch):
-    assert os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE") is not None   # set at import, or the user's
+def test_the_cap_is_recorded_in_the_results_file(monkeypatch):
     monkeypatch.setenv(MEMORY_CAP_VARIABLE, "12")
     capped = JaxLab(get_config("smoke"), probe=False)
     assert capped.memory_cap_gib == 12.0
@@ -111,3 +110,37 @@ def test_the_cap_is_recorded_and_jax_does_not_preallocate(monkeypatch):
     data = json.loads(json.dumps(capped.result.to_dict()))
     validate(data)
     assert LadderResult.from_dict(data).memory_cap_gib == 12.0
+
+
+@pytest.fixture
+def settings(monkeypatch):
+    """``memory_settings`` on an environment of the test's own, before JAX's backend starts,
+    on an emulated 48 GiB card."""
+    from perfladder.jax import device
+    monkeypatch.setattr(device, "_SET_HERE", set())
+    monkeypatch.setattr(device, "backend_started", lambda: False)
+    monkeypatch.setattr(device, "gpu_total_bytes", lambda env=None: 48 * GIB)
+    return device
+
+
+def test_jax_does_not_preallocate_unless_the_user_says_so(settings):
+    env = {}
+    lines = settings.memory_settings(env)
+    assert env == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} and lines == ["XLA_PYTHON_CLIENT_PREALLOCATE=false"]
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+    settings.memory_settings(env)
+    assert env == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+
+
+def test_the_cap_becomes_jax_allocator_fraction(settings, monkeypatch):
+    env = {MEMORY_CAP_VARIABLE: "12"}
+    lines = settings.memory_settings(env)
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.2500"          # 12 of 48 GiB
+    assert "device memory capped to 12 GiB of 48.0 GiB" in lines[-1]
+    env = {MEMORY_CAP_VARIABLE: "12", "XLA_CLIENT_MEM_FRACTION": "0.5"}   # the user's wins
+    settings.memory_settings(env)
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in env
+    monkeypatch.setattr(settings, "backend_started", lambda: True)      # too late: said, not hidden
+    env = {MEMORY_CAP_VARIABLE: "12"}
+    lines = settings.memory_settings(env)
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in env and "not set in JAX's allocator" in lines[-1]

@@ -159,8 +159,9 @@ def memory_settings(environ=None) -> list[str]:
     if PREALLOCATE not in env and not started:
         env[PREALLOCATE] = "false"
         _SET_HERE.add(PREALLOCATE)
+    theirs = PREALLOCATE in env and PREALLOCATE not in _SET_HERE
     lines.append(f"{PREALLOCATE}={env.get(PREALLOCATE, '(unset: JAX preallocates 75% of the card)')}"
-                 + ("" if PREALLOCATE in _SET_HERE or PREALLOCATE not in env else " (the user's)"))
+                 + (" (set before perfladder.jax)" if theirs else ""))
     cap = memory_cap_gib(env)
     user = [v for v in FRACTIONS if v in env]
     if user and set(user) <= _SET_HERE:
@@ -182,7 +183,7 @@ def memory_settings(environ=None) -> list[str]:
             lines.append(f"device memory capped to {cap:g} GiB of {total / 2 ** 30:.1f} GiB "
                          f"({FRACTION}={env[FRACTION]})")
     elif user:
-        lines.append(", ".join(f"{v}={env[v]}" for v in user) + " (the user's)")
+        lines.append(", ".join(f"{v}={env[v]}" for v in user) + " (set before perfladder.jax)")
     return lines
 
 
