@@ -133,3 +133,15 @@ def test_a_cuda_graphed_peak_is_never_a_basis(lab, h200):
     finally:
         lab.memory_cap_gib = None
     assert e.value.details["fit"]["needed"]["basis"] != "B3"
+
+
+def test_multi_gpu_rungs_are_not_held_to_this_process_memory(lab, h200):
+    """R5's ranks each hold their share on their own GPU, in their own processes."""
+    fastest = Recipe.from_dict(h200.rung("B14").recipe)
+    lab.result.rungs, lab.memory_cap_gib = list(h200.rungs), 1
+    try:
+        lab.admit(RUNGS["R5x"], Given(rung=RUNGS["R5x"], recipe=fastest, base_name="B14"))
+        with pytest.raises(DoesNotFit):
+            lab.admit(RUNGS["B14"], Given(rung=RUNGS["B14"], recipe=fastest, base_name="B12"))
+    finally:
+        lab.memory_cap_gib = None

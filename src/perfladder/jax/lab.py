@@ -278,6 +278,8 @@ class JaxLab:
         (its predicted memory, ``perfladder.ladder.fit``, over what there is)."""
         recipe = given.recipe
         check_card(self.device_name, self.capability, self.precision(recipe), self.kernels(recipe))
+        if rung.stage == "multi-gpu":      # its ranks hold their share of the batch, each on its own GPU
+            return
         cap = None if self.memory_cap_gib is None else int(self.memory_cap_gib * GIB)
         check_fit(rung.name, recipe.to_dict(), self.result.rungs, fixed_bytes=self.fixed_bytes,
                   held_bytes=self.held_bytes, available_bytes=memory_room(cap),

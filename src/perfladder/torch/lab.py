@@ -181,6 +181,8 @@ class TorchLab:
         predicted memory, ``perfladder.ladder.fit``, over what there is)."""
         recipe = given.recipe
         check_card(self.device_name, self.capability, self.precision(recipe), self.kernels(recipe))
+        if rung.stage == "multi-gpu":      # its ranks hold their share of the batch, each on its own GPU
+            return
         cap = None if self.memory_cap_gib is None else int(self.memory_cap_gib * GIB)
         # a CUDA-graphed step's peak leaves out the graphs' private pool, which holds its
         # activations (B3 measured 0.35 GiB on the H200 where B1 measured 8.2): never a basis
