@@ -144,3 +144,28 @@ def test_the_cap_becomes_jax_allocator_fraction(settings, monkeypatch):
     env = {MEMORY_CAP_VARIABLE: "12"}
     lines = settings.memory_settings(env)
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in env and "not set in JAX's allocator" in lines[-1]
+
+
+def before(run: LadderResult, name: str) -> LadderResult:
+    """``run`` as it stood when rung ``name`` was about to start (a file to --resume)."""
+    d = run.to_dict()
+    names = [r["name"] for r in d["rungs"]]
+    d["rungs"] = d["rungs"][:names.index(name)]
+    return LadderResult.from_dict(d)
+
+
+def test_through_the_engine_b6_is_recorded_and_b5_stays_the_base(jax_smoke_ladder):
+    """The real engine on the real lab, continuing the smoke ladder at B6 on a card that holds
+    B5 and not B6: B6 is refused before it compiles anything, and the chain stays on B5."""
+    from perfladder.ladder.engine import LadderRun
+    from perfladder.pages.cards import result_line
+    run = jax_smoke_ladder.result
+    lab = JaxLab(get_config("smoke"), probe=False)
+    b5, b6 = needed(lab, run, "B5"), needed(lab, run, "B6")
+    lab.memory_cap_gib = (b5 * 1.1 + b6 / 1.1) / 2 / GIB
+    ladder = LadderRun(lab, RUNGS, resume=before(run, "B6"))
+    got = ladder.run("B6")
+    assert (got.outcome, got.kind, got.measured, got.kept) == ("does_not_fit", "skipped", False, False)
+    assert got.builds_on == "B5" and ladder.chain.fastest[0] == "B5"
+    assert got.details["memory_needed_bytes"] == b6
+    assert "so later rungs build on B5" in result_line(lab.result, got)

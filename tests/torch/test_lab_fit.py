@@ -145,3 +145,27 @@ def test_multi_gpu_rungs_are_not_held_to_this_process_memory(lab, h200):
             lab.admit(RUNGS["B14"], Given(rung=RUNGS["B14"], recipe=fastest, base_name="B12"))
     finally:
         lab.memory_cap_gib = None
+
+
+def before(run: LadderResult, name: str) -> LadderResult:
+    """``run`` as it stood when rung ``name`` was about to start (a file to --resume)."""
+    d = run.to_dict()
+    names = [r["name"] for r in d["rungs"]]
+    d["rungs"] = d["rungs"][:names.index(name)]
+    return LadderResult.from_dict(d)
+
+
+def test_through_the_engine_b6_is_recorded_and_b5_stays_the_base(h200, monkeypatch):
+    """The real engine on the real lab, continuing the committed run at B6 on a 24 GiB card:
+    B6 is refused before it builds anything, its record says why in one line, and the chain
+    still builds on B5."""
+    from perfladder.ladder.engine import LadderRun
+    from perfladder.pages.cards import result_line
+    monkeypatch.setenv(MEMORY_CAP_VARIABLE, "24")
+    lab = TorchLab(get_config("full"), device="cpu", probe=False)
+    run = LadderRun(lab, RUNGS, resume=before(h200, "B6"))
+    b6 = run.run("B6")
+    assert (b6.outcome, b6.kind, b6.measured, b6.kept) == ("does_not_fit", "skipped", False, False)
+    assert b6.builds_on == "B5" and run.chain.fastest[0] == "B5"
+    assert b6.details["memory_available_bytes"] == 24 * 2 ** 30 and "traceback" not in b6.details
+    assert "does not fit: needs about 31.9 GiB at batch 2048" in result_line(lab.result, b6)
