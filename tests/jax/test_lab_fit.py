@@ -5,6 +5,10 @@ the results file, and JAX's preallocation off."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 from _ladders import ROOT
@@ -169,3 +173,23 @@ def test_through_the_engine_b6_is_recorded_and_b5_stays_the_base(jax_smoke_ladde
     assert got.builds_on == "B5" and ladder.chain.fastest[0] == "B5"
     assert got.details["memory_needed_bytes"] == b6
     assert "so later rungs build on B5" in result_line(lab.result, got)
+
+
+# -- on a GPU ---------------------------------------------------------------------------------
+CAPPED = """
+import perfladder.jax, jax
+print(jax.devices()[0].memory_stats()["bytes_limit"])
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="JAX's GPU allocator needs a GPU")
+def test_the_cap_holds_jax_allocator():
+    """A fresh process (XLA reads its settings once): the cap becomes the allocator's limit."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_CLIENT_MEM_FRACTION",
+                                                             "XLA_PYTHON_CLIENT_MEM_FRACTION")}
+    env[MEMORY_CAP_VARIABLE] = "2"
+    out = subprocess.run([sys.executable, "-c", CAPPED], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert 1.8 * GIB <= int(out.stdout.split()[-1]) <= 2.05 * GIB

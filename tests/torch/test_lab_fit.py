@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from _ladders import ROOT
 
 from perfladder.config import get_config
@@ -14,6 +15,7 @@ from perfladder.ladder.rung import DoesNotFit, Given, NotApplicable, NotSupporte
 from perfladder.results.record import LadderResult
 from perfladder.results.schema import validate
 from perfladder.torch import RUNGS
+from perfladder.torch.device import memory_room
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.recipe import Recipe
 
@@ -169,3 +171,20 @@ def test_through_the_engine_b6_is_recorded_and_b5_stays_the_base(h200, monkeypat
     assert b6.builds_on == "B5" and run.chain.fastest[0] == "B5"
     assert b6.details["memory_available_bytes"] == 24 * 2 ** 30 and "traceback" not in b6.details
     assert "does not fit: needs about 31.9 GiB at batch 2048" in result_line(lab.result, b6)
+
+
+# -- on a GPU ---------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA allocator needs a CUDA GPU")
+def test_the_cap_holds_the_cuda_allocator(monkeypatch):
+    monkeypatch.setenv(MEMORY_CAP_VARIABLE, "2")
+    lab = TorchLab(get_config("smoke"), probe=False)
+    try:
+        assert any("capped to 2 GiB" in n for n in lab.result.notes)
+        assert memory_room(2 * 2 ** 30) <= 2 * 2 ** 30
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(3 * 2 ** 30, dtype=torch.uint8, device="cuda")
+        torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")           # under the cap: fine
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        torch.cuda.empty_cache()

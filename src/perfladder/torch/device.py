@@ -99,12 +99,9 @@ def apply_memory_cap(cap_gib: float) -> str:
             f"(torch.cuda.set_per_process_memory_fraction({fraction:.4f}))")
 
 
-def memory_room(cap_bytes: int | None) -> int | None:
-    """Bytes a rung may still allocate: the CUDA device's free memory plus what this process's
-    allocator holds unused, and no more than the cap leaves; without a GPU, the cap (an
-    emulated card) or ``None`` (no limit known)."""
-    if not has_gpu():
-        return cap_bytes
+def memory_room(cap_bytes: int | None) -> int:
+    """Bytes a rung may still allocate on the CUDA device: its free memory plus what this
+    process's allocator holds unused, and no more than the cap leaves."""
     free, _ = torch.cuda.mem_get_info()
     allocated = torch.cuda.memory_allocated()
     room = free + torch.cuda.memory_reserved() - allocated

@@ -188,7 +188,8 @@ class TorchLab:
         # activations (B3 measured 0.35 GiB on the H200 where B1 measured 8.2): never a basis
         measured = [r for r in self.result.rungs if not r.recipe.get("cudagraphs")]
         check_fit(rung.name, recipe.to_dict(), measured, fixed_bytes=self.fixed_bytes,
-                  available_bytes=memory_room(cap), must_match=("bf16", "checkpoint"), cap_bytes=cap,
+                  available_bytes=memory_room(cap) if self.on_gpu else cap,
+                  must_match=("bf16", "checkpoint"), cap_bytes=cap,
                   base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None)
 
     @property
