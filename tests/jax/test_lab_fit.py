@@ -88,6 +88,23 @@ def test_on_a_24_gib_card_the_h200_plan_stops_at_b6(full_lab):
     assert e.details["fit"]["checkpointed"]["basis"] == "R4" and e.details["fit"]["checkpointing_fits"]
 
 
+def test_a_rung_that_fits_says_its_prediction_beside_its_plan(full_lab):
+    """B5 admitted on a 24 GiB card: its memory record says what was predicted before it ran
+    (from B4, the rung it builds on), beside the compiler's plan."""
+    from perfladder.jax.lab import Plan
+    run = LadderResult.read(H200_RUN)
+    i = [r.name for r in run.rungs].index("B5")
+    full_lab.result.rungs, full_lab.memory_cap_gib = run.rungs[:i], 24
+    try:
+        full_lab.admit(RUNGS["B5"], Given(rung=RUNGS["B5"], recipe=Recipe.from_dict(run.rungs[i].recipe),
+                                          base_name="B4"))
+    finally:
+        full_lab.memory_cap_gib = None
+    mem = full_lab.planned(Plan(traced_flops=1, temp_bytes=run.rung("B5").memory.bytes, text=""))
+    assert "predicted before it ran: about 15.9 GiB, from B4 at batch 512" in mem.note
+    assert mem.bytes == run.rung("B5").memory.bytes and mem.kind == "planned temporaries"
+
+
 def test_a_card_without_bf16_or_with_old_kernels(full_lab):
     lab, seed = full_lab, full_lab.seed_recipe()
     lab.capability = (7, 0)                              # an emulated V100

@@ -63,6 +63,16 @@ def test_on_a_24_gib_card_the_measured_peaks_stop_the_ladder_at_b6(lab, h200):
     assert e.details["fit"]["checkpointed"]["basis"] == "R4" and e.details["fit"]["checkpointing_fits"]
     assert e.reason.startswith("does not fit: needs about 31.9 GiB at batch 2048, there is 24.0 GiB")
     assert "so later rungs build on B5" in e.reason
+    # B5 fit: what was predicted for it, kept for its memory record (``measure``), within 2%
+    lab.memory_cap_gib = 24
+    i = [r.name for r in h200.rungs].index("B5")
+    lab.result.rungs = h200.rungs[:i]
+    lab.admit(RUNGS["B5"], Given(rung=RUNGS["B5"], recipe=Recipe.from_dict(h200.rungs[i].recipe),
+                                 base_name="B4"))
+    lab.memory_cap_gib = None
+    assert lab.memory_prediction.basis.name == "B4"
+    assert lab.memory_prediction.bytes == pytest.approx(h200.rung("B5").memory.bytes, rel=0.02)
+    assert lab.memory_prediction.note().startswith("predicted before it ran: about 16.")
 
 
 def test_on_a_16_gib_card_b5_does_not_fit(lab, h200):

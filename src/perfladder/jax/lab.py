@@ -92,6 +92,7 @@ class JaxLab:
         # what the checks before each rung read of the card (``admit``); a test emulates
         # another card by setting it
         self.capability = capability()
+        self.memory_prediction = None      # the running rung's (``admit``), said beside its plan
         peak = peak_for(self.device_name)
         roofs, notes = None, [self._check_flops(), "JAX device memory: " + "; ".join(memory)]
         if not self.on_gpu:
@@ -277,14 +278,16 @@ class JaxLab:
         tensor cores), ``NotApplicable`` (Pallas or cuDNN kernels it cannot run), ``DoesNotFit``
         (its predicted memory, ``perfladder.ladder.fit``, over what there is)."""
         recipe = given.recipe
+        self.memory_prediction = None
         check_card(self.device_name, self.capability, self.precision(recipe), self.kernels(recipe))
         if rung.stage == "multi-gpu":      # its ranks hold their share of the batch, each on its own GPU
             return
         cap = None if self.memory_cap_gib is None else int(self.memory_cap_gib * GIB)
-        check_fit(rung.name, recipe.to_dict(), self.result.rungs, fixed_bytes=self.fixed_bytes,
-                  held_bytes=self.held_bytes, available_bytes=memory_room(cap),
-                  must_match=("dtype", "checkpoint"), cap_bytes=cap,
-                  base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None)
+        self.memory_prediction = check_fit(
+            rung.name, recipe.to_dict(), self.result.rungs, fixed_bytes=self.fixed_bytes,
+            held_bytes=self.held_bytes, available_bytes=memory_room(cap),
+            must_match=("dtype", "checkpoint"), cap_bytes=cap,
+            base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None).needed
 
     @property
     def held_bytes(self) -> int:
@@ -321,11 +324,13 @@ class JaxLab:
         g = self.gpt_config
         return flops_per_token(expected_num_params(g), g.num_blks, seq_len, g.num_hiddens)
 
-    @staticmethod
-    def planned(plan: Plan | None) -> Memory:
+    def planned(self, plan: Plan | None) -> Memory:
         if plan is None:
             return Memory(bytes=None, kind="n/a", note="an un-jitted step has no compiled plan")
-        return Memory(bytes=plan.temp_bytes, kind="planned temporaries", note=PLAN_NOTE)
+        note = PLAN_NOTE
+        if self.memory_prediction is not None:     # with the state it holds beside them
+            note += f"; {self.memory_prediction.note()}, {self.held_bytes / 2**30:.2f} GiB of state included"
+        return Memory(bytes=plan.temp_bytes, kind="planned temporaries", note=note)
 
     def __repr__(self) -> str:
         return f"JaxLab({self.config.name}, {self.device_name}, ran={[r.name for r in self.result.rungs]})"

@@ -109,6 +109,10 @@ class Estimate:
                 "basis_bytes": self.basis.bytes, "basis_batch": self.basis.batch,
                 "fixed_bytes": self.fixed_bytes, "per_sequence_bytes": round(self.per_sequence_bytes)}
 
+    def note(self) -> str:
+        """What a measured rung's memory record says of its prediction."""
+        return f"predicted before it ran: about {gib(self.bytes)}, from {self.basis.name} at batch {self.basis.batch}"
+
     def source(self) -> str:
         return (f"{self.basis.name}'s {gib(self.basis.bytes)} at batch {self.basis.batch}: "
                 f"{gib(self.fixed_bytes)} that does not grow with the batch and "

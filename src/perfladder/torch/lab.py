@@ -78,6 +78,7 @@ class TorchLab:
         self.capability = capability() if self.on_gpu else None
         self.triton = triton_present()
         self.memory_cap_gib = memory_cap_gib()
+        self.memory_prediction = None      # the running rung's (``admit``), said beside its peak
         peak = peak_for(self.device_name)
         notes = [f"fp32 matmuls {'run as TF32' if self.fp32_label() == 'tf32' else 'stay fp32'} "
                  "(torch.set_float32_matmul_precision('high'))", self._check_flops()]
@@ -180,6 +181,7 @@ class TorchLab:
         tensor cores), ``NotApplicable`` (Triton kernels it cannot run), ``DoesNotFit`` (its
         predicted memory, ``perfladder.ladder.fit``, over what there is)."""
         recipe = given.recipe
+        self.memory_prediction = None
         check_card(self.device_name, self.capability, self.precision(recipe), self.kernels(recipe))
         if rung.stage == "multi-gpu":      # its ranks hold their share of the batch, each on its own GPU
             return
@@ -187,10 +189,11 @@ class TorchLab:
         # a CUDA-graphed step's peak leaves out the graphs' private pool, which holds its
         # activations (B3 measured 0.35 GiB on the H200 where B1 measured 8.2): never a basis
         measured = [r for r in self.result.rungs if not r.recipe.get("cudagraphs")]
-        check_fit(rung.name, recipe.to_dict(), measured, fixed_bytes=self.fixed_bytes,
-                  available_bytes=memory_room(cap) if self.on_gpu else cap,
-                  must_match=("bf16", "checkpoint"), cap_bytes=cap,
-                  base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None)
+        self.memory_prediction = check_fit(
+            rung.name, recipe.to_dict(), measured, fixed_bytes=self.fixed_bytes,
+            available_bytes=memory_room(cap) if self.on_gpu else cap,
+            must_match=("bf16", "checkpoint"), cap_bytes=cap,
+            base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None).needed
 
     @property
     def fixed_bytes(self) -> int:
@@ -233,7 +236,8 @@ class TorchLab:
                               budget_s=c.timing_budget_s, window_s=c.window_s)
 
         t, again = measure_settled(once, budget_s=c.timing_budget_s)
-        mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak") if self.on_gpu
+        predicted = "" if self.memory_prediction is None else self.memory_prediction.note()
+        mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak", predicted) if self.on_gpu
                else Memory(None, "n/a", "no device memory on CPU"))
         return t, again, mem
 
