@@ -60,6 +60,17 @@ def test_versions_config_and_device_change_the_key(src):
     assert key(src, device="NVIDIA H200, 570.86") != base
 
 
+def test_a_memory_cap_changes_the_key(src, monkeypatch):
+    """Which rungs fit depends on the cap (perfladder.ladder.fit): a page built under another
+    cap is not reused. Without one the key is what it always was."""
+    monkeypatch.delenv("PERFLADDER_MEMORY_CAP_GIB", raising=False)
+    plain = bookcache.key_parts("full", "NVIDIA H200", src=src, versions=VERSIONS)
+    monkeypatch.setenv("PERFLADDER_MEMORY_CAP_GIB", "24")
+    capped = bookcache.key_parts("full", "NVIDIA H200", src=src, versions=VERSIONS)
+    assert "memory_cap_gib" not in plain and capped["memory_cap_gib"] == "24"
+    assert {k: v for k, v in capped.items() if k != "memory_cap_gib"} == plain
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="config"):
         bookcache.cache_key("", "cpu")
