@@ -254,3 +254,17 @@ def test_a_bad_cap_is_one_line_naming_it(bad):
         memory_cap_gib({MEMORY_CAP_VARIABLE: bad})
     with pytest.raises(ValueError, match="--memory-cap-gib"):
         check_cap_gib(True, "--memory-cap-gib")
+
+
+def test_out_of_memory_errors_are_told_apart_by_name():
+    from perfladder.ladder.fit import out_of_memory
+
+    class OutOfMemoryError(RuntimeError):          # torch.OutOfMemoryError's name and base
+        pass
+
+    class XlaRuntimeError(RuntimeError):
+        pass
+    assert out_of_memory(OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert out_of_memory(XlaRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate"))
+    assert not out_of_memory(XlaRuntimeError("INTERNAL: cuDNN error"))
+    assert not out_of_memory(RuntimeError("out of memory"))     # not a framework's error: not guessed

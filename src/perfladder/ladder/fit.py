@@ -216,3 +216,14 @@ def check_fit(name: str, recipe: dict, rungs: Iterable, **kw) -> Fit:
     if not fit.fits:
         raise DoesNotFit(fit.reason(), details=fit.details())
     return fit
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Is ``error`` a framework's out-of-memory error (what a rung the prediction let through,
+    or one with nothing to predict from, raises on a card too small for it)? PyTorch's
+    ``torch.OutOfMemoryError``; XLA's ``RESOURCE_EXHAUSTED`` (JAX raises it as an
+    ``XlaRuntimeError`` / ``JaxRuntimeError``). Read by name: this module imports neither."""
+    names = {c.__name__ for c in type(error).__mro__}
+    if "OutOfMemoryError" in names:
+        return True
+    return bool(names & {"XlaRuntimeError", "JaxRuntimeError"}) and "RESOURCE_EXHAUSTED" in str(error)
