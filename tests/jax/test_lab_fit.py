@@ -124,6 +124,8 @@ def test_a_card_without_bf16_or_with_old_kernels(full_lab):
 
 
 def test_the_cap_is_recorded_in_the_results_file(monkeypatch):
+    from perfladder.jax import device
+    monkeypatch.setattr(device, "backend_started", lambda: True)     # this process's XLA: as it is
     monkeypatch.setenv(MEMORY_CAP_VARIABLE, "12")
     capped = JaxLab(get_config("smoke"), probe=False)
     assert capped.memory_cap_gib == 12.0
