@@ -167,16 +167,18 @@ def before(run: LadderResult, name: str) -> LadderResult:
     return LadderResult.from_dict(d)
 
 
-def test_through_the_engine_b6_is_recorded_and_b5_stays_the_base(h200, monkeypatch):
+def test_through_the_engine_b6_is_recorded_and_b5_stays_the_base(lab, h200):
     """The real engine on the real lab, continuing the committed run at B6 on a 24 GiB card:
     B6 is refused before it builds anything, its record says why in one line, and the chain
     still builds on B5."""
     from perfladder.ladder.engine import LadderRun
     from perfladder.pages.cards import result_line
-    monkeypatch.setenv(MEMORY_CAP_VARIABLE, "24")
-    lab = TorchLab(get_config("full"), device="cpu", probe=False)
-    run = LadderRun(lab, RUNGS, resume=before(h200, "B6"))
-    b6 = run.run("B6")
+    lab.memory_cap_gib = 24
+    try:
+        run = LadderRun(lab, RUNGS, resume=before(h200, "B6"))
+        b6 = run.run("B6")
+    finally:
+        lab.memory_cap_gib = None
     assert (b6.outcome, b6.kind, b6.measured, b6.kept) == ("does_not_fit", "skipped", False, False)
     assert b6.builds_on == "B5" and run.chain.fastest[0] == "B5"
     assert b6.details["memory_available_bytes"] == 24 * 2 ** 30 and "traceback" not in b6.details
