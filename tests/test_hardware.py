@@ -81,6 +81,7 @@ CARDS = [
     ("NVIDIA H100 NVL", "NVIDIA H100 NVL", (9, 0)),
     ("NVIDIA H200", "NVIDIA H200", (9, 0)),
     ("NVIDIA GH200 480GB", "NVIDIA GH200", (9, 0)),
+    ("NVIDIA GH200 144G HBM3e", "NVIDIA GH200", (9, 0)),
     ("NVIDIA B200", "NVIDIA B200", (10, 0)),
 ]
 
@@ -98,6 +99,7 @@ def test_the_cards_readers_have(name, model, capability):
 
 
 def test_variants_of_one_card_differ_in_memory_not_compute():
+    assert peak_for("NVIDIA GH200 144G HBM3e").memory_gb > peak_for("NVIDIA GH200 480GB").memory_gb
     a40, a80, a80p = (peak_for(n) for n in ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB",
                                              "NVIDIA A100 80GB PCIe"))
     assert a40.bf16 == a80.bf16 == a80p.bf16
