@@ -236,9 +236,14 @@ class TorchLab:
                               budget_s=c.timing_budget_s, window_s=c.window_s)
 
         t, again = measure_settled(once, budget_s=c.timing_budget_s)
-        predicted = "" if self.memory_prediction is None else self.memory_prediction.note()
-        mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak", predicted) if self.on_gpu
-               else Memory(None, "n/a", "no device memory on CPU"))
+        if self.on_gpu:
+            # the allocator's reserve is what a cap (and a full card) refuses: said beside the peak
+            note = f"allocator's reserve at most {torch.cuda.max_memory_reserved() / 2**30:.2f} GiB"
+            if self.memory_prediction is not None:
+                note += f"; {self.memory_prediction.note()}"
+            mem = Memory(int(torch.cuda.max_memory_allocated()), "measured peak", note)
+        else:
+            mem = Memory(None, "n/a", "no device memory on CPU")
         return t, again, mem
 
     def profile(self, step, batch_size: int) -> ProfileSummary:
