@@ -37,7 +37,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from perfladder.faults import reraise_if_interrupt
+from perfladder.faults import environment_failure, reraise_if_interrupt
 from perfladder.hardware import achieved_tflops, mfu
 from perfladder.ladder.rung import (
     Evidence,
@@ -161,7 +161,8 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
                      prediction=e.prediction, loud=False, outcome=e.outcome)
     except Exception as e:     # the ladder goes on; the entry says what happened ...
         reraise_if_interrupt(e)    # ... unless the user stopped it: an interrupt is never a skip
-        res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc())
+        res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                     **environment_failure(e))
     finally:
         lab.free()
     # a rung that failed says where its time went up to the failure, as a measured one does

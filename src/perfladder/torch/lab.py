@@ -27,7 +27,7 @@ from perfladder.measure.evidence import (
 )
 from perfladder.measure.timing import Stopwatch, measure_settled, phase
 from perfladder.results.record import LadderResult
-from perfladder.torch.compiler import fast_cpu_compiles
+from perfladder.torch.compiler import fast_cpu_compiles, guard_compile_cache
 from perfladder.torch.device import device_name, probe_roofs, versions
 from perfladder.torch.kernels import time_attention
 from perfladder.torch.model import GPT, checkpoint_block
@@ -75,6 +75,7 @@ class TorchLab:
             baseline=self.baseline, versions=versions(), command=command, roofs=roofs,
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
             notes=notes)
+        guard_compile_cache(lambda line: self.result.notes.append(line))
         self._allow_recompiles()
         self._seeds = itertools.count(config.seed)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
