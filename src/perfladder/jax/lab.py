@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for
+from perfladder.jax.compiler import guard_compile_cache
 from perfladder.jax.device import device_name, has_gpu, versions
 from perfladder.jax.model import GPT
 from perfladder.jax.parallel.layout import place_state
@@ -97,6 +98,7 @@ class JaxLab:
             versions=versions(), command=command,
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
             roofs=roofs, notes=notes)
+        guard_compile_cache(lambda line: self.result.notes.append(line))
         self._streams: dict[int, Batches] = {}
         self.code = dict(LIBRARY_CODE)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references
