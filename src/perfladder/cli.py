@@ -14,7 +14,6 @@ import importlib
 import os
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -137,7 +136,8 @@ class Tracker:
 
 def check_environment() -> None:
     """What a run needs from the machine, named before any work: the packaged corpus, and a
-    compile cache folder that a variable points at."""
+    compile cache folder that a variable points at (one that exists but cannot be written is
+    the lab's to turn off for the run: ``perfladder.compile_cache``)."""
     from perfladder.data import CorpusError, read_corpus
     try:
         read_corpus()
@@ -150,8 +150,6 @@ def check_environment() -> None:
         folder = user_path(value, f"${var}")
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
         except OSError as e:
             raise CLIError(f"${var}={value!r} cannot be used as a cache folder ({e.strerror or e}); "
                            "point it at a writable folder or unset it") from None
