@@ -86,8 +86,9 @@ def test_the_machines_faults_are_told_from_the_codes(tmp_path, monkeypatch, make
     install([tmp_path / "full"], patch=monkeypatch.setattr)
     e = make(tmp_path)
     assert environment_cause(e) == cause
-    assert environment_failure(e) == ({} if cause is None else
-                                      {"outcome": "failed", "details": {"cause": cause}})
+    failure = environment_failure(e)
+    assert (failure.get("outcome"), failure.get("details", {}).get("cause")) == (
+        (None, None) if cause is None else ("failed", cause))
 
 
 # -- the CLI on a fake ladder whose R1 writes its kernel into a compile cache -------------------
@@ -129,6 +130,7 @@ def test_a_rung_the_disk_failed_is_recorded_failed_and_the_run_is_incomplete(
     result = LadderResult.read(out)
     r1 = result.rung("R1")
     assert (r1.outcome, r1.details["cause"], r1.measured, r1.final) == ("failed", "out_of_space", False, False)
+    assert r1.details["where"] == str(ladder) and str(ladder) in line
     assert [r.outcome for r in result.rungs] == ["measured", "failed", "measured"]
     assert (result.learning is not None) is learn
 

@@ -285,9 +285,11 @@ def finish_run(result: LadderResult, files: RunFiles, learning: str | None = Non
 
 def incomplete_words(failed, learning: str | None) -> str:
     """``'R1 failed for the machine (a compile cache entry could not be read), ...'``."""
-    parts = [f"{r.name} failed for the machine "
-             f"({ENVIRONMENT_CAUSES.get(r.details.get('cause'), r.details.get('cause') or 'see its error')})"
-             for r in failed]
+    def why(r):
+        cause = r.details.get("cause")
+        words = ENVIRONMENT_CAUSES.get(cause, cause or "see its error")
+        return f"{words}, in {r.details['where']}" if r.details.get("where") else words
+    parts = [f"{r.name} failed for the machine ({why(r)})" for r in failed]
     if learning:
         parts.append(f"the learning check could not run: {learning}")
     return ", ".join(parts)

@@ -222,14 +222,27 @@ def environment_cause(e: BaseException) -> str | None:
     return None
 
 
+def environment_where(e: BaseException) -> str | None:
+    """The folder the machine's failure ``e`` happened in: the compile cache folder it names,
+    else the file it names, else None."""
+    from perfladder.compile_cache import cache_folders
+    chain = list(_chain(e))
+    for folder in cache_folders():
+        if any(str(folder).lower() in f"{getattr(x, 'filename', '')} {_text(x)}".lower() for x in chain):
+            return str(folder)
+    named = [x.filename for x in chain if isinstance(x, OSError) and x.filename]
+    return os.fsdecode(named[0]) if named else None
+
+
 def environment_failure(e: BaseException) -> dict:
     """What the engine records for a rung that raised ``e``: ``outcome="failed"`` and the cause
-    in its details when the machine failed it (``--resume`` runs it again), else nothing (the
-    engine's own outcome for an error of the rung's code stands)."""
+    (and the folder, where known) in its details when the machine failed it (``--resume`` runs
+    it again), else nothing (the engine's own outcome for an error of the rung's code stands)."""
     cause = environment_cause(e)
     if cause is None:
         return {}
-    return {"outcome": "failed", "details": {"cause": cause}}
+    where = environment_where(e)
+    return {"outcome": "failed", "details": {"cause": cause, **({"where": where} if where else {})}}
 
 
 def say(text: str = "", end: str = "\n") -> None:

@@ -22,6 +22,7 @@ import atexit
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def guard_compile_cache(note=None) -> None:
     if why is not None:
         turn_off(folder, why)
     _retry_compiles()
+    if not getattr(sys.unraisablehook, "_perfladder", False):
+        sys.unraisablehook = _quiet_half_loaded(sys.unraisablehook)
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _UnreadableEntries) for f in logger.filters):
@@ -154,6 +157,18 @@ def _retry_compiles() -> None:
 
     __call__._perfladder_retry = True
     cls.__call__ = __call__
+
+
+def _quiet_half_loaded(hook):
+    """``hook`` less the traceback Python prints when a compiled graph that an unreadable
+    cache entry left half loaded is collected (its ``__del__`` looks for what loading never
+    set): the line that set the cache aside said it."""
+    def unraisable(u):
+        if isinstance(u.exc_value, AttributeError) and "compiled_fn_runner" in str(u.exc_value):
+            return
+        hook(u)
+    unraisable._perfladder = True
+    return unraisable
 
 
 class _UnreadableEntries(logging.Filter):
