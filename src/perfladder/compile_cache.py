@@ -12,7 +12,8 @@ framework's ``compiler`` module does with that, through this module:
   ``MIN_FREE_BYTES`` free): the cache is turned off for the run, in one line naming the folder
   and its free space;
 * each such line is said once per cause (``tell``), on stderr and in the run's notes
-  (``LadderResult.notes``: ``listen`` points it at the lab's result).
+  (``LadderResult.notes``: ``begin`` starts a run's, ``listen`` points them at the lab's
+  result once it exists).
 
 ``cache_folders()`` lists the folders watched, so ``perfladder.faults.environment_cause`` can
 tell an error in a cache file from one in the code.
@@ -35,6 +36,7 @@ SET_ASIDE = "unreadable"              # a set-aside folder is named NAME.unreada
 _watched: dict[str, Path] = {}        # what each framework's cache is in now
 _said: set = set()
 _note: Callable[[str], None] | None = None
+_pending: list[str] = []              # said before a run's notes existed
 
 
 def watch(owner: str, folder: str | os.PathLike) -> Path:
@@ -53,12 +55,23 @@ def cache_folders() -> list[Path]:
     return list(dict.fromkeys([*_watched.values(), *named]))
 
 
+def begin() -> None:
+    """A new run: each cause is said again, and recorded by the next ``listen``."""
+    global _note
+    _note = None
+    _said.clear()
+    _pending.clear()
+
+
 def listen(note: Callable[[str], None] | None) -> None:
-    """Where the lines ``tell`` says are also recorded (a lab's ``result.notes.append``); each
-    cause is said again for a new listener (a new run)."""
+    """Where the lines ``tell`` says are also recorded (a lab's ``result.notes.append``),
+    from now and since ``begin``."""
     global _note
     _note = note
-    _said.clear()
+    if note is not None:
+        for line in _pending:
+            note(line)
+        _pending.clear()
 
 
 def tell(line: str, key=None) -> bool:
@@ -71,6 +84,8 @@ def tell(line: str, key=None) -> bool:
     print(f"perfladder: {line}", file=sys.stderr, flush=True)
     if _note is not None:
         _note(line)
+    else:
+        _pending.append(line)
     return True
 
 

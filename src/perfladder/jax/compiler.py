@@ -105,10 +105,11 @@ def cache_folder() -> Path | None:
     return Path(folder).expanduser().absolute()
 
 
-def guard_compile_cache(note=None) -> None:
-    """Watch JAX's persistent cache for this process (see the module docstring); the lines
-    said go to ``note`` too (a lab's ``result.notes.append``)."""
-    compile_cache.listen(note)
+def guard_compile_cache() -> None:
+    """Watch JAX's persistent cache for this process (see the module docstring), before a
+    run's first compile; the lines said go to its notes once ``compile_cache.listen`` is
+    handed them."""
+    compile_cache.begin()
     _state.update(set_aside=False)
     folder = cache_folder()
     if folder is not None:

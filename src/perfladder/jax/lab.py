@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from perfladder import compile_cache
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for
@@ -74,6 +75,7 @@ class JaxLab:
             raise TypeError(f"config must be a perfladder.config.LadderConfig, got {type(config).__name__}")
         self.config = config
         cached = _compile_cache_on_gpu()
+        guard_compile_cache()
         self.data = TimeMachine(config.batch_size, config.num_steps, num_train=config.num_train,
                                 num_val=config.num_val)
         self.gpt_config = config.gpt(vocab_size=len(self.data.vocab))
@@ -98,7 +100,7 @@ class JaxLab:
             versions=versions(), command=command,
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
             roofs=roofs, notes=notes)
-        guard_compile_cache(lambda line: self.result.notes.append(line))
+        compile_cache.listen(lambda line: self.result.notes.append(line))
         self._streams: dict[int, Batches] = {}
         self.code = dict(LIBRARY_CODE)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references

@@ -62,6 +62,7 @@ def cache_folder() -> Path:
 def guard_compile_cache(note=None) -> None:
     """Watch inductor's compile cache for this process (see the module docstring); the lines
     said go to ``note`` too (a lab's ``result.notes.append``)."""
+    compile_cache.begin()
     compile_cache.listen(note)
     folder = compile_cache.watch("inductor", cache_folder())
     why = compile_cache.unwritable(folder)
