@@ -1,7 +1,8 @@
 """Inductor's compile cache as a fault source, made for real (``perfladder.torch.compiler``):
 a cache whose every file was cut short after a first run is set aside (moved, not deleted)
 and R1 measured; a full disk under it, with no other folder to turn to, fails R1 for the
-machine (``outcome="failed"``, its cause), and the run says it is incomplete. Each case runs
+machine (``outcome="failed"``, its cause), and the run says it is incomplete; so does a
+missing compiler. Each case runs
 the CLI in its own process, on the smallest ladder that compiles (R1 alone, no learning
 check): inductor's cache folder and its in-memory caches are per process."""
 from __future__ import annotations
@@ -23,11 +24,12 @@ SRC = str(TESTS.parent / "src")
 FULL_DISK = str(TESTS / "_full_disk.py")
 
 
-def cli(cache: Path, out: Path, *more: str, full: list[str] | None = None) -> subprocess.CompletedProcess:
+def cli(cache: Path, out: Path, *more: str, full: list[str] | None = None,
+        **variables: str) -> subprocess.CompletedProcess:
     """``perfladder run torch`` of R1 alone with inductor's cache in ``cache``; ``full``: folders
-    whose disk is full (``tests/_full_disk.py``)."""
+    whose disk is full (``tests/_full_disk.py``); ``variables``: more of its environment."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    env.update(PYTHONPATH=SRC, CUDA_VISIBLE_DEVICES="", TORCHINDUCTOR_CACHE_DIR=str(cache))
+    env.update(PYTHONPATH=SRC, CUDA_VISIBLE_DEVICES="", TORCHINDUCTOR_CACHE_DIR=str(cache), **variables)
     start = [sys.executable, "-m", "perfladder"]
     if full is not None:
         env.update(FULL_DISK=os.pathsep.join(full), FULL_DISK_AFTER="0")
@@ -87,6 +89,15 @@ def test_a_full_disk_fails_the_rung_for_the_machine_and_the_run_is_incomplete(no
     assert said(proc.stderr)[-1].startswith("perfladder: incomplete: R1 failed for the machine")
     assert "internal error" not in proc.stderr
     assert json.loads(out.read_text())["versions"]["perfladder"]
+
+
+def test_a_missing_compiler_fails_the_rung_for_the_machine(tmp_path):
+    out = tmp_path / "torch.json"
+    proc = cli(tmp_path / "inductor", out, CXX=str(tmp_path / "no-such-compiler" / "g++"))
+    assert proc.returncode == EXIT_INCOMPLETE, proc.stderr[-3000:]
+    r1 = LadderResult.read(out).rung("R1")
+    assert (r1.outcome, r1.details["cause"]) == ("failed", "missing_compiler")
+    assert "internal error" not in proc.stderr
 
 
 @pytest.mark.xfail(strict=True, reason="--resume retries failed rungs: issue 45 item 3 (branch rerun)")
