@@ -24,8 +24,8 @@ import datetime as _dt
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # A folder with less room than this cannot hold a ladder's compiled kernels (a smoke ladder's
 # inductor cache is a few MiB; the full config's, with autotuning, tens).

@@ -102,7 +102,7 @@ def test_a_missing_compiler_fails_the_rung_for_the_machine(tmp_path):
 
 @pytest.mark.xfail(strict=True, reason="--resume retries failed rungs: issue 45 item 3 (branch rerun)")
 def test_resume_after_the_disk_is_freed_measures_the_rung(no_room):
-    proc, out, cache = no_room
+    _, out, cache = no_room
     again = cli(cache, out, "--resume", str(out))
     assert again.returncode == 0, again.stderr[-3000:]
     assert LadderResult.read(out).rung("R1").outcome == "measured"

@@ -34,7 +34,7 @@ SMOKE_CACHE_DIR = Path(tempfile.gettempdir()) / "perfladder-jax-smoke-cache"
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 OWNER = "JAX's persistent compilation cache"
 _CACHE_WARNING = re.compile(r"Error (?P<kind>reading|writing) persistent compilation cache entry "
-                            r"for '[^']*': (?P<type>\w+): (?P<why>.*)", re.S)
+                            r"for '[^']*': (?P<type>\w+): (?P<why>.*)", re.DOTALL)
 
 
 def backend_started() -> bool:

@@ -129,7 +129,8 @@ def version_advice(data: dict, version: int) -> str:
     if version > SCHEMA_VERSION:
         by = (f"perfladder {writer}, newer than this one ({__version__})" if writer
               else f"a perfladder newer than this one ({__version__})")
-        return f"it was written by {by}; upgrade perfladder{f' (to {writer} or later)' if writer else ''} to read it"
+        to = f" (to {writer} or later)" if writer else ""
+        return f"it was written by {by}; upgrade perfladder{to} to read it"
     by = (f"perfladder {writer}, older than this one ({__version__}) reads" if writer
           else f"a perfladder older than this one ({__version__}) reads")
     with_it = f"perfladder {writer}" if writer else "the perfladder that wrote it"
