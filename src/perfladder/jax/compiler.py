@@ -10,7 +10,7 @@
 * ``fast_cpu_compiles()``, the smoke configuration's on a CPU: LLVM's optimisations off and an
   on-disk cache of compiled programs. Never for real measurements.
 * ``xla_flags()``: the flags in effect, which every results file records (``versions``).
-* ``guard_compile_cache(note)``, every lab's: the persistent cache as a fault source
+* ``guard_compile_cache()``, every lab's: the persistent cache as a fault source
   (``perfladder.compile_cache``). JAX compiles again a cache entry it cannot read, with a
   warning for each: the first sets the folder aside (the rest would fail alike), and the
   warnings become one line per cause. A folder that cannot be written (JAX warns at every

@@ -8,7 +8,7 @@
   inductor cache each time), with 20 kernels instead of 26. The kernels compute the same
   model (the gates check every rung either way); they run slower, which does not matter for
   smoke numbers, which are not performance results. Never for real measurements.
-* ``guard_compile_cache(note)``, every lab's: inductor's compile cache as a fault source
+* ``guard_compile_cache()``, every lab's: inductor's compile cache as a fault source
   (``perfladder.compile_cache``). Inductor never rewrites a kernel file it finds in its cache,
   so one cut short (a full disk, a killed compile) fails every later compile that needs it:
   such a compile is tried once more with the cache folder set aside. A folder that cannot be
@@ -59,11 +59,11 @@ def cache_folder() -> Path:
     return Path(default_cache_dir())
 
 
-def guard_compile_cache(note=None) -> None:
-    """Watch inductor's compile cache for this process (see the module docstring); the lines
-    said go to ``note`` too (a lab's ``result.notes.append``)."""
+def guard_compile_cache() -> None:
+    """Watch inductor's compile cache for this process (see the module docstring), before a
+    run's first compile; the lines said go to its notes once ``compile_cache.listen`` is
+    handed them."""
     compile_cache.begin()
-    compile_cache.listen(note)
     folder = compile_cache.watch("inductor", cache_folder())
     why = compile_cache.unwritable(folder)
     if why is not None:
