@@ -130,7 +130,7 @@ def unwritable(folder: Path) -> str | None:
             pass
     free = free_bytes(folder)
     if free is not None and free < MIN_FREE_BYTES:
-        return f"less than {MIN_FREE_BYTES // 2**20} MiB free"
+        return f"too little room for compiled kernels, under {MIN_FREE_BYTES // 2**20} MiB"
     return None
 
 
