@@ -106,3 +106,30 @@ def test_resume_after_the_disk_is_freed_measures_the_rung(no_room):
     again = cli(cache, out, "--resume", str(out))
     assert again.returncode == 0, again.stderr[-3000:]
     assert LadderResult.read(out).rung("R1").outcome == "measured"
+
+
+def test_a_small_disk_turns_the_cache_off_before_the_first_compile(tmp_path, monkeypatch, capsys):
+    """On a disk with too little room the cache is off for the run, said in one line naming the
+    folder and its free space, kept in the notes; kernels go to a folder of this process."""
+    import shutil
+    from collections import namedtuple
+
+    import torch._inductor.config as inductor_config
+
+    from perfladder import compile_cache
+    from perfladder.torch.compiler import CACHE_ENV, guard_compile_cache
+    small = tmp_path / "small"
+    monkeypatch.setenv(CACHE_ENV, str(small))
+    monkeypatch.setattr(inductor_config, "force_disable_caches", False)
+    usage, real = namedtuple("usage", "total used free"), shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda p: usage(2**20, 0, 2**20) if str(p).startswith(str(small)) else real(p))
+    notes = []
+    guard_compile_cache()
+    compile_cache.listen(notes.append)
+    compile_cache.listen(None)
+    instead = Path(os.environ[CACHE_ENV])
+    assert instead != small and instead.is_dir() and inductor_config.force_disable_caches
+    assert len(notes) == 1 and f"{small} cannot be written" in notes[0] and "1.0 MiB free" in notes[0]
+    assert str(instead) in notes[0] and notes[0] in capsys.readouterr().err
+    shutil.rmtree(instead)
