@@ -14,7 +14,6 @@ import importlib
 import os
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,10 +22,13 @@ from perfladder.config import CONFIG_NAMES, gpu_present, pick_config
 from perfladder.data import CorpusError
 from perfladder.faults import (
     DEBUG_VARIABLE,
+    ENVIRONMENT_CAUSES,
+    EXIT_INCOMPLETE,
     OutputClosed,
     UserError,
     annotate,
     debug_requested,
+    environment_cause,
     guarded,
     say,
 )
@@ -134,7 +136,8 @@ class Tracker:
 
 def check_environment() -> None:
     """What a run needs from the machine, named before any work: the packaged corpus, and a
-    compile cache folder that a variable points at."""
+    compile cache folder that a variable points at (one that exists but cannot be written is
+    the lab's to turn off for the run: ``perfladder.compile_cache``)."""
     from perfladder.data import CorpusError, read_corpus
     try:
         read_corpus()
@@ -147,8 +150,6 @@ def check_environment() -> None:
         folder = user_path(value, f"${var}")
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
         except OSError as e:
             raise CLIError(f"${var}={value!r} cannot be used as a cache folder ({e.strerror or e}); "
                            "point it at a writable folder or unset it") from None
@@ -230,14 +231,47 @@ def cmd_run(args) -> int:
     except (UserError, OutputClosed):
         raise                        # their own words say what happened to the files
     except Exception as e:
+        if tracker.current == "learning" and files.saved:
+            return learning_failed(e, files)
+        if environment_cause(e) is not None:
+            print(f"perfladder: incomplete: {tracker.where()}: {machine_words(e)}; "
+                  f"{files.saved_line()}", file=sys.stderr, flush=True)
+            return EXIT_INCOMPLETE
         raise annotate(e, files.saved_line())
 
 
-def finish_run(result: LadderResult, files: RunFiles) -> int:
-    """Write, then print: a table that cannot be printed (a closed pipe) loses nothing."""
+def machine_words(e: BaseException) -> str:
+    """``'no space left on the device (OSError: [Errno 28] ...)'``: the machine's part in ``e``
+    and its first line."""
+    inner = getattr(e, "inner_exception", None) or e
+    first = (str(inner).strip().splitlines() or [""])[0][:200]
+    cause = environment_cause(e)
+    what = f"{type(inner).__name__}: {first}"
+    return f"{ENVIRONMENT_CAUSES[cause]} ({what})" if cause else what
+
+
+def learning_failed(e: BaseException, files: RunFiles) -> int:
+    """The learning check raised after the rungs were saved (its configuration could not be
+    built or trained: the machine, or what failed an earlier rung): recorded in the run's
+    notes, the ladder written and printed as any other, and one line."""
+    result = LadderResult.read(files.progress)
+    cause = environment_cause(e)
+    why = machine_words(e)
+    result.notes.append(f"learning check not run: {why}"
+                        + (f" [cause: {cause}]" if cause else ""))
+    return finish_run(result, files, learning=why if cause else None, broken=None if cause else why)
+
+
+def finish_run(result: LadderResult, files: RunFiles, learning: str | None = None,
+               broken: str | None = None) -> int:
+    """Write, then print: a table that cannot be printed (a closed pipe) loses nothing.
+    ``learning``: the machine kept the learning check from running (why); ``broken``: it
+    raised for another reason (why). The exit status: 0 complete, 1 nothing measured or the
+    learning check failed, ``EXIT_INCOMPLETE`` a rung or the check failed for the machine."""
     measured = any(r.measured for r in result.rungs)
-    learned = result.learning is None or result.learning.passed
-    ok = measured and learned
+    learned = (result.learning is None or result.learning.passed) and broken is None
+    failed = [r for r in result.rungs if r.result_kind == "failed"]
+    ok = measured and learned and not failed and learning is None
     try:
         written = files.finish(result, ok, waterfall_writer(result))
     except (OSError, ValueError) as e:     # a disk that filled up, a figure that failed
@@ -252,14 +286,35 @@ def finish_run(result: LadderResult, files: RunFiles) -> int:
         raise annotate(e, f"results written to {', '.join(map(str, written))}" if written else "")
     if ok:
         return 0
+    kept = (f"; {files.target} kept as it was, this run is in {files.progress} (--overwrite replaces it)"
+            if files.keep else "")
+    if learned and (failed or learning):
+        print(f"perfladder: incomplete: {incomplete_words(failed, learning)}; clear the cause and "
+              f"{continue_words(files)}{kept}", file=sys.stderr)
+        return EXIT_INCOMPLETE
     skipped = "; ".join(f"{r.name} {(r.error or 'skipped').splitlines()[0][:120]}" for r in result.rungs)
-    why = (f"the learning check failed: {result.learning}" if measured
+    why = (f"the learning check failed: {broken or result.learning}" if measured
            else f"no rung was measured ({skipped or 'no rung ran'})")
-    if files.keep:
-        why += (f"; {files.target} kept as it was, this run is in {files.progress} "
-                "(--overwrite replaces it)")
-    print(f"perfladder: error: {why}", file=sys.stderr)
+    print(f"perfladder: error: {why}{kept}", file=sys.stderr)
     return 1
+
+
+def incomplete_words(failed, learning: str | None) -> str:
+    """``'R1 failed for the machine (a compile cache entry could not be read), ...'``."""
+    def why(r):
+        cause = r.details.get("cause")
+        words = ENVIRONMENT_CAUSES.get(cause, cause or "see its error")
+        return f"{words}, in {r.details['where']}" if r.details.get("where") else words
+    parts = [f"{r.name} failed for the machine ({why(r)})" for r in failed]
+    if learning:
+        parts.append(f"the learning check could not run: {learning}")
+    return ", ".join(parts)
+
+
+def continue_words(files: RunFiles) -> str:
+    if files.progress is None:
+        return "run it again (no --out given: nothing saved)"
+    return f"continue with --resume {files.progress}"
 
 
 def _read_all(values) -> list[LadderResult]:

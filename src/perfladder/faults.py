@@ -14,6 +14,11 @@
   ``PERFLADDER_DEBUG=1``) re-raises instead, so Python prints the traceback.
 * ``say(text)``: print to stdout and flush, so a closed pipe or a full disk behind stdout
   surfaces here, as ``OutputClosed``, instead of at interpreter exit.
+* ``environment_cause(e)``: whether ``e`` is the machine's failure, not the code's (out of
+  space, a read-only folder, an unreadable compile cache, a killed compile worker, a missing
+  compiler), as one word of ``ENVIRONMENT_CAUSES``; ``environment_failure(e)`` is what the
+  engine records for such a rung (``outcome="failed"`` and the cause), which ``--resume``
+  runs again. A run with such a rung is incomplete (``EXIT_INCOMPLETE``).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 EXIT_SIGNAL_BASE = 128              # the shell's convention: 128 + the signal's number
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL = 1
+EXIT_INCOMPLETE = 3                 # a rung or the learning check failed for the machine
 DEBUG_VARIABLE = "PERFLADDER_DEBUG"
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes"), ("", "0", "false", "no")
 
@@ -135,6 +141,108 @@ def os_error_line(e: OSError) -> str:
     if e.filename is not None:
         return f"{e.filename}: {reason}"
     return reason
+
+
+# What the machine can do to a rung, one word each, and the words a line says it in.
+ENVIRONMENT_CAUSES = {
+    "out_of_space": "no space left on the device",
+    "read_only": "a folder it writes cannot be written",
+    "corrupt_cache": "a compile cache entry could not be read",
+    "worker_killed": "a compile worker was killed",
+    "missing_compiler": "no working C/C++ compiler",
+}
+_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+_SPACE_WORDS = ("no space left on device", "disk quota exceeded")
+_KILLED_WORDS = ("terminated abruptly", "killed signal terminated program", "worker died",
+                 "subprocess died", "was killed")
+_COMPILER_WORDS = ("no working c++ compiler", "no working c compiler", "failed to find c compiler",
+                   "g++: not found", "gcc: not found", "c++: not found")
+_COMPILERS = ("g++", "gcc", "c++", "cc", "clang", "clang++", "cl", "icpx", "nvcc")
+# a compile cache entry cut short: inductor's kernel module without its entry point, a pickle
+# or shared library that ends early
+_CORRUPT_TYPES = ("UnpicklingError", "EOFError")
+_CORRUPT_WORDS = ("file too short", "invalid elf header", "pickle data was truncated",
+                  "error reading persistent compilation cache entry")
+
+
+def _chain(e: BaseException):
+    """``e``, its causes and contexts, and what a framework wraps (``inner_exception``)."""
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        todo += [x.__cause__, x.__context__, getattr(x, "inner_exception", None)]
+
+
+def _text(x: BaseException) -> str:
+    parts = [str(x), str(getattr(x, "output", "") or ""), str(getattr(x, "stderr", "") or "")]
+    return " ".join(parts).lower()
+
+
+def _under(text: str, folders) -> bool:
+    return any(str(f).lower() in text for f in folders if f)
+
+
+def environment_cause(e: BaseException) -> str | None:
+    """The machine's part in ``e``: a key of ``ENVIRONMENT_CAUSES``, or None when the error is
+    the code's own (a gate, a kernel, a shape) or a property of the card."""
+    from perfladder.compile_cache import cache_folders
+    chain = list(_chain(e))
+    for x in chain:
+        if (isinstance(x, OSError) and x.errno in _SPACE_ERRNOS) or any(w in _text(x) for w in _SPACE_WORDS):
+            return "out_of_space"
+    folders = cache_folders()
+    for x in chain:
+        if isinstance(x, OSError) and (x.errno == errno.EROFS or "read-only file system" in _text(x)):
+            return "read_only"
+        if isinstance(x, OSError) and x.errno in _WRITE_ERRNOS and _under(
+                f"{x.filename} {x.filename2} {_text(x)}".lower(), folders):
+            return "read_only"
+    for x in chain:
+        name, text = type(x).__name__, _text(x)
+        if name == "BrokenProcessPool" or any(w in text for w in _KILLED_WORDS) or (
+                name == "CalledProcessError" and getattr(x, "returncode", 0) < 0):
+            return "worker_killed"
+        if name == "InvalidCxxCompiler" or any(w in text for w in _COMPILER_WORDS) or (
+                isinstance(x, FileNotFoundError) and os.path.basename(str(x.filename)) in _COMPILERS):
+            return "missing_compiler"
+    for x in chain:
+        name, text = type(x).__name__, _text(x)
+        if name in _CORRUPT_TYPES or any(w in text for w in _CORRUPT_WORDS):
+            return "corrupt_cache"
+        if isinstance(x, AttributeError) and "compile_tasks." in text:   # inductor's kernel module
+            return "corrupt_cache"
+        where = f"{getattr(x, 'filename', '')} {text}".lower()
+        if isinstance(x, (SyntaxError, ImportError, OSError)) and _under(where, folders):
+            return "corrupt_cache"
+    return None
+
+
+def environment_where(e: BaseException) -> str | None:
+    """The folder the machine's failure ``e`` happened in: the compile cache folder it names,
+    else the file it names, else None."""
+    from perfladder.compile_cache import cache_folders
+    chain = list(_chain(e))
+    for folder in cache_folders():
+        if any(str(folder).lower() in f"{getattr(x, 'filename', '')} {_text(x)}".lower() for x in chain):
+            return str(folder)
+    named = [x.filename for x in chain if isinstance(x, OSError) and x.filename]
+    return os.fsdecode(named[0]) if named else None
+
+
+def environment_failure(e: BaseException) -> dict:
+    """What the engine records for a rung that raised ``e``: ``outcome="failed"`` and the cause
+    (and the folder, where known) in its details when the machine failed it (``--resume`` runs
+    it again), else nothing (the engine's own outcome for an error of the rung's code stands)."""
+    cause = environment_cause(e)
+    if cause is None:
+        return {}
+    where = environment_where(e)
+    return {"outcome": "failed", "details": {"cause": cause, **({"where": where} if where else {})}}
 
 
 def say(text: str = "", end: str = "\n") -> None:

@@ -192,7 +192,6 @@ def test_within_the_headroom_is_refused():
     points = [Point("B5", 128, device_bytes(Recipe(batch_size=128)), Recipe(batch_size=128).to_dict())]
     recipe = Recipe(batch_size=256).to_dict()
     assert predict("B6", recipe, [], fixed_bytes=FIXED, available_bytes=need).needed is None
-    from perfladder.ladder.fit import estimate, fits
     est = estimate(recipe, points, FIXED, ("checkpoint",))
     assert est.bytes == need
     assert fits(need, int(need * (1 + HEADROOM)) + 1) and not fits(need, need)

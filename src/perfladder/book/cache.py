@@ -94,7 +94,7 @@ def key_parts(config: str, device: str, src: str | Path | None = None,
         raise ValueError("device must describe the machine (e.g. 'cpu' or the GPU's name)")
     vers = framework_versions() if versions is None else dict(versions)
     folder = results_dir() if results is _DEFAULT else results
-    from perfladder.ladder.fit import memory_cap_gib     # which rungs fit depends on it
+    from perfladder.ladder.fit import memory_cap_gib  # which rungs fit depends on it
     cap = memory_cap_gib()
     return {"config": config, "device": device, "python": platform.python_version(),
             "source": source_hash(src), "results": results_hash(folder),

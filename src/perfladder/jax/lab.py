@@ -18,9 +18,11 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from perfladder import compile_cache
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for, supports_bf16
+from perfladder.jax.compiler import guard_compile_cache
 from perfladder.jax.device import (
     capability,
     device_name,
@@ -84,6 +86,7 @@ class JaxLab:
         memory = memory_settings()     # before the backend starts, where it has not yet
         self.memory_cap_gib = memory_cap_gib()
         cached = _compile_cache_on_gpu()
+        guard_compile_cache()
         self.data = TimeMachine(config.batch_size, config.num_steps, num_train=config.num_train,
                                 num_val=config.num_val)
         self.gpt_config = config.gpt(vocab_size=len(self.data.vocab))
@@ -112,6 +115,7 @@ class JaxLab:
             versions=versions(), command=command,
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
             roofs=roofs, notes=notes, memory_cap_gib=self.memory_cap_gib)
+        compile_cache.listen(lambda line: self.result.notes.append(line))
         self._streams: dict[int, Batches] = {}
         self.code = dict(LIBRARY_CODE)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references

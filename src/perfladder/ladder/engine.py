@@ -37,8 +37,9 @@ import time
 import traceback
 from typing import Any, Callable
 
-from perfladder.faults import reraise_if_interrupt
+from perfladder.faults import environment_failure, reraise_if_interrupt
 from perfladder.hardware import achieved_tflops, mfu
+from perfladder.ladder.fit import out_of_memory_failure
 from perfladder.ladder.rung import (
     Evidence,
     Given,
@@ -164,7 +165,8 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
                      prediction=e.prediction, loud=False, outcome=e.outcome)
     except Exception as e:     # the ladder goes on; the entry says what happened ...
         reraise_if_interrupt(e)    # ... unless the user stopped it: an interrupt is never a skip
-        res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc())
+        res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                     **(out_of_memory_failure(e) or environment_failure(e)))
     finally:
         lab.free()
     # a rung that failed says where its time went up to the failure, as a measured one does

@@ -227,3 +227,13 @@ def out_of_memory(error: BaseException) -> bool:
     if "OutOfMemoryError" in names:
         return True
     return bool(names & {"XlaRuntimeError", "JaxRuntimeError"}) and "RESOURCE_EXHAUSTED" in str(error)
+
+
+def out_of_memory_failure(error: BaseException) -> dict:
+    """What the engine records for a rung that ran out of device memory after all (the prediction
+    let it through, or there was nothing to predict from): a property of the card, not an error
+    of its code; else nothing."""
+    if not out_of_memory(error):
+        return {}
+    return {"outcome": "does_not_fit",
+            "details": {"cause": "ran out of device memory (no prediction refused it first)"}}

@@ -318,8 +318,9 @@ class LadderResult:
 
 
 def python_versions(**modules) -> dict[str, str]:
-    """Versions of python and of the given imported modules (name=module)."""
-    out = {"python": platform.python_version(), "platform": platform.platform()}
+    """Versions of perfladder, python and the given imported modules (name=module)."""
+    from perfladder import __version__
+    out = {"perfladder": __version__, "python": platform.python_version(), "platform": platform.platform()}
     for name, mod in modules.items():
         out[name] = getattr(mod, "__version__", "?")
     return out

@@ -16,6 +16,7 @@ import itertools
 
 import torch
 
+from perfladder import compile_cache
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for, supports_bf16
@@ -29,7 +30,7 @@ from perfladder.measure.evidence import (
 )
 from perfladder.measure.timing import Stopwatch, measure_settled, phase
 from perfladder.results.record import LadderResult
-from perfladder.torch.compiler import fast_cpu_compiles
+from perfladder.torch.compiler import fast_cpu_compiles, guard_compile_cache
 from perfladder.torch.device import (
     apply_memory_cap,
     capability,
@@ -62,6 +63,7 @@ class TorchLab:
         if not isinstance(config, LadderConfig):
             raise TypeError(f"config must be a LadderConfig, got {type(config).__name__}")
         self.config = config
+        guard_compile_cache()
         device = device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = torch.device(device)
         if self.device.type not in ("cuda", "cpu"):
@@ -93,6 +95,7 @@ class TorchLab:
             baseline=self.baseline, versions=versions(), command=command, roofs=roofs,
             peak_tflops=None if peak is None else {"bf16": peak.bf16, "tf32": peak.tf32},
             notes=notes, memory_cap_gib=self.memory_cap_gib)
+        compile_cache.listen(lambda line: self.result.notes.append(line))
         self._allow_recompiles()
         self._seeds = itertools.count(config.seed)
         self.memo: dict = {}    # pure functions of (config, batch size): gate batches, references

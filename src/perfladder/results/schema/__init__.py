@@ -5,7 +5,10 @@
 * ``validate(data, source)``: the JSON Schema in ``results-v2.schema.json`` (checked with
   ``jsonschema``), then what a schema cannot say (unique rung names, skipped rungs carry no
   rate, a measured rung carries its windows, the baseline);
-* ``upgrade(data, source)``: a version-1 file as version 2 (``perfladder.results.schema.v1``).
+* ``upgrade(data, source)``: a version-1 file as version 2 (``perfladder.results.schema.v1``);
+* ``version_advice(data, version)``: for a file of a schema this perfladder does not read,
+  which perfladder wrote it (``versions.perfladder``) and what to do (upgrade, or read it with
+  that version).
 """
 from __future__ import annotations
 
@@ -87,7 +90,8 @@ def validate(data: Any, source: str = "<results>") -> None:
     if not _is_int(version):
         bad(f"schema_version {json.dumps(version)} is not a number; expected {SCHEMA_VERSION} (or 1)")
     if version != SCHEMA_VERSION:
-        bad(f"schema_version {version!r} is not supported (expected {SCHEMA_VERSION})")
+        bad(f"schema_version {version!r} is not supported (expected {SCHEMA_VERSION}): "
+            + version_advice(data, version))
     errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data),
                     key=lambda e: list(e.absolute_path))
     if errors:
@@ -109,6 +113,28 @@ def validate(data: Any, source: str = "<results>") -> None:
         names.append(r["name"])
     if len(set(names)) != len(names):
         bad(f"rung names repeat: {names}")
+
+
+def writer_version(data: dict) -> str | None:
+    """The perfladder version that wrote ``data``, where its ``versions`` record it."""
+    versions = data.get("versions")
+    v = versions.get("perfladder") if isinstance(versions, dict) else None
+    return v if isinstance(v, str) and v.strip() else None
+
+
+def version_advice(data: dict, version: int) -> str:
+    """Who wrote a file of another schema version, and what to do about it, for a person."""
+    from perfladder import __version__
+    writer = writer_version(data)
+    if version > SCHEMA_VERSION:
+        by = (f"perfladder {writer}, newer than this one ({__version__})" if writer
+              else f"a perfladder newer than this one ({__version__})")
+        to = f" (to {writer} or later)" if writer else ""
+        return f"it was written by {by}; upgrade perfladder{to} to read it"
+    by = (f"perfladder {writer}, older than this one ({__version__}) reads" if writer
+          else f"a perfladder older than this one ({__version__}) reads")
+    with_it = f"perfladder {writer}" if writer else "the perfladder that wrote it"
+    return f"it was written by {by}; read it with {with_it}, or run the ladder again to write it anew"
 
 
 def _is_int(v) -> bool:
