@@ -12,6 +12,12 @@ rung by rung, labelled with its device and date. ``page.shown`` is the ladder wh
 the page shows; ``page.live`` the one this build ran. The prose between the cells is the
 authors'; ``glue`` inserts its numbers and the verdicts of its checked claims
 (``perfladder.pages.story``, ``perfladder.pages.chapter``) computed from ``shown``.
+
+Every cell can be run again. A rung's cell run again measures the cell's code again, shows
+the new rate beside the one it replaced (and the reference run's), and the rungs built on the
+earlier version are marked until their cells run again (``perfladder.ladder.rerun``); the
+table, the waterfall, ``glue`` and ``save`` say so (``perfladder.pages.rerun``). An
+interrupted cell leaves the ladder as it was before the cell.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from pathlib import Path
 
 from perfladder.book.paths import build_results_dir
 from perfladder.config import pick_config
-from perfladder.pages import cards, kernel_report, multigpu, plot, report
+from perfladder.pages import cards, kernel_report, multigpu, plot, report, rerun
 from perfladder.pages.chapter import checks_for, numbers_for
 from perfladder.pages.claims import is_smoke
 from perfladder.pages.narrative import learning_text, smoke_check
@@ -150,7 +156,8 @@ class LadderPage:
                 self._committed_multi_gpu(name)
             return
         if res is not None:
-            self._smoke_box(f"smoke check of this cell's code on {self.live.device}", smoke_check(res))
+            self._smoke_box(f"smoke check of this cell's code on {self.live.device}",
+                            " ".join(t for t in (smoke_check(res), self._rerun_text(res)) if t))
         ref = self._shown_rung(name)
         if ref is None:
             decl = self.fw.RUNGS.get(name)
@@ -168,6 +175,25 @@ class LadderPage:
                      cards.rung_text(self.reference, ref.name, label))
         if not ref.measured:
             self._committed_multi_gpu(name)
+
+    def _rerun_text(self, res) -> str:
+        """A smoke check's words for a rung run again (beside the reference run's rate) or built
+        on an earlier version of one."""
+        ref = self._shown_rung(res.name)
+        where = f"{self.reference.device}, {self.reference.created[:10]}"
+        mark = f"It is {rerun.mark_text(res)}." if res.built_on_earlier else ""
+        return " ".join(t for t in (rerun.compare_line(res, ref, where), mark) if t)
+
+    def rerun_note(self) -> str:
+        """Show which rungs of this session's ladder were run again and which are built on an
+        earlier version of one (nothing when every rung ran once); the words shown."""
+        text = rerun.ladder_note(self.live)
+        if text and self.config.is_smoke and self.reference is not None:
+            self._smoke_box(f"this session's smoke run on {self.live.device}", text)
+        elif text:
+            display_html(box_html("Rungs run again", f'<p style="margin: 0;">{esc(text)}</p>', "warning",
+                                  cls="perfladder-rerun"), text)
+        return text
 
     def _committed_multi_gpu(self, name: str) -> None:
         """A multi-GPU rung this page cannot show measured: the committed run's numbers."""
@@ -187,10 +213,12 @@ class LadderPage:
     def table(self) -> None:
         """Every rung of the shown ladder, one row each."""
         display_html(report.ladder_table_html(self.shown), report.text_table(self.shown))
+        self.rerun_note()
 
     def waterfall(self) -> None:
         """The shown ladder's waterfall."""
         _show_figure(plot.waterfall(self.shown))
+        self.rerun_note()
 
     def kernel_report(self) -> None:
         """Profile the fastest configuration kernel by kernel (live), show the shown ladder's."""
@@ -234,6 +262,7 @@ class LadderPage:
         self.glued = glue_values(self.shown, checks_for(self.framework), numbers_for(self.framework))
         for key, value in self.glued.items():
             _glue(key, value)
+        self.rerun_note()
         return self.glued
 
     def save(self, folder: str | Path | None = None) -> tuple[Path, Path]:
@@ -248,4 +277,6 @@ class LadderPage:
         print(f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s"
                                             f"{', smoke' if self.config.is_smoke else ''})" if best else ""))
         print(cards.time_spent(self.live))
+        if rerun.ladder_note(self.live):
+            print(rerun.ladder_note(self.live))
         return path, png
