@@ -102,9 +102,11 @@ def put(result: LadderResult, res: RungResult, rungs: dict, base: str | None) ->
 
 def mark(result: LadderResult, rungs: dict, res: RungResult, earlier: RungResult) -> list[str]:
     """Mark every entry that built on ``earlier`` (now replaced by ``res``) as built on an
-    earlier version of it; the names marked."""
+    earlier version of it; the names marked. An entry not applicable to this machine at all
+    is not: what it built on changes nothing about it."""
     moved = res.stage == "beyond" and bool(earlier.kept or res.kept)
-    marked = dependents(result, rungs, res.name, moved)
+    marked = [n for n in dependents(result, rungs, res.name, moved)
+              if result.rung(n).result_kind != "not_applicable"]
     for r in result.rungs:
         if r.name in marked and res.name not in r.built_on_earlier:
             r.built_on_earlier.append(res.name)

@@ -157,7 +157,7 @@ class LadderPage:
             return
         if res is not None:
             self._smoke_box(f"smoke check of this cell's code on {self.live.device}",
-                            " ".join(t for t in (smoke_check(res), self._rerun_text(res)) if t))
+                            ". ".join(t for t in (smoke_check(res), self._rerun_text(res)) if t))
         ref = self._shown_rung(name)
         if ref is None:
             decl = self.fw.RUNGS.get(name)
