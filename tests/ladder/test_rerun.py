@@ -108,8 +108,8 @@ def test_a_seed_rung_run_again_replaces_its_entry_and_marks_what_built_on_it(tmp
     assert run.result.rung("R1") is again and again.tokens_per_s == 300.0
     assert again.replaces == {"tokens_per_s": first.tokens_per_s, "outcome": "measured", "error": None}
     assert marks(run.result) == {"R2": ["R1"], "R2c": ["R1"]}     # M1 built on R0 only
-    on_gpu = {**RUNGS, "R2c": dataclasses.replace(RUNGS["R2c"], needs_gpu="a GPU")}
-    gpu_run = LadderRun(Lab(), on_gpu)
+    gpu_only = {**RUNGS, "R2c": dataclasses.replace(RUNGS["R2c"], needs_gpu="a GPU")}
+    gpu_run = LadderRun(Lab(), gpu_only)
     for n in ("R0", "R1", "R2c", "R1"):
         gpu_run.run(n)
     assert gpu_run.result.rung("R2c").result_kind == "not_applicable" and marks(gpu_run.result) == {}
