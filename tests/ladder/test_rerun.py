@@ -205,6 +205,19 @@ def test_a_rung_run_again_that_fails_leaves_the_chain_on_its_declared_recipe():
     assert run.chain.recipe_of("R1") == Recipe(("compile",))
 
 
+def test_an_interrupt_while_a_measured_rung_is_recorded_waits_for_the_record():
+    import os
+    import signal
+
+    from perfladder.ladder.rerun import uninterrupted
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        with uninterrupted():
+            os.kill(os.getpid(), signal.SIGINT)
+            got.append("recorded")                 # still runs: the Ctrl-C waits
+    assert got == ["recorded"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 # -- --resume --------------------------------------------------------------------------------------------
 def test_resume_retries_what_failed_keeps_what_is_final_and_reruns_what_built_on_the_failure(tmp_path, capsys):
     lab = Lab(R1=RuntimeError("disk full (planted)"), R2=100.0, B1=FAST)

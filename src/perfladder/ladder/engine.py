@@ -106,8 +106,8 @@ class Chain:
         return self.fastest
 
     def settle(self, result: LadderResult) -> None:
-        """The top read again from the entries once a beyond rung has one (``rerun.top``)."""
-        if self.fastest is not None or any(r.stage == "beyond" for r in result.rungs):
+        """The top read again from the entries once a rung built on it has one (``rerun.top``)."""
+        if self.fastest is not None or any(rerun.on_top(self.rungs, r) for r in result.rungs):
             name = rerun.top(result, self.recipes.__contains__, self.lab.seed_top)
             self.fastest = (name, self.recipe_of(name))
 
@@ -250,7 +250,9 @@ class LadderRun:
         ``code``: technique functions to build this and every later step from, by name (the
         lab's ``code``; e.g. ``compile_model=...``), so an edited notebook cell is measured.
         ``change(recipe, config) -> recipe``: what this rung changes in the recipe it builds on,
-        in place of its declaration's (the page shows each rung's change in its cell)."""
+        in place of its declaration's (the page shows each rung's change in its cell).
+        A rung that ran already runs again and its entry is replaced (``rerun``); an interrupt
+        leaves the ladder, its chain, the lab's code and the rung's change as they were."""
         check_rungs(self.rungs, [name])
         if change is not None and not callable(change):
             raise ValueError(f"change={change!r} is not valid; valid: a function "
