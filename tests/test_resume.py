@@ -34,14 +34,16 @@ def test_resume_retries_the_failed_rung_and_reruns_what_built_on_it(tmp_path, fa
     monkeypatch.setenv("FAKE_FAIL", "R1")
     run(tmp_path)
     first = LadderResult.read(tmp_path / "r.json")
-    assert [(r.name, r.measured) for r in first.rungs] == [("R0", True), ("R1", False), ("R2", True), ("R3", True)]
+    assert [(r.name, r.measured) for r in first.rungs] == [("R0", True), ("R1", False), ("R2", True),
+                                                           ("R3", True)]
     assert "No space left on device" in first.rung("R1").error
     capsys.readouterr()
     calls.unlink()
     monkeypatch.delenv("FAKE_FAIL")                              # the fault is gone
     assert run(tmp_path, "--resume", str(tmp_path / "r.json"), "--overwrite") == 0
     err = capsys.readouterr().err
-    assert "perfladder: torch: retrying R1, which failed with OSError: [Errno 28] No space left on device (planted)\n" in err
+    assert ("perfladder: torch: retrying R1, which failed with OSError: [Errno 28] No space left on "
+            "device (planted)\n") in err
     assert "re-running R2, which was built on an earlier version of R1" in err
     assert calls.read_text().split() == ["R1", "R2", "R3"]      # R0, measured, is kept
     data = json.loads((tmp_path / "r.json").read_text())
@@ -51,7 +53,8 @@ def test_resume_retries_the_failed_rung_and_reruns_what_built_on_it(tmp_path, fa
     assert rungs["R1"]["replaces"]["outcome"] == first.rung("R1").result_kind
     assert rungs["R2"]["replaces"]["tokens_per_s"] == first.rung("R2").tokens_per_s
     assert rungs["R0"]["replaces"] is None                         # kept, not run again
-    assert rungs["R2"]["ratio_prev"] == pytest.approx(rungs["R2"]["tokens_per_s"] / rungs["R1"]["tokens_per_s"])
+    r1, r2 = rungs["R1"]["tokens_per_s"], rungs["R2"]["tokens_per_s"]
+    assert rungs["R2"]["ratio_prev"] == pytest.approx(r2 / r1)     # against the retried R1
 
 
 def test_resume_of_a_complete_file_runs_no_rung(tmp_path, fake, monkeypatch):

@@ -211,15 +211,14 @@ def test_an_interrupt_while_a_measured_rung_is_recorded_waits_for_the_record():
 
     from perfladder.ladder.rerun import uninterrupted
     got = []
-    with pytest.raises(KeyboardInterrupt):
-        with uninterrupted():
-            os.kill(os.getpid(), signal.SIGINT)
-            got.append("recorded")                 # still runs: the Ctrl-C waits
+    with pytest.raises(KeyboardInterrupt), uninterrupted():
+        os.kill(os.getpid(), signal.SIGINT)
+        got.append("recorded")                     # still runs: the Ctrl-C waits
     assert got == ["recorded"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 # -- --resume --------------------------------------------------------------------------------------------
-def test_resume_retries_what_failed_keeps_what_is_final_and_reruns_what_built_on_the_failure(tmp_path, capsys):
+def test_resume_retries_what_failed_and_reruns_what_built_on_it(tmp_path, capsys):
     lab = Lab(R1=RuntimeError("disk full (planted)"), R2=100.0, B1=FAST)
     res = run_ladder(lab, RUNGS, ["R0", "R1", "R2", "B1", "B3", "M1", "M2"], learn=False)
     assert res.rung("R1").result_kind == "error" and res.rung("M1").measured

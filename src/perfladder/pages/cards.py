@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from perfladder.pages import rerun
 from perfladder.pages.claims import (
     call,
     compile_recorded,
@@ -22,7 +23,6 @@ from perfladder.pages.claims import (
     short_reason,
     target,
 )
-from perfladder.pages import rerun
 from perfladder.pages.report import MUTED, esc, table_html
 from perfladder.pages.words import gib, rate, tflops
 from perfladder.results.record import LadderResult, RungResult
@@ -179,7 +179,8 @@ def result_line(result: LadderResult, r: RungResult) -> str:
     """One line: the rung, its rate, and what may be said of it against the rung it builds on."""
     head = f"{r.name} {r.label}: "
     if not r.measured:
-        return head + "not measured (" + short_reason(r.error or "; ".join(r.notes), 140) + ")" + rerun.line_note(r)
+        return (head + "not measured (" + short_reason(r.error or "; ".join(r.notes), 140) + ")"
+                + rerun.line_note(r))
     c = call(result, r)
     what = {"start": "the ladder's first measurement" if r.name != result.baseline else "the baseline",
             "smoke": "a smoke check, not a performance number",

@@ -18,6 +18,7 @@ import html
 import re
 
 from perfladder.config import LadderConfig
+from perfladder.pages import rerun
 from perfladder.pages.claims import (
     call,
     config_of,
@@ -26,7 +27,6 @@ from perfladder.pages.claims import (
     settled,
     short_reason,
 )
-from perfladder.pages import rerun
 from perfladder.pages.words import gib, percent, rate, ratio, tflops
 from perfladder.results.record import LadderResult, RungResult
 

@@ -67,7 +67,8 @@ def compare_line(r: RungResult, reference: RungResult | None = None, where: str 
     now = f"{rate(r.tokens_per_s)} tokens/s" if r.measured else "not measured"
     line = f"Run again: {now} here; {replaced_text(r)}"
     if reference is not None and reference.measured:
-        line += f"; the reference run{f' ({where})' if where else ''}: {rate(reference.tokens_per_s)} tokens/s"
+        where = f" ({where})" if where else ""
+        line += f"; the reference run{where}: {rate(reference.tokens_per_s)} tokens/s"
     return line + "."
 
 
