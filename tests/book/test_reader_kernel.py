@@ -48,29 +48,39 @@ page.ladder.lab.measure = _slow
 
 
 class Reader:
-    """A notebook in a kernel, run cell by cell as a reader does."""
+    """A notebook in a kernel, run cell by cell as a reader does: a cell is run in its place
+    (an edit replaces its source there), a line of the reader's own in a new cell at the end."""
 
     def __init__(self, framework: str, tmp_path: Path):
+        self.framework, self.tmp = framework, tmp_path
         self.nb = nbformat.read(ROOT / "notebooks" / PAGES[framework], as_version=4)
-        self.tmp = tmp_path
+        self.source = [c.source for c in self.nb.cells]          # as the notebook has them
         self.client = nbclient.NotebookClient(self.nb, kernel_name="python3", timeout=300,
                                               resources={"metadata": {"path": str(ROOT / "notebooks")}})
 
-    def cell(self, needle: str):
-        """The code cell whose source holds ``needle``."""
-        return next(c for c in self.nb.cells if c.cell_type == "code" and needle in c.source)
+    def cell(self, needle: str) -> int:
+        """The index of the code cell whose source holds ``needle``."""
+        return next(i for i, c in enumerate(self.nb.cells) if c.cell_type == "code" and needle in c.source)
 
-    def run(self, cell_or_source, *, edit: tuple[str, str] | None = None) -> str:
-        """Execute a notebook cell (``edit``: with one string of it replaced, as a reader edits
-        it) or a line of the reader's own; its text output."""
-        cell = cell_or_source
+    def run(self, cell: int | str, *, edit: tuple[str, str] | None = None) -> str:
+        """Execute notebook cell ``cell`` (``edit``: with one string of its source replaced, as a
+        reader edits it) or a line of the reader's own; its text output."""
         if isinstance(cell, str):
-            cell = nbformat.v4.new_code_cell(cell)
-        elif edit is not None:
-            assert edit[0] in cell.source, edit
-            cell = nbformat.v4.new_code_cell(cell.source.replace(*edit))
-        self.client.execute_cell(cell, 0)
-        return "\n".join(o.get("text") or o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+            self.nb.cells.append(nbformat.v4.new_code_cell(cell))
+            index = len(self.nb.cells) - 1
+        else:
+            source, index = self.source[cell], cell
+            if edit is not None:
+                assert edit[0] in source, edit
+                source = source.replace(*edit)
+            self.nb.cells[index] = nbformat.v4.new_code_cell(source)
+        self.client.execute_cell(self.nb.cells[index], index)
+        return self.text(index)
+
+    def text(self, index: int) -> str:
+        """What cell ``index`` shows now (a later cell may have updated its displays)."""
+        return "\n".join(o.get("text") or o.get("data", {}).get("text/plain", "")
+                         for o in self.nb.cells[index].outputs)
 
     def ledger(self) -> dict:
         out = self.run(LEDGER)
@@ -117,7 +127,6 @@ def rungs(ledger: dict) -> dict:
 def test_torch_page_as_a_reader_runs_it(reader_env):
     pytest.importorskip("torch")
     reader = Reader("torch", reader_env)
-    reader.framework = "torch"
     imports, r0, b3 = reader.cell("LadderPage("), reader.cell('page.run("R0"'), reader.cell('page.run("B3"')
     with reader.client.setup_kernel():
         reader.run(imports)
@@ -165,7 +174,6 @@ def test_torch_page_as_a_reader_runs_it(reader_env):
 def test_jax_page_as_a_reader_runs_it(reader_env):
     pytest.importorskip("jax")
     reader = Reader("jax", reader_env)
-    reader.framework = "jax"
     imports, r1, r2a = reader.cell("LadderPage("), reader.cell('page.run("R1"'), reader.cell('page.run("R2a"')
     with reader.client.setup_kernel():
         reader.run(imports)
@@ -181,6 +189,7 @@ def test_jax_page_as_a_reader_runs_it(reader_env):
         assert ledger["code"]["jit_step"].startswith("EDITED")
         assert now["R1"]["replaced"] == first["R1"]["rate"] and now["R2a"]["marks"] == ["R1"]
         assert "Run again: " in out and "the reference run (NVIDIA" in out
+        assert "R2a (of R1)" in reader.text(imports)        # the header, at the top, says so
         table, glue = reader.cell("page.table()"), reader.cell("page.glue()")
         assert "R2a (of R1)" in reader.run(table)
         assert "R2a (of R1)" in reader.run(glue)           # the page's numbers, then what they stand on
@@ -199,6 +208,6 @@ def test_jax_page_as_a_reader_runs_it(reader_env):
         assert saved["R2a"]["built_on_earlier"] == [] and list(saved) == ["R1", "R2a"]
     with reader.client.setup_kernel():                     # restart: the same prefix, the page again
         reader.run(imports)
-        assert "R1 (jit (whole step)) ran" in reader.run(r1)
-        assert "Run again" not in reader.run(r2a)
-        assert list(rungs(reader.ledger())) == ["R1", "R2a"]
+        out = reader.run(r1)
+        assert "R1 (jit (whole step)) ran" in out and "Run again" not in out
+        assert list(rungs(reader.ledger())) == ["R1"] and "Rungs run again" not in reader.text(imports)

@@ -50,6 +50,21 @@ def _show_figure(fig) -> None:
     plt.close(fig)
 
 
+def _header_display(html_text: str, text: str, display_id: str, update: bool = False) -> None:
+    """The page's header, under ``display_id`` in a kernel so that a later cell can update it in
+    place (``update``); outside a kernel the text is printed once, never updated."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display, update_display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        (update_display if update else display)({"text/html": html_text, "text/plain": text}, raw=True,
+                                                 display_id=display_id)
+    elif not update:
+        print(text)
+
+
 def _glue(key: str, markdown: str) -> None:
     """``myst_nb.glue`` of a markdown value, not displayed; a no-op outside a notebook kernel."""
     try:
@@ -89,6 +104,8 @@ class LadderPage:
             except (FileNotFoundError, ValueError, ResultsError) as e:
                 self.reference_error = str(e)
         self.glued: dict[str, str] = {}
+        self._header: tuple[str, str] | None = None      # (html, text) as first shown
+        self._header_note = ""
         if show_header:
             self.header()
 
@@ -119,10 +136,14 @@ class LadderPage:
 
     # -- cells -------------------------------------------------------------------------------
     def header(self) -> None:
+        self._header = self._header_box()
+        _header_display(*self._header, display_id=f"perfladder-header-{id(self)}")
+
+    def _header_box(self) -> tuple[str, str]:
         device = self.live.device
         if not self.config.is_smoke:
-            report.banner(self.config, device)
-            return
+            plain = report.banner_text(self.config, device).replace("**", "").replace("`", "")
+            return report.banner_html(self.config, device), plain
         if self.reference is not None:
             shows = (f"Every number, table and figure shown for a rung, and every number in the prose, "
                      f"comes from the committed reference run: {run_label(self.reference, self.reference_source)}.")
@@ -132,8 +153,22 @@ class LadderPage:
         text = (f"This build runs the tiny smoke configuration on {device}. Each rung's cell below runs "
                 "its code live, as a check that the code runs and its gates pass; the grey boxes report "
                 f"that check, and their numbers are NOT performance results. {shows}")
-        display_html(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
-                              "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
+        return (box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
+                         "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
+
+    def _note_in_header(self) -> None:
+        """Once a cell has run again, the header at the top of the page says which rungs were run
+        again and which stand on an earlier version (updated in place in a kernel)."""
+        note = rerun.ladder_note(self.live)
+        if self._header is None or note == self._header_note:
+            return
+        self._header_note = note
+        html_text, text = self._header
+        if note:
+            html_text += box_html("Rungs run again in this session", f'<p style="margin: 0;">{esc(note)}</p>',
+                                  "warning", cls="perfladder-rerun")
+            text += "\n" + note
+        _header_display(html_text, text, display_id=f"perfladder-header-{id(self)}", update=True)
 
     def run(self, name: str, **code) -> None:
         """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show
@@ -141,6 +176,7 @@ class LadderPage:
         res = self.ladder.run(name, **code)
         self._keep_partial()
         self.show(name, res)
+        self._note_in_header()
 
     def _keep_partial(self) -> None:
         """On a full build, the ladder so far in ``<framework>.partial.json`` after every rung: a
