@@ -140,6 +140,14 @@ def test_marks_go_down_the_chain_and_a_rung_on_a_marked_base_inherits_them():
     assert marks(run.result)["B1"] == ["R0", "R1", "R2"]          # B1 built on R2 (seed_top)
 
 
+def test_a_rung_built_on_a_declared_recipe_is_marked_through_the_declarations():
+    run = LadderRun(Lab(), RUNGS)
+    for n in ("R0", "R1", "B1"):                                  # R2 (seed_top) never ran
+        run.run(n)
+    run.run("R1")
+    assert marks(run.result) == {"B1": ["R1"]}                    # B1 ran on R2's declared recipe, on R1
+
+
 def test_a_beyond_rung_run_again_builds_on_the_top_before_it_and_the_chain_is_read_again():
     lab = Lab(R2=100.0, B1=FAST, B3=FAST * 2)
     run = LadderRun(lab, RUNGS)

@@ -66,20 +66,28 @@ def top(result: LadderResult, usable, seed_top: str, before: str | None = None) 
     return kept[-1] if kept else seed_top
 
 
+def _reaches(result: LadderResult, rungs: dict, start: str | None, targets: set) -> bool:
+    """Whether the chain below ``start`` passes through one of ``targets``: each rung's recorded
+    base, or for a rung with no entry its declared one (its declared recipe was built on it)."""
+    seen: set = set()
+    while start is not None and start not in seen:
+        if start in targets:
+            return True
+        seen.add(start)
+        e = entry(result, start)
+        start = e.builds_on if e is not None else getattr(rungs.get(start), "builds_on", None)
+    return False
+
+
 def dependents(result: LadderResult, rungs: dict, name: str, top_moved: bool) -> list[str]:
     """The entries that built on rung ``name``'s entry: by their recorded ``builds_on``,
     directly or down the chain; and, when ``top_moved`` (``name`` is a beyond rung that was
-    or now is kept), every later entry built on the chain's top."""
+    or now is kept), every later entry built on the chain's top, and what built on those."""
     names = [r.name for r in result.rungs]
     pos = names.index(name)
-    out = {r.name for r in result.rungs[pos + 1:] if top_moved and on_top(rungs, r)}
-    grew = True
-    while grew:
-        grew = False
-        for r in result.rungs:
-            if r.name != name and r.name not in out and r.builds_on in out | {name}:
-                out.add(r.name)
-                grew = True
+    top = {r.name for r in result.rungs[pos + 1:] if top_moved and on_top(rungs, r)}
+    out = top | {r.name for r in result.rungs
+                 if r.name != name and _reaches(result, rungs, r.builds_on, top | {name})}
     return [n for n in names if n in out]
 
 
