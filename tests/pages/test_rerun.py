@@ -92,3 +92,22 @@ def test_every_cell_after_the_rungs_runs_twice(capsys, reference, tmp_path):
     page.save(tmp_path)
     page.save(tmp_path)
     assert LadderResult.read(tmp_path / "torch.json").learning.passed
+
+
+def test_beyond_and_multi_gpu_cells_run_again(capsys, reference):
+    page = LadderPage("torch", get_config("smoke"), module=FakeModule(), reference=reference)
+    for name in page.fw.RUNGS:
+        page.run(name)
+    capsys.readouterr()
+    page.run("B1")                                                     # a beyond rung
+    out = capsys.readouterr().out
+    ref = reference.by_key("fused_adamw")
+    assert f"the reference run (NVIDIA H200, 2026-11-29): {cards.rate(ref.tokens_per_s)} tokens/s" in out
+    assert page.live.rung("B1").kept and page.ladder.fastest()[0] == "B1"
+    page.run("R3")                                                     # the seed top: B1 stands on it
+    assert page.live.rung("B1").built_on_earlier == ["R3"]
+    capsys.readouterr()
+    page.run("R5")                                                     # not applicable here: said again
+    out = capsys.readouterr().out
+    assert "R5 (data parallel) did not run here: not applicable on CPU" in out and "Run again:" not in out
+    assert page.live.rung("R5").built_on_earlier == [] and [r.name for r in page.live.rungs] == list(page.fw.RUNGS)
