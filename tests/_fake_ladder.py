@@ -7,6 +7,7 @@ Environment (all optional):
   FAKE_BLOCK=R2      rung R2 writes FAKE_READY (a file) and then sleeps until it is signalled
   FAKE_READY=path    the file that says the blocking rung has started
   FAKE_SKIP=all      every rung is 'not applicable' (measures nothing)
+  FAKE_FAIL=R1,R2    these rungs raise (a failure --resume retries)
   FAKE_CALLS=path    every rung that runs appends its name to this file
   FAKE_BLOCK_FIGURE=1  the waterfall writer starts its file, writes FAKE_READY, then sleeps
 """
@@ -76,6 +77,8 @@ def rung_fn(name: str):
                 f.write(name + "\n")
         if os.environ.get("FAKE_SKIP") == "all":
             raise RuntimeError("not applicable here")
+        if name in os.environ.get("FAKE_FAIL", "").split(","):
+            raise OSError(28, "No space left on device (planted)")
         if os.environ.get("FAKE_BLOCK") == name:
             Path(os.environ["FAKE_READY"]).write_text(str(os.getpid()))
             while True:                  # until a signal ends it

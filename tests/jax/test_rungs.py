@@ -247,8 +247,8 @@ def test_a_failing_rung_is_a_skipped_entry_and_the_ladder_goes_on():
     assert r.builds_on == "R2" and r.recipe["batch_size"] == CFG.num_train + 1
     assert "Traceback" in r.details["traceback"] and r.key == "batch_up"
     assert run.result.rungs == [r]
-    with pytest.raises(ValueError, match="already ran"):
-        run.run("R3")
+    again = run.run("R3")                          # run again: tried again, in its place
+    assert run.result.rungs == [again] and again.replaces["outcome"] == r.result_kind
 
 
 def test_a_failed_learning_check_is_recorded_as_failed():

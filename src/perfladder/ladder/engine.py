@@ -26,7 +26,10 @@ interrupt (``KeyboardInterrupt``) is not a failure of the rung: it stops the lad
 
 ``LadderRun.run(name, **code)`` runs one rung with the reader's own code for a technique
 (``lab.code``: the functions the lab builds steps from), so a notebook cell that edits a
-technique measures the edit.
+technique measures the edit. A rung run again replaces its entry and marks the entries that
+built on the earlier one; ``--resume`` keeps final entries and runs the others again: one
+rule for both (``perfladder.ladder.rerun``). An interrupted rung changes nothing: no entry,
+no chain, the lab's code and the rung's change as they were.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from typing import Any, Callable
 
 from perfladder.faults import environment_failure, reraise_if_interrupt
 from perfladder.hardware import achieved_tflops, mfu
+from perfladder.ladder import rerun
 from perfladder.ladder.fit import out_of_memory_failure
 from perfladder.ladder.rung import (
     Evidence,
@@ -82,7 +86,12 @@ class Chain:
         base = self.lab.seed_recipe() if r.builds_on is None else self.recipe_of(r.builds_on)
         return base if r.change is None else r.change(base, self.lab.config)
 
-    def base(self, rung: Rung) -> tuple[str | None, Any]:
+    def base(self, rung: Rung, again: bool = False) -> tuple[str | None, Any]:
+        """What ``rung`` builds on; ``again``: it has an entry already, and a rung on the chain's
+        top then builds on the top as it stood before that entry (``rerun.top``)."""
+        if again and rung.stage != "seed" and rung.builds_on is None:
+            name = rerun.top(self.lab.result, self.recipes.__contains__, self.lab.seed_top, rung.name)
+            return name, self.recipe_of(name)
         if rung.stage == "seed":
             base = rung.builds_on
             recipe = self.lab.seed_recipe() if base is None else self.recipe_of(base)
@@ -94,8 +103,14 @@ class Chain:
 
     def top(self) -> tuple[str, Any]:
         if self.fastest is None:
-            self.fastest = (self.lab.seed_top, self.recipe_of(self.lab.seed_top))
+            return self.lab.seed_top, self.recipe_of(self.lab.seed_top)
         return self.fastest
+
+    def settle(self, result: LadderResult) -> None:
+        """The top read again from the entries once a rung built on it has one (``rerun.top``)."""
+        if self.fastest is not None or any(rerun.on_top(self.rungs, r) for r in result.rungs):
+            name = rerun.top(result, self.recipes.__contains__, self.lab.seed_top)
+            self.fastest = (name, self.recipe_of(name))
 
 
 def record(rung: Rung, given: Given, ev: Evidence, lab) -> RungResult:
@@ -143,8 +158,9 @@ def failed(rung: Rung, lab, base: str | None, recipe, error: str, tb: str = "", 
 
 
 def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
-    """Build the rung's recipe on its base, run it (failures become skipped rungs), record it."""
-    base, base_recipe = chain.base(rung)
+    """Build the rung's recipe on its base, run it (failures become skipped rungs), record it
+    (in place of its earlier entry, if it has one: ``rerun``)."""
+    base, base_recipe = chain.base(rung, again=rerun.entry(lab.result, rung.name) is not None)
     recipe = base_recipe
     t0, watch = time.perf_counter(), Stopwatch()
     try:
@@ -171,15 +187,27 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
         lab.free()
     # a rung that failed says where its time went up to the failure, as a measured one does
     res.details.setdefault("seconds", dict(watch.seconds))["total"] = time.perf_counter() - t0
-    lab.result.add(res)
-    if res.measured:
-        chain.recipes[rung.name] = lab.recipe_from_dict(res.recipe) if res.recipe else recipe
-    if rung.stage == "beyond":
-        chain.top()
-        res.kept = keeps(rung, res, lab.config.is_smoke)
-        if res.kept:
-            chain.fastest = (rung.name, chain.recipes[rung.name])
+    ran = lab.recipe_from_dict(res.recipe) if res.measured and res.recipe else recipe
+    with rerun.uninterrupted():            # recorded whole, or (an interrupt before) not at all
+        commit(rung, res, lab, chain, base, ran)
     return res
+
+
+def commit(rung: Rung, res: RungResult, lab, chain: Chain, base: str | None, recipe) -> None:
+    """Record ``res`` (``rerun.put``), what later rungs build on (the chain) and, for a rung run
+    again, the marks of the entries that built on its earlier version (``rerun.mark``)."""
+    earlier = rerun.put(lab.result, res, chain.rungs, base)
+    if res.measured:
+        chain.recipes[rung.name] = recipe
+    else:
+        chain.recipes.pop(rung.name, None)
+    if rung.stage == "beyond":
+        res.kept = keeps(rung, res, lab.config.is_smoke)
+    if earlier is not None:
+        rerun.mark(lab.result, chain.rungs, res, earlier)
+    chain.settle(lab.result)
+    if lab.result.fastest is not None:       # the kernel report or learning check named one
+        fastest(lab, chain)
 
 
 def _ran(result: LadderResult, name: str | None) -> RungResult | None:
@@ -210,14 +238,18 @@ class LadderRun:
         if earlier.framework != lab.framework or earlier.config.get("name") != lab.config.name:
             raise ValueError(f"cannot continue a {earlier.framework} {earlier.config.get('name')!r} "
                              f"run with a {lab.framework} {lab.config.name!r} ladder")
+        cap, earlier_cap = lab.result.memory_cap_gib, earlier.memory_cap_gib
+        if cap != earlier_cap:     # which rungs fit was decided under the earlier cap
+            def said(c):
+                return "no memory cap" if c is None else f"a memory cap of {c:g} GiB"
+            raise ValueError(f"cannot continue a run made under {said(earlier_cap)} with {said(cap)}; "
+                             "valid: the same cap as the earlier run, or a new run without --resume")
         earlier.notes.append(f"continued by: {lab.result.command or 'a later run'}")
         lab.result = earlier
         for r in earlier.rungs:
             if r.measured and r.recipe and r.name in self.rungs:
                 self.chain.recipes[r.name] = lab.recipe_from_dict(r.recipe)
-        kept = [r.name for r in earlier.rungs if r.kept and r.name in self.chain.recipes]
-        if kept:
-            self.chain.fastest = (kept[-1], self.chain.recipes[kept[-1]])
+        self.chain.settle(earlier)
 
     @property
     def result(self) -> LadderResult:
@@ -229,17 +261,23 @@ class LadderRun:
         ``code``: technique functions to build this and every later step from, by name (the
         lab's ``code``; e.g. ``compile_model=...``), so an edited notebook cell is measured.
         ``change(recipe, config) -> recipe``: what this rung changes in the recipe it builds on,
-        in place of its declaration's (the page shows each rung's change in its cell)."""
+        in place of its declaration's (the page shows each rung's change in its cell).
+        A rung that ran already runs again and its entry is replaced (``rerun``); an interrupt
+        leaves the ladder, its chain, the lab's code and the rung's change as they were."""
         check_rungs(self.rungs, [name])
-        if any(r.name == name for r in self.result.rungs):
-            raise ValueError(f"rung {name!r} already ran in this ladder")
-        if change is not None:
-            if not callable(change):
-                raise ValueError(f"change={change!r} is not valid; valid: a function "
-                                 "change(recipe, config) -> recipe")
-            self.rungs[name] = dataclasses.replace(self.rungs[name], change=change)
-        self.lab.use(**code)
-        return run_rung(self.rungs[name], self.lab, self.chain)
+        if change is not None and not callable(change):
+            raise ValueError(f"change={change!r} is not valid; valid: a function "
+                             "change(recipe, config) -> recipe")
+        declared, code_before = self.rungs[name], rerun.code_of(self.lab)
+        try:
+            if change is not None:
+                self.rungs[name] = dataclasses.replace(declared, change=change)
+            self.lab.use(**code)
+            return run_rung(self.rungs[name], self.lab, self.chain)
+        except BaseException:        # an interrupt: nothing measured, so nothing changes
+            self.rungs[name] = declared
+            rerun.restore_code(self.lab, code_before)
+            raise
 
     def fastest(self) -> tuple[str, Any]:
         return fastest(self.lab, self.chain)
@@ -262,14 +300,13 @@ def run_ladder(lab, rungs: dict[str, Rung], names=None, *, learn: bool = True, p
     then the kernel report of the fastest configuration (when beyond rungs ran), then the
     learning check of that configuration. ``progress(event, name, payload)`` hears
     ``('start', name, None)`` and ``('end', name, RungResult | LearningCheck)``. ``resume``:
-    an earlier result of the same ladder to continue (its rungs are not run again).
+    an earlier result of the same ladder to continue: its final entries are kept, a failed
+    one is retried and the entries built on its earlier version run again (``rerun.again``).
     ``checkpoint(result)`` is handed the growing ``LadderResult`` after every rung, the kernel
     report and the learning check, so a caller can save it as the ladder goes (an interrupt
     then loses only the rung in flight); what it raises stops the ladder."""
     order = check_rungs(rungs, names, optional=optional)
     run = LadderRun(lab, rungs, resume=resume)
-    done = {r.name for r in run.result.rungs}
-    order = [n for n in order if n not in done]
 
     def step(name, thunk):
         if progress:
@@ -283,10 +320,17 @@ def run_ladder(lab, rungs: dict[str, Rung], names=None, *, learn: bool = True, p
         if checkpoint is not None:
             checkpoint(run.result)
 
-    for name in order:
+    ran = []
+    for name in order:                  # read as it goes: a retried rung marks the later ones
+        why = rerun.again(rerun.entry(run.result, name))
+        if why is None:
+            continue
+        if why:
+            print(f"perfladder: {lab.framework}: {why}", file=sys.stderr, flush=True)
         step(name, lambda name=name: run.run(name))
+        ran.append(name)
         saved()
-    if kernels and any(rungs[n].stage == "beyond" for n in order):
+    if kernels and any(rungs[n].stage == "beyond" for n in ran):
         run.kernel_report()
         saved()
     if learn:

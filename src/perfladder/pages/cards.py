@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from perfladder.pages import rerun
 from perfladder.pages.claims import (
     call,
     compile_recorded,
@@ -178,7 +179,8 @@ def result_line(result: LadderResult, r: RungResult) -> str:
     """One line: the rung, its rate, and what may be said of it against the rung it builds on."""
     head = f"{r.name} {r.label}: "
     if not r.measured:
-        return head + "not measured (" + short_reason(r.error or "; ".join(r.notes), 140) + ")"
+        return (head + "not measured (" + short_reason(r.error or "; ".join(r.notes), 140) + ")"
+                + rerun.line_note(r))
     c = call(result, r)
     what = {"start": "the ladder's first measurement" if r.name != result.baseline else "the baseline",
             "smoke": "a smoke check, not a performance number",
@@ -192,7 +194,7 @@ def result_line(result: LadderResult, r: RungResult) -> str:
         what = "a control, not a step of the waterfall"
     if is_smoke(result):
         what = "a smoke check, not a performance number"
-    return head + f"{rate(r.tokens_per_s)} tokens/s, {what}"
+    return head + f"{rate(r.tokens_per_s)} tokens/s, {what}" + rerun.line_note(r)
 
 
 def _gates_summary(r: RungResult) -> str:
@@ -205,7 +207,7 @@ def _gates_summary(r: RungResult) -> str:
 
 def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
     """The few rows a reader reads first (the full record is behind the toggle)."""
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, str]] = rerun.card_rows(r)
     t = r.timing
     if t is not None:
         n = len(t.windows)

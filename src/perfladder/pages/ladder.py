@@ -12,6 +12,12 @@ rung by rung, labelled with its device and date. ``page.shown`` is the ladder wh
 the page shows; ``page.live`` the one this build ran. The prose between the cells is the
 authors'; ``glue`` inserts its numbers and the verdicts of its checked claims
 (``perfladder.pages.story``, ``perfladder.pages.chapter``) computed from ``shown``.
+
+Every cell can be run again. A rung's cell run again measures the cell's code again, shows
+the new rate beside the one it replaced (and the reference run's), and the rungs built on the
+earlier version are marked until their cells run again (``perfladder.ladder.rerun``); the
+table, the waterfall, ``glue`` and ``save`` say so (``perfladder.pages.rerun``). An
+interrupted cell leaves the ladder as it was before the cell.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from pathlib import Path
 
 from perfladder.book.paths import build_results_dir
 from perfladder.config import pick_config
-from perfladder.pages import cards, kernel_report, multigpu, plot, report
+from perfladder.pages import cards, kernel_report, multigpu, plot, report, rerun
 from perfladder.pages.chapter import checks_for, numbers_for
 from perfladder.pages.claims import is_smoke
 from perfladder.pages.narrative import learning_text, smoke_check
@@ -42,6 +48,21 @@ def _show_figure(fig) -> None:
     if get_ipython is not None and get_ipython() is not None:
         display(fig)
     plt.close(fig)
+
+
+def _header_display(html_text: str, text: str, display_id: str, update: bool = False) -> None:
+    """The page's header, under ``display_id`` in a kernel so that a later cell can update it in
+    place (``update``); outside a kernel the text is printed once, never updated."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display, update_display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        (update_display if update else display)({"text/html": html_text, "text/plain": text}, raw=True,
+                                                 display_id=display_id)
+    elif not update:
+        print(text)
 
 
 def _glue(key: str, markdown: str) -> None:
@@ -83,6 +104,8 @@ class LadderPage:
             except (FileNotFoundError, ValueError, ResultsError) as e:
                 self.reference_error = str(e)
         self.glued: dict[str, str] = {}
+        self._header: tuple[str, str] | None = None      # (html, text) as first shown
+        self._header_note = ""
         if show_header:
             self.header()
 
@@ -113,10 +136,14 @@ class LadderPage:
 
     # -- cells -------------------------------------------------------------------------------
     def header(self) -> None:
+        self._header = self._header_box()
+        _header_display(*self._header, display_id=f"perfladder-header-{id(self)}")
+
+    def _header_box(self) -> tuple[str, str]:
         device = self.live.device
         if not self.config.is_smoke:
-            report.banner(self.config, device)
-            return
+            plain = report.banner_text(self.config, device).replace("**", "").replace("`", "")
+            return report.banner_html(self.config, device), plain
         if self.reference is not None:
             shows = (f"Every number, table and figure shown for a rung, and every number in the prose, "
                      f"comes from the committed reference run: {run_label(self.reference, self.reference_source)}.")
@@ -126,8 +153,22 @@ class LadderPage:
         text = (f"This build runs the tiny smoke configuration on {device}. Each rung's cell below runs "
                 "its code live, as a check that the code runs and its gates pass; the grey boxes report "
                 f"that check, and their numbers are NOT performance results. {shows}")
-        display_html(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
-                              "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
+        return (box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
+                         "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
+
+    def _note_in_header(self) -> None:
+        """Once a cell has run again, the header at the top of the page says which rungs were run
+        again and which stand on an earlier version (updated in place in a kernel)."""
+        note = rerun.ladder_note(self.live)
+        if self._header is None or note == self._header_note:
+            return
+        self._header_note = note
+        html_text, text = self._header
+        if note:
+            html_text += box_html("Rungs run again in this session", f'<p style="margin: 0;">{esc(note)}</p>',
+                                  "warning", cls="perfladder-rerun")
+            text += "\n" + note
+        _header_display(html_text, text, display_id=f"perfladder-header-{id(self)}", update=True)
 
     def run(self, name: str, **code) -> None:
         """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show
@@ -135,6 +176,7 @@ class LadderPage:
         res = self.ladder.run(name, **code)
         self._keep_partial()
         self.show(name, res)
+        self._note_in_header()
 
     def _keep_partial(self) -> None:
         """On a full build, the ladder so far in ``<framework>.partial.json`` after every rung: a
@@ -150,7 +192,8 @@ class LadderPage:
                 self._committed_multi_gpu(name)
             return
         if res is not None:
-            self._smoke_box(f"smoke check of this cell's code on {self.live.device}", smoke_check(res))
+            self._smoke_box(f"smoke check of this cell's code on {self.live.device}",
+                            ". ".join(t for t in (smoke_check(res), self._rerun_text(res)) if t))
         ref = self._shown_rung(name)
         if ref is None:
             decl = self.fw.RUNGS.get(name)
@@ -168,6 +211,25 @@ class LadderPage:
                      cards.rung_text(self.reference, ref.name, label))
         if not ref.measured:
             self._committed_multi_gpu(name)
+
+    def _rerun_text(self, res) -> str:
+        """A smoke check's words for a rung run again (beside the reference run's rate) or built
+        on an earlier version of one."""
+        ref = self._shown_rung(res.name)
+        where = f"{self.reference.device}, {self.reference.created[:10]}"
+        mark = f"It is {rerun.mark_text(res)}." if res.built_on_earlier else ""
+        return " ".join(t for t in (rerun.compare_line(res, ref, where), mark) if t)
+
+    def rerun_note(self) -> str:
+        """Show which rungs of this session's ladder were run again and which are built on an
+        earlier version of one (nothing when every rung ran once); the words shown."""
+        text = rerun.ladder_note(self.live)
+        if text and self.config.is_smoke and self.reference is not None:
+            self._smoke_box(f"this session's smoke run on {self.live.device}", text)
+        elif text:
+            display_html(box_html("Rungs run again", f'<p style="margin: 0;">{esc(text)}</p>', "warning",
+                                  cls="perfladder-rerun"), text)
+        return text
 
     def _committed_multi_gpu(self, name: str) -> None:
         """A multi-GPU rung this page cannot show measured: the committed run's numbers."""
@@ -187,10 +249,12 @@ class LadderPage:
     def table(self) -> None:
         """Every rung of the shown ladder, one row each."""
         display_html(report.ladder_table_html(self.shown), report.text_table(self.shown))
+        self.rerun_note()
 
     def waterfall(self) -> None:
         """The shown ladder's waterfall."""
         _show_figure(plot.waterfall(self.shown))
+        self.rerun_note()
 
     def kernel_report(self) -> None:
         """Profile the fastest configuration kernel by kernel (live), show the shown ladder's."""
@@ -234,6 +298,7 @@ class LadderPage:
         self.glued = glue_values(self.shown, checks_for(self.framework), numbers_for(self.framework))
         for key, value in self.glued.items():
             _glue(key, value)
+        self.rerun_note()
         return self.glued
 
     def save(self, folder: str | Path | None = None) -> tuple[Path, Path]:
@@ -248,4 +313,6 @@ class LadderPage:
         print(f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s"
                                             f"{', smoke' if self.config.is_smoke else ''})" if best else ""))
         print(cards.time_spent(self.live))
+        if rerun.ladder_note(self.live):
+            print(rerun.ladder_note(self.live))
         return path, png

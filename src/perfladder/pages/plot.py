@@ -25,6 +25,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from perfladder.pages import rerun
 from perfladder.pages.claims import call, ceiling, is_smoke, settled
 from perfladder.pages.words import rate
 from perfladder.results.record import LadderResult, RungResult
@@ -118,7 +119,7 @@ def bar_label(result: LadderResult, r: RungResult, left: RungResult | None = Non
         return "did not\nsettle"
     c = call(result, r)
     if c.word == "start":
-        return "base" if r.name == result.baseline else ""
+        return "base" if r.name == result.baseline else rerun.bar_mark(r)
     if c.word == "unsettled":
         return "no\ncredit"
     text = "≈" if c.word == "within noise" else c.label

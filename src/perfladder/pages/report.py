@@ -18,6 +18,7 @@ import html
 import re
 
 from perfladder.config import LadderConfig
+from perfladder.pages import rerun
 from perfladder.pages.claims import (
     call,
     config_of,
@@ -153,6 +154,8 @@ def _vs_cell(result: LadderResult, r: RungResult) -> tuple[str, str]:
     c = call(result, r)
     if c.word == "skipped":
         return "", ""
+    if r.built_on_earlier:                  # no ratio across versions (perfladder.pages.rerun)
+        return "", rerun.table_mark(r)
     if r.kind == "control":
         return "", "control"
     if c.word == "start":
@@ -219,7 +222,7 @@ def text_table(result: LadderResult) -> str:
         lines.append(f"{r.name:<5} {r.key[:18]:<18} {r.label[:22]:<22} {rate(r.tokens_per_s):>12} "
                      f"{percent(r.spread, 1):>7} {(c.label if c.bound else ratio(c.ratio)):>7} "
                      f"{c.word if c.word not in ('start', 'skipped') else '-':<13} {tflops(r.tflops):>8} "
-                     f"{percent(r.mfu, 1):>6}")
+                     f"{percent(r.mfu, 1):>6}" + rerun.line_note(r))
     if result.learning is not None:
         lines.append(str(result.learning))
     return "\n".join(lines)

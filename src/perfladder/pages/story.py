@@ -331,6 +331,9 @@ def credited_ratio(result: LadderResult, r: RungResult, before: RungResult | Non
         return ratio(c.ratio)
     if c.bound is not None:
         return c.bound_text
+    if before.name in r.built_on_earlier:           # a page's cell run again (perfladder.pages.rerun)
+        return (f"{ratio(r.tokens_per_s / before.tokens_per_s)} (not credited: {r.name} ran on an earlier "
+                f"{before.name})")
     return f"{ratio(r.tokens_per_s / before.tokens_per_s)} (not credited: the windows did not settle)"
 
 

@@ -86,6 +86,9 @@ class RungResult:
     error: str | None = None                # why a skipped rung measured nothing
     outcome: str | None = None              # see OUTCOMES; None in files written before it
     section: str = ""                       # the chapter section whose tool the rung applies
+    built_on_earlier: list[str] = field(default_factory=list)   # rungs run again after this one
+                                            # ran, down its chain (perfladder.ladder.rerun)
+    replaces: dict | None = None            # the entry this one replaced: tokens_per_s, outcome, error
     # derived by LadderResult.finalize()
     ratio_prev: float | None = None
     ratio_base: float | None = None
@@ -254,9 +257,10 @@ class LadderResult:
             r.ratio_prev = r.ratio_base = r.verdict = None
             if not r.measured:
                 continue
-            if base is not None:
+            if base is not None and self.baseline not in r.built_on_earlier:
                 r.ratio_base = r.tokens_per_s / base.tokens_per_s
-            before = measured.get(r.builds_on) if r.builds_on else None
+            # never read across versions: a base run again after this rung ran is not its base
+            before = measured.get(r.builds_on) if r.builds_on not in r.built_on_earlier else None
             if before is not None:
                 r.ratio_prev = r.tokens_per_s / before.tokens_per_s
                 r.verdict = _verdict.verdict(r, before)
