@@ -29,8 +29,9 @@ from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import compile_count, throughput
-from perfladder.kernels.roofline import of_run
+from perfladder.kernels.accounting import of_run
 from perfladder.measure.evidence import (
+    PLANNED,
     Compile,
     Memory,
     ProfileSummary,
@@ -143,7 +144,7 @@ class JaxLab:
         d["recipe"] = recipe.to_dict()
         d["roofline"] = of_run(kb, self.result.roofs, self.gpt_config, batch=recipe.batch_size,
                                seq=self.config.num_steps, precision=recipe.precision,
-                               stream_fp32=not recipe.bf16, embed=recipe.embed)
+                               framework="jax", recipe=recipe.to_dict())
         return d
 
     def learning_check(self, name: str, recipe: Recipe, watch: Stopwatch | None = None) -> LearningCheck:
@@ -274,7 +275,7 @@ class JaxLab:
     def planned(plan: Plan | None) -> Memory:
         if plan is None:
             return Memory(bytes=None, kind="n/a", note="an un-jitted step has no compiled plan")
-        return Memory(bytes=plan.temp_bytes, kind="planned temporaries", note=PLAN_NOTE)
+        return Memory(bytes=plan.temp_bytes, kind=PLANNED, note=PLAN_NOTE)
 
     def __repr__(self) -> str:
         return f"JaxLab({self.config.name}, {self.device_name}, ran={[r.name for r in self.result.rungs]})"

@@ -3,9 +3,11 @@ step-by-step evidence beside the ladder's windows (``per_step_times`` / ``step_s
 steady the steps are, which a windows' median hides; ``host_overhead``: the time Python takes
 to issue a step against the synced step time).
 
-``host_ms``: after a sync, the wall time Python takes to *issue* ``steps`` steps without
-waiting, per step (model-graph traversal, argument flattening, dispatch; the batch draw is
-included, as in the timed loop). ``device_ms``: the kernels' time per step, from a
+``host_ms``: the time Python takes to *issue* one step with the device idle, the median over
+``steps`` steps (model-graph traversal, argument flattening, dispatch; ``issue_ms``): with no
+queue of earlier steps ahead of it the call never waits on the device, so this is the host's
+cost and cannot exceed the step. ``busy``: the share of the profiled steps' wall time the
+device ran a kernel (the union of the kernels' intervals). ``device_ms``: the kernels' time per step, from a
 ``jax.profiler`` trace of ``steps`` more steps (``perfladder.jax.kernels``); on CPU the
 "kernels" are XLA:CPU ops. ``shares``: the kernel-category shares of that time.
 """
@@ -36,9 +38,21 @@ def issue_and_finish_ms(step, stream, n: int) -> tuple[float, float]:
     return 1e3 * issued / n, 1e3 * done / n
 
 
-def issue_ms(step, stream, n: int) -> float:
-    """Milliseconds Python spends issuing one of ``n`` steps, the device idle at the start."""
-    return issue_and_finish_ms(step, stream, n)[0]
+def issue_ms(step, stream, n: int, sync=jax.block_until_ready) -> float:
+    """Milliseconds Python spends issuing one step: the median over ``n`` steps of the time a
+    call takes to return, each issued with the device idle (the previous step waited for).
+
+    Issued back to back, a call can wait for the device (the runtime bounds how many steps
+    may be queued), and the time to issue would then be the device's: above the step itself
+    at a host-bound batch. With nothing queued, a call returns when Python and the runtime
+    have done their part, which is the host cost of a step and never more than the step."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out = step(*next(stream))                # the batch draw included, as in the timed loop
+        times.append(time.perf_counter() - t0)
+        sync(out)
+    return 1e3 * statistics.median(times)
 
 
 def profile_step(step, stream, *, steps: int, hlo_text: str | None = None, devices: int = 1,
@@ -55,10 +69,12 @@ def profile_step(step, stream, *, steps: int, hlo_text: str | None = None, devic
     per = 1.0 / (steps * devices * 1e3)            # summed µs -> ms per step per device
     rows = [{"name": k.name, "category": k.category, "device_ms": k.total_us * per,
              "calls": k.calls / steps} for k in kb.top]
-    return ProfileSummary(tool="jax.profiler", steps=steps, host_ms=host,
+    busy = kb.busy if devices == 1 else None       # one timeline per device: a union of all
+    return ProfileSummary(tool="jax.profiler", steps=steps, host_ms=host,    # is no one's share
                           device_ms=kb.total_us * per,
                           shares={c: s for c, s in kb.category_share.items() if s > 0},
-                          rows=rows)
+                          rows=rows, busy=busy,
+                          wall_ms=None if kb.wall_us is None else kb.wall_us / (steps * 1e3))
 
 
 def per_step_times(step, stream, n: int, sync=jax.block_until_ready) -> list[float]:

@@ -231,10 +231,11 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
         top = sorted(p.shares.items(), key=lambda kv: -kv[1])[:3]
         out.append(("profile", f"{p.device_ms:.2f} ms of kernels per step"
                     + ("" if reg.get("busy") is None else f", busy {reg['busy']:.0%} of the "
-                       f"{reg['step_ms']:.1f} ms step") + ("" if p.host_ms is None else
-                                                         f"; host {p.host_ms:.1f} ms to issue a step")
+                       f"{reg['step_ms']:.1f} ms step") + ("" if reg.get("host_ms") is None else
+                                                         f"; host {reg['host_ms']:.1f} ms to issue a step")
                     + ("; " + ", ".join(f"{k} {v:.0%}" for k, v in top) if top else "")
                     + f"; read as {regime_of(r)}"))
+        out += [("accounting", flag) for flag in reg.get("accounting") or []]
     if r.tflops is not None:
         out.append(("rate", f"{tflops(r.tflops)} model TFLOP/s"
                     + ("" if r.mfu is None else f", {r.mfu:.1%} MFU")))

@@ -19,8 +19,10 @@ import torch
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for
-from perfladder.kernels.roofline import of_run
+from perfladder.kernels.accounting import of_run
 from perfladder.measure.evidence import (
+    PEAK_RESERVED,
+    RESERVED_NOTE,
     Memory,
     ProfileSummary,
     Receipt,
@@ -179,7 +181,8 @@ class TorchLab:
                               budget_s=c.timing_budget_s, window_s=c.window_s)
 
         t, again = measure_settled(once, budget_s=c.timing_budget_s)
-        mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak") if self.on_gpu
+        mem = (Memory(int(torch.cuda.max_memory_reserved()), PEAK_RESERVED, RESERVED_NOTE,
+                      allocated=int(torch.cuda.max_memory_allocated())) if self.on_gpu
                else Memory(None, "n/a", "no device memory on CPU"))
         return t, again, mem
 
@@ -246,7 +249,7 @@ class TorchLab:
         d["recipe"] = recipe.to_dict()
         d["roofline"] = of_run(kb, self.result.roofs, self.gpt_config, batch=recipe.batch_size,
                                seq=self.config.num_steps, precision=recipe.precision,
-                               stream_fp32=True, embed=recipe.embed)   # autocast: fp32 stream
+                               framework="torch", recipe=recipe.to_dict())
         return d
 
     def learning_check(self, name: str, recipe: Recipe, watch: Stopwatch | None = None):
