@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from perfladder.config import LadderConfig, expected_num_params, flops_per_token
+from perfladder.config import LadderConfig
+from perfladder.kernels.ceiling import ceiling  # noqa: F401  (the one ceiling, read from here too)
+from perfladder.kernels.ceiling import model_flops_per_token as _flops_per_token
 from perfladder.measure import verdict as _verdict
 from perfladder.measure.timing import LEGACY_TARGET_SPREAD, did_settle
 from perfladder.pages.words import percent, rate, ratio
@@ -46,20 +48,7 @@ def config_of(result: LadderResult) -> LadderConfig:
 
 def model_flops_per_token(result: LadderResult) -> int:
     """``6 N + 12 L T D`` of the model the run's configuration describes."""
-    cfg = config_of(result)
-    gpt = cfg.gpt()
-    return flops_per_token(expected_num_params(gpt), gpt.num_blks, cfg.num_steps, gpt.num_hiddens)
-
-
-def ceiling(result: LadderResult) -> dict | None:
-    """The model's tokens/s at the device's measured bf16 matmul rate, or ``None`` when the run
-    carries no measured roofs: ``{'tokens_per_s', 'tflops', 'flops_per_token', 'source'}``."""
-    tf = (result.roofs or {}).get("matmul_bf16_tflops")
-    if not tf:
-        return None
-    fpt = model_flops_per_token(result)
-    return {"tokens_per_s": tf * 1e12 / fpt, "tflops": tf, "flops_per_token": fpt,
-            "source": (result.roofs or {}).get("source", "")}
+    return _flops_per_token(result.config)
 
 
 # -- what may be said about a comparison -------------------------------------------------------

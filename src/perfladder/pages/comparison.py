@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from perfladder.measure.verdict import above_unsettled_base
 from perfladder.pages.claims import against, call, config_of, regime_of, settled
 from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
 from perfladder.pages.words import rate
@@ -147,7 +148,10 @@ def jax_bf16_scatter(j: LadderResult | None) -> Claim:
                 f"{'/'.join(t1) or 'unrecorded'}) ran at {rate(b1.tokens_per_s)} "
                 f"({fix.label or fix.word} R3, {fix.word}).")
     holds = (c.word == "slower" and "bf16" in t3 and tc and "bf16" not in tc and share >= 0.5
-             and t1 and "bf16" not in t1 and fix.word == "faster" and b1.tokens_per_s > r3c.tokens_per_s)
+             and t1 and "bf16" not in t1 and b1.tokens_per_s > r3c.tokens_per_s
+             # a recovery is a sign, not a credited ratio: 'faster', or every B1 window above
+             # every window R3 ever showed when R3 did not settle (verdict.above_unsettled_base)
+             and (fix.word == "faster" or above_unsettled_base(b1.verdict)))
     return Claim("jax_bf16_scatter", statement, evidence, bool(holds), chapter)
 
 
