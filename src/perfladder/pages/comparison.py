@@ -218,7 +218,7 @@ def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
 def data_parallel_nearly_free(r5: dict | None) -> Claim:
     """NVLink data parallelism: the priced wire time a sliver of the step, >= 90% of linear."""
     statement = ("On two H200s joined by NVLink, data parallelism is nearly free: the gradient "
-                 "all-reduce the cost model prices is a sliver of the step, and the fastest recipe "
+                 "all-reduce the cost model prices is a sliver of the step, and the run's fast recipe "
                  "scaled close to linearly in both frameworks. What it does lose is not wire time: "
                  "every measurement lands below the no-overlap prediction.")
     ch = CHAPTER["r5"]
