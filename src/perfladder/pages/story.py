@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from perfladder.measure import verdict as _verdict
 from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
 from perfladder.pages.comparison import CHAPTER
 from perfladder.pages.kernel_report import fastest_roofline
@@ -73,16 +72,6 @@ def verdict(name: str, *words: str) -> Test:
     def test(result):
         r = _rung(result, name)
         return call(result, r).word in words, _said(result, r)
-    return test
-
-
-def pays(name: str) -> Test:
-    """The rung is faster than the rung it builds on: its verdict is 'faster', or, against a
-    base whose windows did not settle, every window of it is above every window the base ever
-    showed (``verdict.above_unsettled_base``: the sign is certain; no ratio is credited)."""
-    def test(result):
-        r = _rung(result, name)
-        return (call(result, r).word == "faster" or _verdict.above_unsettled_base(r.verdict)), _said(result, r)
     return test
 
 

@@ -5,6 +5,8 @@ glue key placed after the sentence that makes it.
 """
 from __future__ import annotations
 
+from perfladder.measure.verdict import above_unsettled_base
+from perfladder.pages.claims import call
 from perfladder.pages.story import (
     DEVICE,
     HOST,
@@ -18,7 +20,6 @@ from perfladder.pages.story import (
     less,
     loses_to,
     more,
-    pays,
     ratio_of,
     recorded,
     regime,
@@ -27,8 +28,23 @@ from perfladder.pages.story import (
     small_change,
     verdict,
 )
+from perfladder.pages.words import rate
 
 NOT_FASTER = ("slower", "within noise", "unsettled")
+
+
+def pays(name: str):
+    """The rung is faster than the rung it builds on: its verdict is 'faster', or, against a
+    base whose windows did not settle, every window of it is above every window the base ever
+    showed (``verdict.above_unsettled_base``: the sign is certain; no ratio is credited)."""
+    def test(result):
+        r = result.rung(name)
+        c = call(result, r)
+        return (c.word == "faster" or above_unsettled_base(r.verdict),
+                f"{name} {rate(r.tokens_per_s)} tokens/s, {c.word} against {c.against}")
+    return test
+
+
 SMALL = 0.03      # "little": within 3% of the base, about the spread a window may have
 
 
