@@ -197,15 +197,17 @@ def torch_batch_biggest(t: LadderResult | None) -> Claim:
 
 
 def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
-    """The two frameworks' fastest settled configurations, within a tenth of each other."""
+    """The two frameworks' fastest configurations (``LadderResult.fastest_rung``, the one meaning
+    every page gives the words), within a tenth of each other."""
     statement = ("The two frameworks end close together: their fastest configurations are "
                  "within a tenth of each other, each reached by a different path.")
     if t is None or j is None or not t.waterfall() or not j.waterfall():
         return _missing("fastest_pair", statement, t if j is not None else j, "both ladders")
     bt, bj = t.fastest_rung(), j.fastest_rung()
     c = against(bj, bt)
-    evidence = (f"PyTorch's fastest settled rung is {bt.name} {bt.label}, {rate(bt.tokens_per_s)} "
-                f"tokens/s; JAX's is {bj.name} {bj.label}, {rate(bj.tokens_per_s)} "
+    unsettled = lambda r: "" if settled(r) is not False else " (its windows did not settle)"  # noqa: E731
+    evidence = (f"PyTorch's fastest configuration is {bt.name} {bt.label}, {rate(bt.tokens_per_s)} "
+                f"tokens/s{unsettled(bt)}; JAX's is {bj.name} {bj.label}, {rate(bj.tokens_per_s)}{unsettled(bj)} "
                 f"({_x(bj.tokens_per_s / bt.tokens_per_s)} PyTorch's, {c.word}).")
     paths = [[r.key for r in res.waterfall() if call(res, r).credited] for res in (t, j)]
     evidence += (f" Credited on the way: PyTorch {', '.join(paths[0]) or 'nothing'}; "

@@ -365,6 +365,7 @@ def ladder_numbers(result: LadderResult) -> dict[str, str]:
         ceil = ceiling(result)
         out["ceiling_rate"] = rate(ceil["tokens_per_s"]) if ceil else "–"
         out["ceiling_tflops"] = f"{ceil['tflops']:.0f}" if ceil else "–"
+        out["ceiling_source"] = ceil["source"] if ceil else "–"      # the run's own probe
         out["of_ceiling"] = percent(best.tokens_per_s / ceil["tokens_per_s"]) if ceil else "–"
     lc = result.learning
     if lc is not None:
