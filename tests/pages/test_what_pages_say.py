@@ -1,14 +1,13 @@
 """The kinds of wrong sentence a page once printed, each fixed at its cause and pinned here: a
 claim about later rungs reads the registry; "fastest" is one function; "did not settle" is said
-of the rung that did not; an unsettled base still credits a gain that every window shows (as a
-bound); a compiled rung records its compile; the fp32 control is built like the rung it
+of the rung that did not; an unsettled base credits nothing, not even a bound (the one credit
+rule); a compiled rung records its compile; the fp32 control is built like the rung it
 controls; a rung's result line and its table agree."""
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
-import pytest
 from conftest import timing_of
 
 from perfladder.ladder.rung import later

@@ -111,6 +111,8 @@ def reread_report(kb: dict, framework: str) -> dict:
         return kb
     new = old.recategorized()
     out = kb if new is old else {**kb, **new.to_dict()}
+    if out.get("busy") != new.busy:            # a sum over the wall time is no busy fraction
+        out = {**out, "busy": new.busy}
     rl, recipe = kb.get("roofline"), kb.get("recipe")
     if not (rl and rl.get("workload") and rl.get("roofs")):
         return out
