@@ -207,7 +207,8 @@ def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
     c = against(bj, bt)
     unsettled = lambda r: "" if settled(r) is not False else " (its windows did not settle)"  # noqa: E731
     evidence = (f"PyTorch's fastest configuration is {bt.name} {bt.label}, {rate(bt.tokens_per_s)} "
-                f"tokens/s{unsettled(bt)}; JAX's is {bj.name} {bj.label}, {rate(bj.tokens_per_s)}{unsettled(bj)} "
+                f"tokens/s{unsettled(bt)}; JAX's is {bj.name} {bj.label}, "
+                f"{rate(bj.tokens_per_s)}{unsettled(bj)} "
                 f"({_x(bj.tokens_per_s / bt.tokens_per_s)} PyTorch's, {c.word}).")
     paths = [[r.key for r in res.waterfall() if call(res, r).credited] for res in (t, j)]
     evidence += (f" Credited on the way: PyTorch {', '.join(paths[0]) or 'nothing'}; "

@@ -93,7 +93,8 @@ def roofline_html(rl: dict | None, tried: dict[str, list[str]] | None = None) ->
     if not rl:
         return ""
     head = (f"Roofline per kernel group: {rl['time_ms']:.2f} ms of kernels per step against a floor "
-            f"of {rl['floor_ms']:.2f} ms at this run's measured copy and matmul ceilings")
+            f"of {rl['floor_ms']:.2f} ms at this run's measured copy and matmul ceilings"
+            + (f" ({rl['roofs']['source']})" if (rl.get("roofs") or {}).get("source") else ""))
     cols = ["ms/step", "floor ms", "above ms", "group", "bound by", "% copy roof", "% matmul roof"]
     note = under_floor_note(rl)
     return (f'<p style="margin: 0.6em 0 0.2em 0;"><strong>{esc(head)}</strong></p>'

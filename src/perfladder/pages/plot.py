@@ -128,7 +128,8 @@ def bar_label(result: LadderResult, r: RungResult, left: RungResult | None = Non
 def _ceiling_handle(c: dict) -> Line2D:
     return Line2D([], [], color=CEILING_COLOR, linestyle="--",
                   label=f"model ceiling of the {c['framework']} run on {c['device']}: "
-                        f"{rate(c['tokens_per_s'])} tokens/s (its probe: bf16 matmul {c['tflops']:.0f} TFLOP/s)")
+                        f"{rate(c['tokens_per_s'])} tokens/s "
+                        f"(its probe: bf16 matmul {c['tflops']:.0f} TFLOP/s)")
 
 
 def _legend_handles(colors: list[str], hatched: bool, ceilings: list[dict]) -> list:

@@ -3,8 +3,9 @@
 ``device_ms``: the kernels' time per step from a ``torch.profiler`` run of a few steps
 (``perfladder.torch.kernels``; on CPU, the operators' self time); ``busy``: the share of those
 steps' wall time the device ran a kernel (the union of the kernels' intervals, so kernels on
-several streams are not counted twice); ``shares``: the kernel-category shares of that time; ``rows``: the top kernels, device time first. The profiler's CUPTI hooks are
-torn down when it stops (``TEARDOWN_CUPTI``, set by ``import perfladder.torch``), so the windows
+several streams are not counted twice); ``shares``: the kernel-category shares of that time;
+``rows``: the top kernels, device time first. The profiler's CUPTI hooks are torn down when it
+stops (``TEARDOWN_CUPTI``, set by ``import perfladder.torch``), so the windows
 timed after a profile pay no tax for it.
 """
 from __future__ import annotations
