@@ -40,3 +40,13 @@ def test_issue_time_is_the_hosts_and_never_exceeds_the_step(monkeypatch):
     assert rt.waited == 0                              # every call found the device idle
     assert ms == pytest.approx(1e3 * HOST)             # the host's own cost of a step
     assert ms < 1e3 * max(HOST, DEVICE)                # the step it issues takes at least this
+
+
+def test_host_overhead_reports_the_hosts_cost_beside_the_pace(monkeypatch):
+    """``host_overhead`` (B3's evidence, benchmarks/jax_dispatch.py): the host's cost per step
+    is measured with nothing queued; the back-to-back pace beside it may include the device."""
+    rt = QueuedRuntime()
+    monkeypatch.setattr(jp, "time", SimpleNamespace(perf_counter=lambda: rt.clock))
+    h = jp.host_overhead(rt.step, iter(lambda: (0, 0), None), 4, sync=rt.sync)
+    assert h["dispatch_ms_per_step"] == pytest.approx(1e3 * HOST)
+    assert h["dispatch_ms_per_step"] <= h["unsynced_ms_per_step"]

@@ -1,7 +1,7 @@
 """Where one step's time goes, measured outside any timed window: a ``ProfileSummary``, and the
 step-by-step evidence beside the ladder's windows (``per_step_times`` / ``step_stats``: how
-steady the steps are, which a windows' median hides; ``host_overhead``: the time Python takes
-to issue a step against the synced step time).
+steady the steps are, which a windows' median hides; ``host_overhead``: the host's cost of
+issuing a step against the step's pace).
 
 ``host_ms``: the time Python takes to *issue* one step with the device idle, the median over
 ``steps`` steps (model-graph traversal, argument flattening, dispatch; ``issue_ms``): with no
@@ -24,16 +24,16 @@ from perfladder.measure.evidence import ProfileSummary
 ROWS = 8      # the profile's top kernels kept with the summary
 
 
-def issue_and_finish_ms(step, stream, n: int) -> tuple[float, float]:
+def issue_and_finish_ms(step, stream, n: int, sync=jax.block_until_ready) -> tuple[float, float]:
     """Milliseconds per step, of ``n`` steps issued back to back with the device idle at the
     start: until Python has issued the last one, and until the device has finished it."""
-    jax.block_until_ready(step(*next(stream)))
+    sync(step(*next(stream)))
     t0 = time.perf_counter()
     out = None
     for _ in range(n):
         out = step(*next(stream))
     issued = time.perf_counter() - t0
-    jax.block_until_ready(out)
+    sync(out)
     done = time.perf_counter() - t0
     return 1e3 * issued / n, 1e3 * done / n
 
@@ -101,15 +101,18 @@ def step_stats(times: list[float]) -> dict:
             "spread": (ms[-1] - ms[0]) / med if med > 0 else 0.0, "n": len(ms)}
 
 
-def host_overhead(step, stream, n: int) -> dict:
+def host_overhead(step, stream, n: int, sync=jax.block_until_ready) -> dict:
     """Host time per call vs device time per step.
 
-    After a sync (device idle), ``n`` calls are issued without waiting: the time until the
-    last call returns is what Python spends per step; then we wait for the device. If the
-    first number is well under the synced step time, the host runs ahead and its cost is
-    hidden; if it is close, the host sets the pace.
+    ``dispatch_ms_per_step``: the host's cost of one step, each call issued with the device idle
+    (``issue_ms``: no queue holds it back, so it cannot exceed the step). ``unsynced_ms_per_step``:
+    ``n`` calls issued back to back, per step, until the device finished the last (the pace of
+    the timed loop); ``synced_median_ms``: one step waited for at a time. If the host's cost is
+    well under the unsynced pace, the host runs ahead and its cost is hidden; if it is close,
+    the host sets the pace.
     """
-    issued, done = issue_and_finish_ms(step, stream, n)
-    synced = step_stats(per_step_times(step, stream, n))
+    issued = issue_ms(step, stream, n, sync)
+    _, done = issue_and_finish_ms(step, stream, n, sync)
+    synced = step_stats(per_step_times(step, stream, n, sync))
     return {"n": n, "dispatch_ms_per_step": issued, "unsynced_ms_per_step": done,
             "synced_median_ms": synced["median_ms"]}
