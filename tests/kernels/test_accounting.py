@@ -96,6 +96,9 @@ def test_the_workload_is_the_recipes_own():
     assert must_do(fastest)["elementwise: RoPE"] == (0.0, 0.0)              # done inside attention
     assert must_do(chapter)["elementwise: RoPE"][0] > 0
     assert must_do(fastest)["attention"] == must_do(chapter)["attention"]
+    mlp = workload_of("torch", {"fused": ["attention", "mlp"]}, GPT, **kw)
+    assert mlp.gelu_in_matmul and must_do(mlp)["elementwise: GELU"] == (0.0, 0.0)
+    assert must_do(fastest)["elementwise: GELU"][0] > 0
     with pytest.raises(ValueError, match="framework='tf'"):
         workload_of("tf", {}, GPT, **kw)
 

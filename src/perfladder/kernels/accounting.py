@@ -3,8 +3,9 @@ the raw measurements (no framework imports).
 
 * ``workload_of(framework, recipe, ...)``: what a recipe's step computes, as the roofline's
   ``Workload``: its residual stream in the recipe's own dtype (PyTorch's ``residual``, JAX's
-  compute dtype) and no RoPE pass of its own when the attention kernel rotates q and k
-  (``fused=("attention", ...)`` in either framework);
+  compute dtype), no RoPE pass of its own when the attention kernel rotates q and k
+  (``fused=("attention", ...)`` in either framework) and no GELU pass when the FFN's GEMMs
+  apply it (PyTorch's ``fused=("mlp", ...)``);
 * ``of_run(kb, roofs, ...)``: the roofline of a kernel report at a run's own probed ceilings,
   every row judged by ``accounting_error`` (a group far above its roof is flagged, never read
   as a kernel "at its roof");
@@ -48,6 +49,12 @@ def rope_in_attention(recipe: dict) -> bool:
     return "attention" in ((recipe or {}).get("fused") or ())
 
 
+def gelu_in_matmul(recipe: dict) -> bool:
+    """Do the step's FFN GEMMs apply GELU and its derivative (PyTorch's fused 'mlp'), leaving
+    no GELU pass to charge as elementwise?"""
+    return "mlp" in ((recipe or {}).get("fused") or ())
+
+
 def workload_of(framework: str, recipe: dict, gpt, *, batch: int, seq: int, precision: str,
                 embed: str | None = None) -> Workload:
     """The roofline's ``Workload`` of ``recipe`` (a recipe's ``to_dict()``) on model ``gpt``."""
@@ -56,7 +63,7 @@ def workload_of(framework: str, recipe: dict, gpt, *, batch: int, seq: int, prec
                     blocks=gpt.num_blks, vocab=gpt.vocab_size, precision=precision,
                     stream_fp32=stream_fp32(framework, recipe, precision),
                     embed=embed or recipe.get("embed", "gather"),
-                    rope_in_attention=rope_in_attention(recipe))
+                    rope_in_attention=rope_in_attention(recipe), gelu_in_matmul=gelu_in_matmul(recipe))
 
 
 # -- judging a roofline's rows -------------------------------------------------------------------
@@ -119,7 +126,7 @@ def reread_report(kb: dict, framework: str) -> dict:
     w = dict(rl["workload"])
     if recipe is not None:
         w.update(stream_fp32=stream_fp32(framework, recipe, w.get("precision", "bf16")),
-                 rope_in_attention=rope_in_attention(recipe))
+                 rope_in_attention=rope_in_attention(recipe), gelu_in_matmul=gelu_in_matmul(recipe))
     names = {f.name for f in dataclasses.fields(Workload)}
     rf = rl["roofs"]
     redone = roofline(new, Workload(**{k: v for k, v in w.items() if k in names}),

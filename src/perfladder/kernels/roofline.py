@@ -35,7 +35,8 @@ Each group's formula is in ``GROUPS`` (and printed by ``Roofline.markdown``):
   either framework reads q and k once, which the attention group's bytes already count).
 * elementwise: GELU -- forward reads the pre-activation and writes the activation
   (``2 N F a``), backward reads the pre-activation and the incoming gradient and writes the
-  outgoing one (``3 N F a``): ``5 N F a`` per block.
+  outgoing one (``3 N F a``): ``5 N F a`` per block; nothing when the FFN's GEMMs apply it
+  (``Workload.gelu_in_matmul``: PyTorch's fused 'mlp').
 * elementwise: rest -- the embedding lookup and its gradient: ``2 N D r`` (write the rows,
   read their gradient); casts between dtypes must move nothing.
 * layernorm/reductions -- 2L LayerNorms fused with the residual add before them, and the
@@ -79,11 +80,12 @@ GROUPS = {
                             "forward, input-grad and weight-grad product"),
     "attention": (("attention",), "FLOPs 7NTD per block (causal: fwd 2, bwd 5); bytes 12NDa per block "
                                   "(+ row stats)"),
-    "elementwise": (("elementwise",), "RoPE 8NDa (0 inside a fused attention) + GELU 5NFa per block, "
-                                      "embedding 2NDr"),
+    "elementwise": (("elementwise",), "RoPE 8NDa (0 inside a fused attention) + GELU 5NFa (0 inside "
+                                      "the FFN's GEMMs) per block, embedding 2NDr"),
     "elementwise: RoPE": ((), "8NDa per block (q, k and their gradients, read + written once); 0 when "
                               "the attention kernel rotates q and k"),
-    "elementwise: GELU": ((), "5NFa per block (fwd: read h, write g; bwd: read h, dg, write dh)"),
+    "elementwise: GELU": ((), "5NFa per block (fwd: read h, write g; bwd: read h, dg, write dh); 0 when "
+                              "the FFN's GEMMs apply it"),
     "elementwise: rest": ((), "embedding 2NDr (+ the bytes of any part not attributed by name)"),
     "layernorm/reductions": (("reduction/norm",), "(2L(5r+4a) + 4r+2a) ND: add+LayerNorm fwd+bwd; "
                                                    "loss 3NV*4"),
@@ -111,6 +113,7 @@ class Workload:
     stream_fp32: bool = True         # residual stream in fp32 (PyTorch autocast) or the compute dtype
     embed: str = "gather"
     rope_in_attention: bool = False  # the attention kernel rotates q and k (no RoPE pass of its own)
+    gelu_in_matmul: bool = False     # the FFN's GEMMs apply GELU and its derivative (no GELU pass)
 
     def __post_init__(self):
         for name in ("batch", "seq", "width", "heads", "blocks", "vocab", "ffn_mult"):
@@ -195,7 +198,8 @@ def must_do(w: Workload) -> dict[str, tuple[float, float]]:
     attn_flops = L * 7 * N * T * D
     rope = ((0.0, 0.0) if w.rope_in_attention       # read with q and k by the attention kernel
             else (L * 8 * N * D * a, L * 12.0 * N * D))  # ~6 FLOPs per pair each way
-    gelu = (L * 5 * N * F * a, L * 25.0 * N * F)        # ~10 fwd + ~15 bwd per element
+    gelu = ((0.0, 0.0) if w.gelu_in_matmul            # in the GEMMs' prologue and epilogue
+            else (L * 5 * N * F * a, L * 25.0 * N * F))  # ~10 fwd + ~15 bwd per element
     rest = (embed_bytes, 0.0)
     norm_bytes = (2 * L * (5 * r + 4 * a) + (4 * r + 2 * a)) * N * D + 3 * N * V * 4
     norm_flops = (2 * L + 1) * 15.0 * N * D + 10.0 * N * V
