@@ -69,8 +69,10 @@ def test_a_kernel_sum_over_the_step_is_flagged_not_reported_as_busy():
     assert any("summed against" in f for f in reg["accounting"])
     fits = V.regime(_rung(device_ms=0.5 * step_ms, shares={"matmul": 1.0}))
     assert fits["busy"] == pytest.approx(0.5) and fits["accounting"] == []
-    measured = V.regime(_rung(device_ms=1.28 * step_ms, busy=0.93, shares={"matmul": 1.0}))
-    assert measured["busy"] == 0.93 and measured["accounting"] == []  # the union, measured
+    union = V.regime(_rung(device_ms=1.28 * step_ms, busy_ms=0.93 * step_ms, shares={"matmul": 1.0}))
+    assert union["busy"] == pytest.approx(0.93) and union["accounting"] == []   # overlap counted once
+    slow = V.regime(_rung(device_ms=1.4 * step_ms, busy_ms=1.2 * step_ms, shares={"matmul": 1.0}))
+    assert slow["busy"] is None and any("ran slower" in f for f in slow["accounting"])
 
 
 def test_a_host_time_over_the_step_is_flagged_not_kept():

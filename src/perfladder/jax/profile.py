@@ -6,8 +6,8 @@ issuing a step against the step's pace).
 ``host_ms``: the time Python takes to *issue* one step with the device idle, the median over
 ``steps`` steps (model-graph traversal, argument flattening, dispatch; ``issue_ms``): with no
 queue of earlier steps ahead of it the call never waits on the device, so this is the host's
-cost and cannot exceed the step. ``busy``: the share of the profiled steps' wall time the
-device ran a kernel (the union of the kernels' intervals). ``device_ms``: the kernels' time per step, from a
+cost and cannot exceed the step. ``busy_ms``: the time per step the device ran a kernel (the
+union of the kernels' intervals). ``device_ms``: the kernels' time per step, from a
 ``jax.profiler`` trace of ``steps`` more steps (``perfladder.jax.kernels``); on CPU the
 "kernels" are XLA:CPU ops. ``shares``: the kernel-category shares of that time.
 """
@@ -69,11 +69,12 @@ def profile_step(step, stream, *, steps: int, hlo_text: str | None = None, devic
     per = 1.0 / (steps * devices * 1e3)            # summed µs -> ms per step per device
     rows = [{"name": k.name, "category": k.category, "device_ms": k.total_us * per,
              "calls": k.calls / steps} for k in kb.top]
-    busy = kb.busy if devices == 1 else None       # one timeline per device: a union of all
-    return ProfileSummary(tool="jax.profiler", steps=steps, host_ms=host,    # is no one's share
+    # one timeline per device: the union over all of them is no one device's busy time
+    busy = None if kb.busy_us is None or devices != 1 else kb.busy_us * per
+    return ProfileSummary(tool="jax.profiler", steps=steps, host_ms=host,
                           device_ms=kb.total_us * per,
                           shares={c: s for c, s in kb.category_share.items() if s > 0},
-                          rows=rows, busy=busy,
+                          rows=rows, busy_ms=busy,
                           wall_ms=None if kb.wall_us is None else kb.wall_us / (steps * 1e3))
 
 

@@ -101,10 +101,11 @@ class ProfileSummary(Record):
     ``host_ms`` is the CPU time the framework's own operators take per step (PyTorch:
     self CPU time of the profiled ops; JAX: the time Python takes to issue one step with the
     device idle, so that no queue of earlier steps holds the call back); ``device_ms`` the
-    kernels' summed time per step (kernels on several streams each counted); ``busy`` the share
-    of the profiled steps' wall time (``wall_ms`` per step) in which the device ran at least
-    one kernel (the union of their intervals: never above 1); ``shares`` the fraction of
-    device time per kernel category; ``rows`` the profile's top operators, device time first.
+    kernels' summed time per step (kernels on several streams each counted); ``busy_ms`` the
+    time per step in which the device ran at least one kernel (the union of their intervals,
+    each instant counted once; ``None`` where the profiler gave no intervals); ``wall_ms`` the
+    profiled steps' wall time per step (profiler on); ``shares`` the fraction of device time per
+    kernel category; ``rows`` the profile's top operators, device time first.
     """
     tool: str                                  # "torch.profiler" | "jax.profiler" | ...
     steps: int
@@ -112,7 +113,7 @@ class ProfileSummary(Record):
     device_ms: float | None = None
     shares: dict[str, float] = field(default_factory=dict)
     rows: list[dict] = field(default_factory=list)   # {"name", "device_ms", "host_ms", "calls"}
-    busy: float | None = None                  # union of kernel intervals / profiled wall time
+    busy_ms: float | None = None               # union of the kernels' intervals, per step
     wall_ms: float | None = None               # profiled wall time per step (profiler on)
 
     @property

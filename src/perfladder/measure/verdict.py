@@ -131,26 +131,33 @@ def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) 
 
 
 def step_shares(p, step_ms: float | None) -> tuple[float | None, float | None, list[str]]:
-    """``(busy, host_ms, accounting)`` of profile ``p`` against a step of ``step_ms``: the share
-    of the step the device ran kernels and the host time to issue it, each only where it is
-    what its name says, and why not where it is not.
+    """``(busy, host_ms, accounting)`` of profile ``p`` against a step of ``step_ms`` (from the
+    timed windows, which no profiler perturbed): the share of the step the device ran kernels
+    and the host time to issue it, each only where it is what its name says, and why not
+    where it is not.
 
-    Busy is the profile's own (the union of its kernels' intervals over the profiled steps'
-    wall time) when it recorded one; else the summed kernel time over the step, when it fits
-    in it. A sum over the step is overlapping kernels counted twice or a profile slower than
-    the timed windows: flagged, never capped to 100%. A host time over the step was measured
-    with steps queued ahead of the call (the call waited on the device): flagged, not kept.
+    Busy is the kernels' busy time per step over the step: the union of their intervals where
+    the profile recorded it (``busy_ms``), else their sum (``device_ms``). Over the step it is
+    overlapping kernels counted twice (a sum) or profiled steps slower than the timed ones:
+    flagged, never capped to 100%. A host time over the step was measured with steps queued
+    ahead of the call (the call waited on the device): flagged, not kept.
     """
     flags: list[str] = []
-    busy = getattr(p, "busy", None)
-    if busy is None and step_ms and p.device_ms is not None:
-        if p.device_ms <= (1 + OVER_STEP) * step_ms:
-            busy = min(1.0, p.device_ms / step_ms)
-        else:
-            flags.append(f"{p.device_ms:.1f} ms of kernels summed against a {step_ms:.1f} ms step: "
+    busy = None
+    union = getattr(p, "busy_ms", None)
+    kernel_ms = union if union is not None else p.device_ms
+    if step_ms and kernel_ms is not None:
+        if kernel_ms <= (1 + OVER_STEP) * step_ms:
+            busy = min(1.0, kernel_ms / step_ms)
+        elif union is None:
+            flags.append(f"{kernel_ms:.1f} ms of kernels summed against a {step_ms:.1f} ms step: "
                          "a sum over the step counts overlapping kernels twice (or steps slower than "
                          "the timed ones) and is no busy fraction; the profile holds no kernel "
                          "intervals to take their union")
+        else:
+            flags.append(f"the device busy {kernel_ms:.1f} ms per profiled step against a "
+                         f"{step_ms:.1f} ms timed step: the profiled steps ran slower than the timed "
+                         "ones, so the profile gives no busy fraction of this step")
     host_ms = p.host_ms
     if host_ms is not None and step_ms and host_ms > (1 + OVER_STEP) * step_ms:
         flags.append(f"{host_ms:.1f} ms to issue a {step_ms:.1f} ms step: issuing cannot take longer "
