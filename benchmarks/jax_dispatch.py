@@ -6,7 +6,8 @@ For each (dtype, batch) it builds the model twice from the same init and measure
 calling the same training step: ``nnx.jit`` (walks the model and optimizer graph in Python on
 every call) and the split/merge ``jax.jit`` step of rung B3 (state split once, donated). For
 each: tokens/s with the ladder's timer, and ``host_overhead`` -- the time Python takes to
-issue a step without waiting, beside the synced step time. When the issue time is close to or
+issue a step with the device idle (no queue holding the call back), beside the pace of steps
+issued back to back and the synced step time. When the issue time is close to or
 above the step time, the host sets the pace and window-to-window spreads follow the host's
 jitter; a step that issues well under its device time is hidden by async dispatch.
 """

@@ -5,8 +5,9 @@
 
 For each results JSON: the rung with a kernel breakdown (``extra['kernels']``) and the most
 tokens/s, its shapes (batch from the rung, width/blocks/heads/context from the ladder config),
-its precision, and the residual stream's dtype (fp32 under PyTorch autocast, the compute
-dtype in the JAX model). The roofs come from ``benchmarks/device_probe.py``'s JSON.
+its precision, and the workload of its own recipe (``perfladder.kernels.accounting.workload_of``:
+the residual stream's dtype, and no RoPE pass where the attention kernel does it). The roofs
+come from ``benchmarks/device_probe.py``'s JSON.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-from perfladder.kernels.roofline import Roofs, Workload, roofline
-
-STREAM_FP32 = {"torch": True, "jax": False}   # autocast keeps the residual stream in fp32
+from perfladder.kernels.accounting import FRAMEWORKS, workload_of
+from perfladder.kernels.roofline import Roofs, roofline
 
 
 def fastest_profiled(result: dict) -> dict:
@@ -29,14 +30,14 @@ def fastest_profiled(result: dict) -> dict:
 
 def report(result: dict, probe: dict, vocab: int, probe_name: str = "") -> str:
     fw, rung, cfg = result["framework"], fastest_profiled(result), result["config"]
-    if fw not in STREAM_FP32:
-        raise SystemExit(f"framework={fw!r} is not valid; valid choices: {tuple(STREAM_FP32)}")
+    if fw not in FRAMEWORKS:
+        raise SystemExit(f"framework={fw!r} is not valid; valid choices: {FRAMEWORKS}")
     precision = "bf16" if rung.get("precision") == "bf16" else "fp32"
     recipe = rung["extra"].get("kernels_recipe", {})
-    w = Workload(batch=rung["batch_size"], seq=rung.get("seq_len") or cfg["num_steps"],
-                 width=cfg["num_hiddens"], heads=cfg["num_heads"], blocks=cfg["num_blks"],
-                 vocab=vocab, precision=precision, stream_fp32=STREAM_FP32[fw] and precision == "bf16",
-                 embed=recipe.get("embed", "gather"))
+    gpt = SimpleNamespace(num_hiddens=cfg["num_hiddens"], num_heads=cfg["num_heads"],
+                          num_blks=cfg["num_blks"], vocab_size=vocab)
+    w = workload_of(fw, recipe, gpt, batch=rung["batch_size"], seq=rung.get("seq_len") or cfg["num_steps"],
+                    precision=precision)
     roofs = Roofs.from_probe(probe, precision, source=probe_name or probe.get("device", ""))
     title = (f"{fw} {rung['name']} ({rung['label']}): {rung['tokens_per_s'] / 1e6:.2f}M tokens/s measured "
              f"= {w.tokens / rung['tokens_per_s'] * 1e3:.2f} ms/step wall")

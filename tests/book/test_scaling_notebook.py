@@ -69,12 +69,12 @@ def test_k4_and_k8_are_predicted_beside_the_committed_k2(committed):
     r5 = json.loads(R5.read_text())
     measured_ks = {m["k"] for m in r5["measurements"] if m["status"] == "measured"}
     rows = {label for label, _ in cells}
-    assert rows == {"PyTorch, the chapter's form", "PyTorch, fastest recipe",
-                    "JAX, the chapter's form", "JAX, fastest recipe"}
+    assert rows == {"PyTorch, the chapter's form", "PyTorch, the two-GPU run's fast recipe",
+                    "JAX, the chapter's form", "JAX, the two-GPU run's fast recipe"}
     for (label, k), cell in cells.items():
         assert cell.startswith("predicted ")
         assert ("not measured" in cell) == (k not in measured_ks), (label, k, cell)
-    assert "measured: ddp 5.24M" in cells["PyTorch, fastest recipe", 2]
+    assert "measured: ddp 5.24M" in cells["PyTorch, the two-GPU run's fast recipe", 2]
     missing = sorted({4, 8} - measured_ks)
     if missing:
         assert f"Nothing is measured yet at k = {', '.join(map(str, missing))}" in text

@@ -67,7 +67,7 @@ def test_a_reference_without_r5_still_shows_the_committed_multi_gpu_run(capsys, 
     out = capsys.readouterr().out
     assert "does not measure data parallelism; the committed multi-GPU run does" in out
     assert "has no rung for this technique" not in out
-    assert "predicted (no-overlap floor) | measured tokens/s" in out
+    assert "predicted, no overlap (an upper estimate) | model ceiling (all-reduce hidden) | measured tokens/s" in out
     mech = {"torch": "ddp", "jax": "mesh"}[framework]
     assert any(line.startswith(f"{mech} | 2 |") for line in out.splitlines()), out
 

@@ -69,7 +69,7 @@ def test_full_page_marks_in_card_table_and_waterfall(capsys, monkeypatch, tmp_pa
     assert "built on an earlier version of R1" in report.text_table(page.live)
     assert plot.bar_label(page.live, r2) == "on earlier\nR1"
     assert r2.ratio_prev is None                                       # nothing read across versions
-    assert page.glue()["R2_ratio"].endswith("(not credited: R2 ran on an earlier R1)")   # the prose's number
+    assert page.glue()["R2_ratio"].endswith("no ratio credited (R2 ran on an earlier R1)")   # the prose's number
     partial = LadderResult.read(tmp_path / "torch.partial.json")
     assert partial.rung("R2").built_on_earlier == ["R1"]
     page.run("R2")

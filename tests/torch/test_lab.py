@@ -10,7 +10,7 @@ import torch
 from perfladder.config import expected_num_params, get_config
 from perfladder.hardware import peak_for
 from perfladder.ladder.engine import check_rungs
-from perfladder.measure.evidence import Compile, ProfileSummary, Receipt
+from perfladder.measure.evidence import PEAK_RESERVED, Compile, ProfileSummary, Receipt
 from perfladder.measure.gates import MIRROR_ATOL
 from perfladder.measure.learning import LearningCheck
 from perfladder.measure.verdict import REGIMES, VERDICTS
@@ -124,7 +124,7 @@ def test_measured_seed_rung_is_well_formed(ladder_run, name):
     assert r.tflops * 1e12 / r.tokens_per_s == pytest.approx(six_n_12ltd)
     assert r.ratio_base == pytest.approx(r.tokens_per_s / res.rung("R0").tokens_per_s)
     if ON_GPU:
-        assert r.memory.bytes > 0 and r.memory.kind == "measured peak"
+        assert r.memory.bytes > 0 and r.memory.kind == PEAK_RESERVED and r.memory.allocated > 0
     else:
         assert r.mfu is None and r.memory.bytes is None and r.memory.kind == "n/a"
 
@@ -346,3 +346,21 @@ def test_each_gate_records_its_seconds_inside_the_gates_phase(ladder_run):
     """Where a rung's gate time goes: every gate has its own clock, inside the ``gates`` one."""
     from _ladders import gate_clocks
     assert {"gates/model", "gates/optimizer", "gates/loss steps"} <= gate_clocks(ladder_run.result)
+
+
+def test_memory_is_the_peak_the_allocator_reserved_cuda_graph_pools_included(monkeypatch):
+    """A CUDA-graph step (B3) replays into its graph's private pool without the allocator
+    seeing a tensor: ``max_memory_allocated`` after a reset is blind to it. The rung records
+    the peak *reserved* (every segment held, graph pools included) and names it so, with the
+    tensors' own peak beside it."""
+    import perfladder.torch.lab as lab_module
+    lab = TorchLab(CFG, probe=False)
+    lab.on_gpu = True                                          # the GPU branch, on a CPU
+    cuda = {"empty_cache": lambda: None, "reset_peak_memory_stats": lambda: None,
+            "max_memory_reserved": lambda: 7 << 30, "max_memory_allocated": lambda: 1 << 30}
+    for name, fn in cuda.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    monkeypatch.setattr(lab_module, "measure_settled", lambda once, budget_s: ("timed", False))
+    _, _, mem = lab.measure(None, CFG.batch_size)
+    assert mem.bytes == 7 << 30 and mem.kind == PEAK_RESERVED and mem.allocated == 1 << 30
+    assert "CUDA graph" in mem.note

@@ -168,3 +168,14 @@ def test_timing_after_a_profile_is_not_taxed():
     tax = statistics.median(after) / mid             # < 1: the profiled process got slower
     assert tax >= 1 - (noise + 0.03), {"ratios before": before, "after": after,
                                        "windows (a1, b1, b2, a2), a profiled after the third": rates}
+
+
+def test_the_summary_keeps_the_devices_busy_time_once_per_instant():
+    """Kernels on two streams overlap: the summary's ``busy_ms`` is their union per step, which
+    the rung's regime reads against the step; ``device_ms`` stays their sum."""
+    from perfladder.kernels import breakdown
+    kb = breakdown([("gemm", 800.0), ("nccl_allreduce", 800.0)], steps=2, wall_us=2000.0,
+                   spans=[(0.0, 800.0), (400.0, 1200.0)])
+    s = summary_of(kb)
+    assert s.device_ms == pytest.approx(0.8) and s.busy_ms == pytest.approx(0.6)
+    assert s.wall_ms == pytest.approx(1.0)

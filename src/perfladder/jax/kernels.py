@@ -80,7 +80,9 @@ def _xspace_rows(log_dir: str) -> list[tuple]:
                         stats = {str(k): v for k, v in ev.stats}
                     except (TypeError, ValueError):
                         pass
-                    rows.append((plane.name, line.name, ev.name, ev.duration_ns / 1000.0, stats))
+                    start = getattr(ev, "start_ns", None)
+                    rows.append((plane.name, line.name, ev.name, ev.duration_ns / 1000.0, stats,
+                                 None if start is None else start / 1000.0))
     return rows
 
 
@@ -211,7 +213,8 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
                      f"{module!r}; those are categorized by what the op contains and by the Python "
                      "code it came from (optax / Optimizer.update -> optimizer)")
     return breakdown(triples, steps, top, device=events.device, framework="jax",
-                     wall_us=wall_us, notes=notes)
+                     wall_us=wall_us, notes=notes,
+                     spans=events.spans if events.device == "gpu" else None)
 
 
 def _same_module(event_module: str, module: str | None) -> bool:

@@ -38,10 +38,11 @@ from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import compile_count, throughput
-from perfladder.kernels.roofline import of_run
+from perfladder.kernels.accounting import of_run
 from perfladder.ladder.fit import GIB, check_fit, memory_cap_gib
 from perfladder.ladder.support import Kernels, check_card
 from perfladder.measure.evidence import (
+    PLANNED,
     Compile,
     Memory,
     ProfileSummary,
@@ -162,7 +163,7 @@ class JaxLab:
         d["recipe"] = recipe.to_dict()
         d["roofline"] = of_run(kb, self.result.roofs, self.gpt_config, batch=recipe.batch_size,
                                seq=self.config.num_steps, precision=recipe.precision,
-                               stream_fp32=not recipe.bf16, embed=recipe.embed)
+                               framework="jax", recipe=recipe.to_dict())
         return d
 
     def learning_check(self, name: str, recipe: Recipe, watch: Stopwatch | None = None) -> LearningCheck:
@@ -334,7 +335,7 @@ class JaxLab:
         note = PLAN_NOTE
         if self.memory_prediction is not None:     # with the state it holds beside them
             note += f"; {self.memory_prediction.note()}, {self.held_bytes / 2**30:.2f} GiB of state included"
-        return Memory(bytes=plan.temp_bytes, kind="planned temporaries", note=note)
+        return Memory(bytes=plan.temp_bytes, kind=PLANNED, note=note)
 
     def __repr__(self) -> str:
         return f"JaxLab({self.config.name}, {self.device_name}, ran={[r.name for r in self.result.rungs]})"

@@ -6,7 +6,11 @@ steps and hand this package ``(kernel name, microseconds)`` pairs:
 * ``taxonomy`` -- ``categorize(name)``: a kernel or operator name to one of ``CATEGORIES``;
 * ``breakdown`` -- ``breakdown(events, steps)``: the ``KernelBreakdown`` (total kernel time,
   per-category time and share, the top kernels);
-* ``trace`` -- ``parse_chrome_trace(path)``: the device kernels of a Chrome/Perfetto trace.
+* ``trace`` -- ``parse_chrome_trace(path)``: the device kernels of a Chrome/Perfetto trace
+  (``union_us``: the time they kept the device busy, each instant once);
+* ``roofline`` -- the floor of each kernel group; ``accounting`` -- the workload of a recipe,
+  judged rooflines and the derived fields of a file re-derived on reading; ``ceiling`` -- the
+  model's ceiling of a run, at its own probe.
 """
 from perfladder.kernels.breakdown import KernelBreakdown, KernelStat, breakdown
 from perfladder.kernels.taxonomy import CATEGORIES, CATEGORY_HELP, PATTERNS, categorize

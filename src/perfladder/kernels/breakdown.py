@@ -2,7 +2,9 @@
 
 Times are summed kernel durations: kernels that overlap (several CUDA streams, XLA:CPU's
 thread pool) are counted in full, and the gaps between kernels (launch overhead, host
-stalls) are not in ``total_us`` -- compare it with ``wall_us`` for that.
+stalls) are not in ``total_us``. How busy the device was is a different number: the union
+of the kernels' intervals (``busy_us``) over the same steps' wall time (``wall_us``), which
+cannot exceed 1; the sum can, and is never read as a busy fraction.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Callable, Iterable
 
 from perfladder.checks import check_int
 from perfladder.kernels.taxonomy import CATEGORIES, categorize
+from perfladder.kernels.trace import union_us
 
 
 # -- the breakdown -------------------------------------------------------------------------------
@@ -49,6 +52,7 @@ class KernelBreakdown:
     wall_us: float | None = None
     other_names: list[str] = field(default_factory=list)   # names sorted into 'other', by time
     notes: list[str] = field(default_factory=list)
+    busy_us: float | None = None           # union of the kernels' intervals (None: not known)
 
     @property
     def per_step_ms(self) -> float:
@@ -62,9 +66,9 @@ class KernelBreakdown:
 
     @property
     def busy(self) -> float | None:
-        """Summed kernel time / profiled wall time (``None`` without ``wall_us``). Below 1: the
-        device waited (launches, host work); above 1: kernels overlapped (streams, threads)."""
-        return None if not self.wall_us else self.total_us / self.wall_us
+        """The share of the profiled wall time the device ran at least one kernel: the union of
+        the kernels' intervals over ``wall_us`` (``busy_fraction``)."""
+        return busy_fraction(self.busy_us, self.total_us, self.wall_us)
 
     def share(self, category: str) -> float:
         if category not in CATEGORIES:
@@ -75,7 +79,7 @@ class KernelBreakdown:
         return {
             "framework": self.framework, "device": self.device, "steps": self.steps,
             "total_us": self.total_us, "per_step_ms": self.per_step_ms,
-            "wall_us": self.wall_us, "busy": self.busy,
+            "wall_us": self.wall_us, "busy_us": self.busy_us, "busy": self.busy,
             "category_us": {c: self.category_us.get(c, 0.0) for c in CATEGORIES},
             "category_share": self.category_share,
             "top": [k.to_dict() for k in self.top],
@@ -119,7 +123,7 @@ class KernelBreakdown:
                    num_kernels=int(d.get("num_kernels", len(d["top"]))),
                    num_events=int(d.get("num_events", 0)), framework=d.get("framework", ""),
                    wall_us=d.get("wall_us"), other_names=list(d.get("other_names", [])),
-                   notes=list(d.get("notes", [])))
+                   notes=list(d.get("notes", [])), busy_us=d.get("busy_us"))
 
     def _title(self) -> str:
         what = "kernels" if self.device == "gpu" else "CPU ops"
@@ -165,13 +169,32 @@ def _short(name: str, width: int) -> str:
 
 
 OTHER_WARN = 0.2      # a breakdown with more 'other' than this says so in its notes
+# Kernel time a few percent over the wall time it was measured in is clock granularity and the
+# trace's own edges; more than this is overlap counted twice (or steps not the ones timed).
+OVER_WALL = 0.05
+
+
+def busy_fraction(busy_us: float | None, total_us: float, wall_us: float | None) -> float | None:
+    """The device's busy share of ``wall_us``: ``busy_us`` (the union of kernel intervals) over
+    it when known; without the union, the summed ``total_us`` only where it fits in the wall
+    time (within ``OVER_WALL``, capped at 1). ``None`` otherwise: a sum of kernels that
+    overlapped is not a busy fraction, and a number over 1 is never reported as one."""
+    if not wall_us:
+        return None
+    used = busy_us if busy_us is not None else total_us
+    if used > (1 + OVER_WALL) * wall_us:
+        return None
+    return min(1.0, used / wall_us)
 
 
 def breakdown(events: Iterable, steps: int, top: int = 10, *, device: str = "gpu",
               framework: str = "", classify: Callable[[str], str] = categorize,
-              wall_us: float | None = None, notes: Iterable[str] = ()) -> KernelBreakdown:
+              wall_us: float | None = None, notes: Iterable[str] = (),
+              spans: Iterable | None = None) -> KernelBreakdown:
     """Sum ``events`` -- ``(name, duration_us)`` or ``(name, duration_us, category)`` -- of
     ``steps`` profiled steps into a ``KernelBreakdown`` with the ``top`` kernels by time.
+    ``spans`` (``(start_us, end_us)`` per event, when the profiler says when each ran) gives
+    ``busy_us``, their union.
 
     A third element, when given and not ``None``, is the event's category (a framework side
     that knows better than the name, e.g. "launched inside the optimizer step"); otherwise
@@ -213,10 +236,14 @@ def breakdown(events: Iterable, steps: int, top: int = 10, *, device: str = "gpu
     if wall_us is not None and (not isinstance(wall_us, (int, float)) or not wall_us > 0):
         raise ValueError(f"wall_us={wall_us!r} must be a positive number of microseconds or None")
     notes = list(notes)
+    busy_us = None if spans is None else union_us(spans)
+    if busy_us is not None and total > (1 + OVER_WALL) * busy_us:
+        notes.append(f"kernels overlapped: {total / steps / 1e3:.2f} ms/step summed, "
+                     f"{busy_us / steps / 1e3:.2f} ms/step with the device busy")
     if total and cat_us["other"] / total > OTHER_WARN:
         notes.append(f"{100 * cat_us['other'] / total:.0f}% of the time is in kernels no pattern "
                      f"knows; read other_names (first: {others[0]!r})")
     return KernelBreakdown(device=device, steps=steps, total_us=total, category_us=cat_us, top=stats,
                            num_kernels=len(per), num_events=n_events, framework=framework,
                            wall_us=None if wall_us is None else float(wall_us),
-                           other_names=others, notes=notes)
+                           other_names=others, notes=notes, busy_us=busy_us)

@@ -18,8 +18,9 @@ floor is what fusion or better kernels could win back.
 
 Notation (per step): N = B*T tokens, D width, F = ffn_mult*D, L blocks, H heads, V vocab,
 P parameters; ``a`` = bytes of an activation element in the compute dtype (2 in bf16),
-``r`` = bytes of a residual-stream element (4 under PyTorch autocast, whose residual
-stream stays fp32; 2 in the bf16 JAX model), weights and gradients of weights fp32 (4 B).
+``r`` = bytes of a residual-stream element (the recipe's own: 4 under PyTorch autocast with
+its default fp32 stream, 2 with ``residual='bf16'`` and in the bf16 JAX model; see
+``perfladder.kernels.accounting.workload_of``), weights and gradients of weights fp32 (4 B).
 Each group's formula is in ``GROUPS`` (and printed by ``Roofline.markdown``):
 
 * matmul -- the four GEMMs per block and the tied output projection, forward, input-gradient
@@ -29,10 +30,13 @@ Each group's formula is in ``GROUPS`` (and printed by ``Roofline.markdown``):
   backward five products ``5NTD``; bytes: forward reads q, k, v, writes o; backward reads
   q, k, v, o, dO and writes dq, dk, dv: ``12 N D a`` per block (+ the fp32 row statistics).
 * elementwise: RoPE -- rotate q and k: forward reads and writes both (``4 N D a``), backward
-  the same for their gradients: ``8 N D a`` per block.
+  the same for their gradients: ``8 N D a`` per block; nothing when the step's attention
+  kernel rotates q and k itself (``Workload.rope_in_attention``: the fused attention of
+  either framework reads q and k once, which the attention group's bytes already count).
 * elementwise: GELU -- forward reads the pre-activation and writes the activation
   (``2 N F a``), backward reads the pre-activation and the incoming gradient and writes the
-  outgoing one (``3 N F a``): ``5 N F a`` per block.
+  outgoing one (``3 N F a``): ``5 N F a`` per block; nothing when the FFN's GEMMs apply it
+  (``Workload.gelu_in_matmul``: PyTorch's fused 'mlp').
 * elementwise: rest -- the embedding lookup and its gradient: ``2 N D r`` (write the rows,
   read their gradient); casts between dtypes must move nothing.
 * layernorm/reductions -- 2L LayerNorms fused with the residual add before them, and the
@@ -76,9 +80,12 @@ GROUPS = {
                             "forward, input-grad and weight-grad product"),
     "attention": (("attention",), "FLOPs 7NTD per block (causal: fwd 2, bwd 5); bytes 12NDa per block "
                                   "(+ row stats)"),
-    "elementwise": (("elementwise",), "RoPE 8NDa + GELU 5NFa per block, embedding 2NDr"),
-    "elementwise: RoPE": ((), "8NDa per block (q, k and their gradients, read + written once)"),
-    "elementwise: GELU": ((), "5NFa per block (fwd: read h, write g; bwd: read h, dg, write dh)"),
+    "elementwise": (("elementwise",), "RoPE 8NDa (0 inside a fused attention) + GELU 5NFa (0 inside "
+                                      "the FFN's GEMMs) per block, embedding 2NDr"),
+    "elementwise: RoPE": ((), "8NDa per block (q, k and their gradients, read + written once); 0 when "
+                              "the attention kernel rotates q and k"),
+    "elementwise: GELU": ((), "5NFa per block (fwd: read h, write g; bwd: read h, dg, write dh); 0 when "
+                              "the FFN's GEMMs apply it"),
     "elementwise: rest": ((), "embedding 2NDr (+ the bytes of any part not attributed by name)"),
     "layernorm/reductions": (("reduction/norm",), "(2L(5r+4a) + 4r+2a) ND: add+LayerNorm fwd+bwd; "
                                                    "loss 3NV*4"),
@@ -105,6 +112,8 @@ class Workload:
     precision: str = "bf16"          # compute dtype of activations and matmuls
     stream_fp32: bool = True         # residual stream in fp32 (PyTorch autocast) or the compute dtype
     embed: str = "gather"
+    rope_in_attention: bool = False  # the attention kernel rotates q and k (no RoPE pass of its own)
+    gelu_in_matmul: bool = False     # the FFN's GEMMs apply GELU and its derivative (no GELU pass)
 
     def __post_init__(self):
         for name in ("batch", "seq", "width", "heads", "blocks", "vocab", "ffn_mult"):
@@ -187,8 +196,10 @@ def must_do(w: Workload) -> dict[str, tuple[float, float]]:
         mm_flops, mm_bytes = mm_flops + f, mm_bytes + b
     attn_bytes = L * (12 * N * D * a + 3 * N * H * 4)   # + logsumexp and delta rows, fp32
     attn_flops = L * 7 * N * T * D
-    rope = (L * 8 * N * D * a, L * 12.0 * N * D)        # ~6 FLOPs per pair each way
-    gelu = (L * 5 * N * F * a, L * 25.0 * N * F)        # ~10 fwd + ~15 bwd per element
+    rope = ((0.0, 0.0) if w.rope_in_attention       # read with q and k by the attention kernel
+            else (L * 8 * N * D * a, L * 12.0 * N * D))  # ~6 FLOPs per pair each way
+    gelu = ((0.0, 0.0) if w.gelu_in_matmul            # in the GEMMs' prologue and epilogue
+            else (L * 5 * N * F * a, L * 25.0 * N * F))  # ~10 fwd + ~15 bwd per element
     rest = (embed_bytes, 0.0)
     norm_bytes = (2 * L * (5 * r + 4 * a) + (4 * r + 2 * a)) * N * D + 3 * N * V * 4
     norm_flops = (2 * L + 1) * 15.0 * N * D + 10.0 * N * V
@@ -372,19 +383,3 @@ def _split_elementwise(kb: KernelBreakdown, total_ms: float, need: dict, roofs: 
             rest_flops += need[group][1]
     rows.append(_row("elementwise: rest", max(total_ms - used, 0.0), rest_bytes, rest_flops, roofs))
     return rows
-
-
-def of_run(kb, roofs: dict | None, gpt, *, batch: int, seq: int, precision: str,
-           stream_fp32: bool, embed: str) -> dict | None:
-    """The roofline of a kernel report, from a run's own ``LadderResult.roofs`` (``None`` when
-    the run probed no ceilings: then there is nothing to read the rates against)."""
-    if not roofs or not roofs.get("copy_gbps") or not roofs.get("matmul_bf16_tflops"):
-        return None
-    key = "matmul_bf16_tflops" if precision == "bf16" else "matmul_tf32_tflops"
-    r = Roofs(copy_bytes_per_s=1e9 * roofs["copy_gbps"], matmul_flops_per_s=1e12 * roofs[key],
-              source=roofs.get("source", ""))
-    w = Workload(batch=batch, seq=seq, width=gpt.num_hiddens, heads=gpt.num_heads,
-                 blocks=gpt.num_blks, vocab=gpt.vocab_size, precision=precision,
-                 stream_fp32=stream_fp32, embed=embed)
-    return roofline(kb, w, r).to_dict()
-

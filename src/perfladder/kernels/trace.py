@@ -16,14 +16,17 @@ class KernelEvents(list):
 
     * ``device`` -- ``'gpu'`` (device kernels of the GPU planes) or ``'cpu'`` (XLA:CPU ops);
     * ``ops`` -- per event, ``(hlo_op, hlo_module)`` from the event's args (``None`` where absent);
-    * ``lines`` -- the ``'process / thread'`` timelines the events came from.
+    * ``lines`` -- the ``'process / thread'`` timelines the events came from;
+    * ``spans`` -- per event, ``(start_us, end_us)`` where the trace says when it ran (``None``
+      where it does not): the device's busy time is their union, not their sum.
     """
 
-    def __init__(self, pairs=(), device: str = "gpu", ops=(), lines=()):
+    def __init__(self, pairs=(), device: str = "gpu", ops=(), lines=(), spans=()):
         super().__init__(pairs)
         self.device = device
         self.ops = list(ops)
         self.lines = sorted(set(lines))
+        self.spans = list(spans)
 
 
 _GPU_PROCESS = re.compile(r"/device:GPU|^(?!/host).*GPU", re.IGNORECASE)
@@ -32,7 +35,8 @@ _DERIVED_OPS_LINE = "XLA Ops"
 
 
 def select_kernel_events(rows: Iterable, expect: str | None = None) -> KernelEvents:
-    """Pick the kernel events out of ``rows`` of ``(process, thread, name, dur_us, args)``.
+    """Pick the kernel events out of ``rows`` of ``(process, thread, name, dur_us, args)``
+    (a sixth element, when present, is the event's start in µs: it gives ``spans``).
 
     GPU (a process named ``/device:GPU:N``): the raw CUDA stream timelines (``Stream #N(...)``:
     kernels, memcpys, memsets), never the timelines xprof derives from them ('XLA Ops',
@@ -78,10 +82,13 @@ def select_kernel_events(rows: Iterable, expect: str | None = None) -> KernelEve
         processes = sorted({r[0] for r in rows})
         raise ValueError(f"no kernel or XLA op events in the trace (processes: {processes})")
     out = KernelEvents(device=device)
-    for proc, thread, name, dur, args in picked:
+    for row in picked:
+        proc, thread, name, dur, args = row[:5]
         args = args if isinstance(args, dict) else {}
         out.append((str(name), float(dur)))
         out.ops.append((args.get("hlo_op"), args.get("hlo_module")))
+        ts = row[5] if len(row) > 5 else None
+        out.spans.append(None if ts is None else (float(ts), float(ts) + float(dur)))
     out.lines = sorted({f"{r[0]} / {r[1]}" for r in picked})
     return out
 
@@ -105,9 +112,10 @@ def read_trace_json(path: str | Path) -> list[dict]:
     return events
 
 
-def trace_rows(events: list[dict]) -> list[tuple[str, str, str, float, dict]]:
-    """``(process, thread, name, dur_us, args)`` of every complete ('X') event, with process
-    and thread names resolved from the metadata ('M') events."""
+def trace_rows(events: list[dict]) -> list[tuple]:
+    """``(process, thread, name, dur_us, args, ts_us)`` of every complete ('X') event, with
+    process and thread names resolved from the metadata ('M') events (``ts_us`` ``None`` when
+    the event has no ``ts``)."""
     procs: dict[Any, str] = {}
     threads: dict[tuple, str] = {}
     for e in events:
@@ -122,8 +130,10 @@ def trace_rows(events: list[dict]) -> list[tuple[str, str, str, float, dict]]:
         if not isinstance(e, dict) or e.get("ph") != "X" or "dur" not in e:
             continue
         pid, tid = e.get("pid"), e.get("tid")
+        ts = e.get("ts")
         rows.append((procs.get(pid, str(pid)), threads.get((pid, tid), str(tid)),
-                     str(e.get("name", "")), float(e["dur"]), e.get("args") or {}))
+                     str(e.get("name", "")), float(e["dur"]), e.get("args") or {},
+                     float(ts) if isinstance(ts, (int, float)) else None))
     return rows
 
 
@@ -132,8 +142,27 @@ def parse_chrome_trace(path: str | Path, expect: str | None = None) -> KernelEve
     Chrome/Perfetto trace JSON (``perfetto_trace.json.gz``, ``*.trace.json.gz``, plain JSON).
 
     Returns ``KernelEvents``: a list of ``(name, duration_us)`` with ``.device`` ('gpu' or
-    'cpu'), ``.ops`` (``(hlo_op, hlo_module)`` per event) and ``.lines``. See
+    'cpu'), ``.ops`` (``(hlo_op, hlo_module)`` per event), ``.lines`` and ``.spans``. See
     ``select_kernel_events`` for which timelines count and for ``expect``. Only complete
     ('X') events are read -- what xprof writes; durations are in microseconds.
     """
     return select_kernel_events(trace_rows(read_trace_json(path)), expect=expect)
+
+
+def union_us(spans: Iterable) -> float | None:
+    """Microseconds covered by at least one of ``spans`` (``(start_us, end_us)`` each): the
+    time the device was busy, each instant counted once however many streams ran kernels in
+    it. ``None`` when any span is unknown (``None``) or there are none: then only the sum of
+    durations is known, which overlapping kernels inflate."""
+    spans = list(spans)
+    if not spans or any(s is None for s in spans):
+        return None
+    total, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total

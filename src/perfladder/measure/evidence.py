@@ -99,8 +99,12 @@ class ProfileSummary(Record):
     """Where one step's time goes, from a profiler run outside any timed window.
 
     ``host_ms`` is the CPU time the framework's own operators take per step (PyTorch:
-    self CPU time of the profiled ops; JAX: wall time Python spends issuing a step);
-    ``device_ms`` the kernels' time per step; ``shares`` the fraction of device time per
+    self CPU time of the profiled ops; JAX: the time Python takes to issue one step with the
+    device idle, so that no queue of earlier steps holds the call back); ``device_ms`` the
+    kernels' summed time per step (kernels on several streams each counted); ``busy_ms`` the
+    time per step in which the device ran at least one kernel (the union of their intervals,
+    each instant counted once; ``None`` where the profiler gave no intervals); ``wall_ms`` the
+    profiled steps' wall time per step (profiler on); ``shares`` the fraction of device time per
     kernel category; ``rows`` the profile's top operators, device time first.
     """
     tool: str                                  # "torch.profiler" | "jax.profiler" | ...
@@ -109,12 +113,34 @@ class ProfileSummary(Record):
     device_ms: float | None = None
     shares: dict[str, float] = field(default_factory=dict)
     rows: list[dict] = field(default_factory=list)   # {"name", "device_ms", "host_ms", "calls"}
+    busy_ms: float | None = None               # union of the kernels' intervals, per step
+    wall_ms: float | None = None               # profiled wall time per step (profiler on)
 
     @property
     def host_over_device(self) -> float | None:
         if self.host_ms is None or not self.device_ms:
             return None
         return self.host_ms / self.device_ms
+
+    def recategorized(self) -> "ProfileSummary":
+        """This summary with its top kernels read again by today's taxonomy (the one
+        ``perfladder.kernels.categorize`` every page and the kernel report use): a row filed
+        under 'other' that a pattern now names moves its share to its category. Only 'other'
+        is re-read (a category from more than a name, an XLA fusion's HLO, stands)."""
+        from perfladder.kernels.taxonomy import categorize
+        if not self.device_ms or not self.rows:
+            return self
+        shares, rows, moved = dict(self.shares), [], False
+        for row in self.rows:
+            old = row.get("category")
+            new = categorize(row["name"]) if old == "other" else old
+            if new != old and row.get("device_ms") is not None:
+                share = row["device_ms"] / self.device_ms
+                shares["other"] = max(0.0, shares.get("other", 0.0) - share)
+                shares[new] = shares.get(new, 0.0) + share
+                moved = True
+            rows.append({**row, "category": new} if new != old else row)
+        return dataclasses.replace(self, shares=shares, rows=rows) if moved else self
 
 
 def dtype_name(dtype) -> str:
@@ -148,12 +174,34 @@ class Gate(Record):
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+# What a Memory record measured (``Memory.kind``): the one word per measurement.
+PEAK_RESERVED = "peak reserved"          # torch: max_memory_reserved over the timed windows,
+                                         # every pool the caching allocator holds (CUDA graphs' too)
+PEAK_ALLOCATED = "peak allocated"        # torch, files written before: max_memory_allocated,
+                                         # blind to what a CUDA graph's private pool holds
+PLANNED = "planned temporaries"          # jax: the compiled step's temporaries, from XLA's plan
+RESERVED_NOTE = ("torch.cuda.max_memory_reserved over the timed windows after a reset: every "
+                 "segment the caching allocator held, CUDA graphs' private pools included "
+                 "(allocated: the tensors' own peak, which a graph's replays do not show)")
+
+
 @dataclass
 class Memory(Record):
-    """Device memory of the timed step: measured peak (PyTorch) or the compiler's plan (JAX)."""
+    """Device memory of the timed step: the peak the allocator reserved (PyTorch, CUDA graph
+    pools included) or the compiler's plan (JAX). ``kind`` names what was measured."""
     bytes: int | None
-    kind: str                                  # "measured peak" | "planned temporaries" | "n/a"
+    kind: str                                  # PEAK_RESERVED | PEAK_ALLOCATED | PLANNED | "n/a"
     note: str = ""
+    allocated: int | None = None               # torch: the peak allocated beside it (tensors only)
+
+    @classmethod
+    def from_dict(cls, d: dict | None):
+        m = super().from_dict(d)
+        if m is not None and m.kind == "measured peak":      # files written before the kinds
+            m = dataclasses.replace(m, kind=PEAK_ALLOCATED, note=m.note or (
+                "torch.cuda.max_memory_allocated after a reset: tensors only, blind to a CUDA "
+                "graph's private pool; the run recorded no reserved peak"))
+        return m
 
 
 @dataclass

@@ -7,6 +7,7 @@ the decision and its reasons side by side.
 """
 from __future__ import annotations
 
+from perfladder.kernels.accounting import ROOF_ERROR
 from perfladder.measure.timing import did_settle
 
 VERDICTS = ("faster", "slower", "within noise", "unsettled")
@@ -25,6 +26,10 @@ COMPUTE_ROOF = 0.5      # ... and the step's model TFLOP/s >= 50% of the measure
 MEMORY_SHARE = 0.4      # elementwise + norm + copies >= 40% of kernel time
 MEMORY_CATEGORIES = ("elementwise", "reduction/norm", "memcpy/memset", "optimizer")
 COMPUTE_CATEGORIES = ("matmul", "attention")
+# Busy time and host time are parts of the step: a number over the step by more than this
+# (clock granularity, a profile a little slower than the timed windows) is not what it is
+# named, and is flagged in the regime's ``accounting`` instead of being reported or capped.
+OVER_STEP = 0.05
 
 
 def _range(r) -> tuple[float, float, bool]:
@@ -67,9 +72,21 @@ def above_unsettled_base(v: dict | None) -> bool:
             and v.get("against_all") is not None and v["range"][0] > v["against_all"][1])
 
 
+def credit(v: dict | None) -> float | None:
+    """The credit rule, the one every card, table, inserted number and bar applies: the ratio a
+    rung may be credited with against the rung it builds on is its verdict's ratio when the
+    verdict is 'faster' (both measurements settled, the rung's slowest window above the other's
+    fastest, by more than ``MIN_EFFECT``), and nothing otherwise. An unsettled comparison
+    gets no credited ratio, not even a bound: whatever its windows show, one of the two
+    measurements was disturbed."""
+    if not v or v.get("verdict") != "faster":
+        return None
+    return v["ratio"]
+
+
 def credited(r) -> bool:
-    """May a waterfall credit ``r`` with a speedup over the rung it builds on?"""
-    return bool(r.verdict) and r.verdict["verdict"] == "faster"
+    """May a waterfall credit ``r`` with a speedup over the rung it builds on? (``credit``)"""
+    return credit(r.verdict) is not None
 
 
 def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) -> dict:
@@ -87,10 +104,14 @@ def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) 
     step_ms = None
     if r.tokens_per_s and r.batch_size and r.seq_len:
         step_ms = 1e3 * r.batch_size * r.seq_len / r.tokens_per_s
-    busy = None if not step_ms else min(1.0, p.device_ms / step_ms)
-    out.update(host_ms=p.host_ms, device_ms=p.device_ms, step_ms=step_ms, busy=busy,
-               compute_share=compute, memory_share=memory)
+    busy, host_ms, flags = step_shares(p, step_ms)
     frac = out["fraction_of_roof"]
+    if frac is not None and frac > ROOF_ERROR:
+        flags.append(f"{100 * frac:.0f}% of the measured matmul roof: the model FLOPs counted "
+                     "are more than the step does (an accounting error, not a fast step)")
+        out["fraction_of_roof"] = frac = None
+    out.update(host_ms=host_ms, device_ms=p.device_ms, step_ms=step_ms, busy=busy,
+               compute_share=compute, memory_share=memory, accounting=flags)
     if busy is not None and busy < HOST_BOUND:
         out.update(regime="host-bound", why=f"kernels are busy {100 * busy:.0f}% of the "
                    f"{step_ms:.1f} ms step; the rest the device waits for the host")
@@ -107,3 +128,40 @@ def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) 
         out.update(regime="mixed", why=f"matmul and attention {100 * compute:.0f}%, memory-bound "
                    f"kernels {100 * memory:.0f}% of kernel time")
     return out
+
+
+def step_shares(p, step_ms: float | None) -> tuple[float | None, float | None, list[str]]:
+    """``(busy, host_ms, accounting)`` of profile ``p`` against a step of ``step_ms`` (from the
+    timed windows, which no profiler perturbed): the share of the step the device ran kernels
+    and the host time to issue it, each only where it is what its name says, and why not
+    where it is not.
+
+    Busy is the kernels' busy time per step over the step: the union of their intervals where
+    the profile recorded it (``busy_ms``), else their sum (``device_ms``). Over the step it is
+    overlapping kernels counted twice (a sum) or profiled steps slower than the timed ones:
+    flagged, never capped to 100%. A host time over the step was measured with steps queued
+    ahead of the call (the call waited on the device): flagged, not kept.
+    """
+    flags: list[str] = []
+    busy = None
+    union = getattr(p, "busy_ms", None)
+    kernel_ms = union if union is not None else p.device_ms
+    if step_ms and kernel_ms is not None:
+        if kernel_ms <= (1 + OVER_STEP) * step_ms:
+            busy = min(1.0, kernel_ms / step_ms)
+        elif union is None:
+            flags.append(f"{kernel_ms:.1f} ms of kernels summed against a {step_ms:.1f} ms step: "
+                         "a sum over the step counts overlapping kernels twice (or steps slower than "
+                         "the timed ones) and is no busy fraction; the profile holds no kernel "
+                         "intervals to take their union")
+        else:
+            flags.append(f"the device busy {kernel_ms:.1f} ms per profiled step against a "
+                         f"{step_ms:.1f} ms timed step: the profiled steps ran slower than the timed "
+                         "ones, so the profile gives no busy fraction of this step")
+    host_ms = p.host_ms
+    if host_ms is not None and step_ms and host_ms > (1 + OVER_STEP) * step_ms:
+        flags.append(f"{host_ms:.1f} ms to issue a {step_ms:.1f} ms step: issuing cannot take longer "
+                     "than the step it issues; measured with earlier steps queued, the call waited "
+                     "on the device, so this is no host cost")
+        host_ms = None
+    return busy, host_ms, flags

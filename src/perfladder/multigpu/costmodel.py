@@ -11,10 +11,14 @@ Weak scaling: each of ``k`` ranks runs the single-GPU step on its own batch of
   ``bus_bw`` is the *bus bandwidth* in NCCL's convention (``busbw`` in nccl-tests), the
   one number a ring all-reduce of a large buffer sustains per rank.
 
-``predicted_tokens_per_s = k x B x T / (t_compute + t_comm)`` assumes no overlap, so it is a
-floor: DDP's bucketed all-reduce and XLA's async collectives hide part of ``t_comm`` under
-the backward pass, and a measurement may land above it. ``k`` times the single-GPU rate is
-the linear ceiling; ``efficiency = predicted / linear = t_compute / (t_compute + t_comm)``.
+``predicted_tokens_per_s = k x B x T / (t_compute + t_comm)`` assumes no overlap. It is no
+floor: it prices the single-GPU step and the wire and nothing else a data-parallel step adds
+(the gradient buckets' copies, waiting for the slowest rank, the collectives' launches), so
+measurements land below it; it is read as an upper estimate. The model's own ceiling,
+``ceiling_tokens_per_s = k x B x T / max(t_compute, t_comm)`` (the all-reduce wholly hidden
+under the backward pass), bounds every measurement from above; while the wire is the smaller
+term it is ``k`` times the single-GPU rate, the linear ceiling;
+``efficiency = predicted / linear = t_compute / (t_compute + t_comm)``.
 
 The link speeds are assumptions, named in ``LINKS`` with where each number comes from;
 the ranks also time an all-reduce of a gradient-sized buffer themselves, and a measurement
@@ -101,7 +105,7 @@ class Estimate:
     single_tokens_per_s: float        # the measured single-GPU rate the compute term comes from
     t_compute_s: float
     t_comm_s: float
-    predicted_tokens_per_s: float     # no-overlap floor
+    predicted_tokens_per_s: float     # no overlap: an upper estimate (see the module docstring)
     linear_tokens_per_s: float        # k x single
     efficiency: float                 # predicted / linear
     link: str                         # the (intra-node) link
@@ -118,15 +122,24 @@ class Estimate:
         return d
 
     def line(self) -> str:
-        """One printable line: both terms, the floor, the ceiling, the efficiency."""
+        """One printable line: both terms, the prediction, the ceiling, the efficiency."""
         where = (f"{self.link} {words.gbps(self.bus_bytes_per_s)} GB/s" if self.inter_link is None else
                  f"{self.nodes} nodes x {self.gpus_per_node}: {self.link} "
                  f"{words.gbps(self.bus_bytes_per_s)} GB/s + {self.inter_link} "
                  f"{words.gbps(self.inter_bus_bytes_per_s)} GB/s")
         return (f"predict k={self.k}: batch {self.per_rank_batch}/rank, t_compute "
                 f"{words.ms(self.t_compute_s)} + t_comm {words.ms(self.t_comm_s)} ({where}) "
-                f"-> {words.rate(self.predicted_tokens_per_s)} tokens/s no-overlap floor, linear "
+                f"-> {words.rate(self.predicted_tokens_per_s)} tokens/s without overlap, linear "
                 f"{words.rate(self.linear_tokens_per_s)}, efficiency {words.percent(self.efficiency, 1)}")
+
+
+def ceiling_tokens_per_s(estimate) -> float:
+    """The cost model's ceiling for an ``Estimate`` (or its dict): ``k x B x T / max(t_compute,
+    t_comm)``, the all-reduce wholly hidden under the step (linear while the wire is the
+    smaller term). No measurement of a step the model prices can exceed it."""
+    e = estimate.to_dict() if isinstance(estimate, Estimate) else estimate
+    tokens = e["k"] * e["per_rank_batch"] * e["seq_len"]
+    return tokens / max(e["t_compute_s"], e["t_comm_s"])
 
 
 # -- the two terms ---------------------------------------------------------------------------
@@ -187,7 +200,8 @@ def _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, t
     assumptions = [f"fp32 gradients: {GRAD_BYTES_PER_PARAM} bytes x {num_params:,} parameters",
                    "ring all-reduce: each rank moves 2(k-1)/k of the gradient bytes",
                    f"{intra.name}: {words.gbps(intra.bus_bytes_per_s)} GB/s bus bandwidth -- {intra.source}",
-                   "no overlap of communication with compute: the prediction is a floor",
+                   "no overlap of communication with compute, and no other data-parallel cost "
+                   "priced: an upper estimate, the all-reduce wholly hidden its ceiling",
                    f"t_compute from a measured single-device rate of {words.rate(rate)} tokens/s at "
                    f"batch {per_rank_batch}"]
     if inter is not None:

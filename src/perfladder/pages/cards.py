@@ -23,6 +23,7 @@ from perfladder.pages.claims import (
     short_reason,
     target,
 )
+from perfladder.pages.multigpu import shown_prediction
 from perfladder.pages.report import MUTED, esc, table_html
 from perfladder.pages.words import gib, rate, tflops
 from perfladder.results.record import LadderResult, RungResult
@@ -127,6 +128,7 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         nums = {k: reg[k] for k in ("step_ms", "device_ms", "host_ms", "busy", "compute_share",
                                     "memory_share", "fraction_of_roof") if reg.get(k) is not None}
         out.append(("regime", f"{regime_of(r)}: {reg.get('why', '')}" + (f" ({_flat(nums)})" if nums else "")))
+        out += [("accounting", flag) for flag in reg.get("accounting") or []]
     for g in r.gates:
         vals = _gate_values(g)
         extra = ", ".join(f"{k} {_num(v)}" for k, v in g.tolerances.items() if k not in g.values)
@@ -151,7 +153,13 @@ def card_rows(result: LadderResult, r: RungResult, error: bool = True) -> list[t
         out.append(("rate", f"{tflops(r.tflops)} model TFLOP/s"
                     + ("" if r.mfu is None else f", {r.mfu:.1%} MFU against the datasheet peak")))
     p = r.prediction
-    if p is not None:
+    shown = shown_prediction(result.framework, r) if p is not None else None
+    if shown is not None and shown["source"].startswith("the committed"):
+        # the one prediction the page shows for this rung: the committed measurement's
+        out.append(("prediction", f"{p.model}: predicted {rate(shown['predicted'])} tokens/s at k = "
+                    f"{shown['k']} from {rate(shown['single'])} tokens/s on one GPU, by "
+                    f"{shown['source']}; measured {rate(shown['measured'])}"))
+    elif p is not None:
         line = f"{p.model}: predicted {rate(p.predicted_tokens_per_s)} tokens/s"
         if p.measured_tokens_per_s is not None:
             line += f", measured {rate(p.measured_tokens_per_s)}"
@@ -233,10 +241,11 @@ def compact_rows(result: LadderResult, r: RungResult) -> list[tuple[str, str]]:
         top = sorted(p.shares.items(), key=lambda kv: -kv[1])[:3]
         out.append(("profile", f"{p.device_ms:.2f} ms of kernels per step"
                     + ("" if reg.get("busy") is None else f", busy {reg['busy']:.0%} of the "
-                       f"{reg['step_ms']:.1f} ms step") + ("" if p.host_ms is None else
-                                                         f"; host {p.host_ms:.1f} ms to issue a step")
+                       f"{reg['step_ms']:.1f} ms step") + ("" if reg.get("host_ms") is None else
+                                                         f"; host {reg['host_ms']:.1f} ms to issue a step")
                     + ("; " + ", ".join(f"{k} {v:.0%}" for k, v in top) if top else "")
                     + f"; read as {regime_of(r)}"))
+        out += [("accounting", flag) for flag in reg.get("accounting") or []]
     if r.tflops is not None:
         out.append(("rate", f"{tflops(r.tflops)} model TFLOP/s"
                     + ("" if r.mfu is None else f", {r.mfu:.1%} MFU")))

@@ -3,10 +3,11 @@
 * a reason in a few words (``short_reason``) and the model's ceiling at the measured matmul
   rate (numbers as words: ``perfladder.pages.words``);
 * ``call(result, rung)``: the verdict of ``perfladder.measure.verdict`` turned into what may be said:
-  a speedup is credited only when the verdict is 'faster' (beyond the noise of both
-  measurements, both settled); an unsettled comparison credits nothing and prints no ratio; a
-  loss is called a loss when every window of the rung lies below every window of its base,
-  even when the base's windows did not settle (the sign is sure, the size is flagged unsure).
+  a speedup is credited by the one credit rule (``perfladder.measure.verdict.credit``: the
+  verdict is 'faster', both settled); an unsettled comparison credits nothing and prints no
+  ratio, not even a bound; a loss is called a loss when every window of the rung lies below
+  every window of its base, even when the base's windows did not settle (the sign is sure,
+  the size is flagged unsure).
 
 The tables (``perfladder.pages.report``), the sentences (``perfladder.pages.narrative``) and the bars
 (``perfladder.pages.plot``) all read a comparison through ``call``, so they cannot disagree.
@@ -16,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from perfladder.config import LadderConfig, expected_num_params, flops_per_token
+from perfladder.config import LadderConfig
+from perfladder.kernels.ceiling import ceiling  # noqa: F401  (the one ceiling, read from here too)
+from perfladder.kernels.ceiling import model_flops_per_token as _flops_per_token
 from perfladder.measure import verdict as _verdict
 from perfladder.measure.timing import LEGACY_TARGET_SPREAD, did_settle
 from perfladder.pages.words import percent, rate, ratio
@@ -45,20 +48,7 @@ def config_of(result: LadderResult) -> LadderConfig:
 
 def model_flops_per_token(result: LadderResult) -> int:
     """``6 N + 12 L T D`` of the model the run's configuration describes."""
-    cfg = config_of(result)
-    gpt = cfg.gpt()
-    return flops_per_token(expected_num_params(gpt), gpt.num_blks, cfg.num_steps, gpt.num_hiddens)
-
-
-def ceiling(result: LadderResult) -> dict | None:
-    """The model's tokens/s at the device's measured bf16 matmul rate, or ``None`` when the run
-    carries no measured roofs: ``{'tokens_per_s', 'tflops', 'flops_per_token', 'source'}``."""
-    tf = (result.roofs or {}).get("matmul_bf16_tflops")
-    if not tf:
-        return None
-    fpt = model_flops_per_token(result)
-    return {"tokens_per_s": tf * 1e12 / fpt, "tflops": tf, "flops_per_token": fpt,
-            "source": (result.roofs or {}).get("source", "")}
+    return _flops_per_token(result.config)
 
 
 # -- what may be said about a comparison -------------------------------------------------------
@@ -152,16 +142,8 @@ def call_of(v: dict | None, r: RungResult, before: RungResult | None) -> Call:
         blo, _ = v["against_range"]
         if hi < blo and ratio < 1 - v.get("min_effect", _verdict.MIN_EFFECT):
             return Call("slower", v["against"], ratio, shaky=unsettled_clause(r, before))
-        # every window of the rung (settled or not) above every window its base ever showed:
-        # the gain is certain, and at least the ratio of those two extremes
-        windows = r.timing.windows if r.timing is not None and r.timing.windows else [lo, hi]
-        base = v.get("against_all") or v["against_range"]
-        if min(windows) > base[1] * (1 + v.get("min_effect", _verdict.MIN_EFFECT)):
-            return Call("faster", v["against"], None, credited=True, bound=min(windows) / base[1],
-                        most=max(windows) / base[0],
-                        shaky=unsettled_clause(r, before))
-        return Call("unsettled", v["against"])
-    return Call(word, v["against"], ratio, credited=word == "faster")
+        return Call("unsettled", v["against"])     # the credit rule: no ratio, no bound
+    return Call(word, v["against"], ratio, credited=_verdict.credit(v) is not None)
 
 
 def rung_or_none(result: LadderResult, name: str | None) -> RungResult | None:

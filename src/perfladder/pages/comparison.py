@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from perfladder.measure.verdict import above_unsettled_base
 from perfladder.pages.claims import against, call, config_of, regime_of, settled
 from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
 from perfladder.pages.words import rate
@@ -74,6 +75,12 @@ def _step_ms(r: RungResult) -> float | None:
     return (r.regime or {}).get("step_ms")
 
 
+def _busy(r: RungResult) -> float | None:
+    """The share of the step the device ran kernels: the regime's (``verdict.step_shares``),
+    the one number every page reads (``None`` where the profile cannot give it)."""
+    return (r.regime or {}).get("busy")
+
+
 def _kernel_ms(r: RungResult) -> float | None:
     return r.profile.device_ms if r.profile is not None else None
 
@@ -92,14 +99,15 @@ def torch_bf16_small_batch(t: LadderResult | None) -> Claim:
         return _missing("torch_bf16_small_batch", statement, t, "R1 and R2", chapter)
     c = call(t, r2)
     k1, k2, s1, s2 = _kernel_ms(r1), _kernel_ms(r2), _step_ms(r1), _step_ms(r2)
-    if None in (k1, k2, s1, s2):
+    b1, b2 = _busy(r1), _busy(r2)
+    if None in (k1, k2, s1, s2, b1, b2):
         return Claim("torch_bf16_small_batch", statement, f"R2 {rate(r2.tokens_per_s)} against R1 "
                      f"{rate(r1.tokens_per_s)} ({c.word}); R1 or R2 has no profile to read", None, chapter)
     evidence = (f"R2 ran at {rate(r2.tokens_per_s)} tokens/s against R1's {rate(r1.tokens_per_s)} "
                 f"({c.label or c.word}, {c.word}); kernel time per step {k1:.2f} -> {k2:.2f} ms "
                 f"({_x(k2 / k1)}), the step {s1:.1f} -> {s2:.1f} ms; kernels busy "
-                f"{k1 / s1:.0%} -> {k2 / s2:.0%} of it (R2 {regime_of(r2)}).")
-    holds = c.word == "slower" and k2 / k1 <= ABOUT_HALF and s2 > s1 and k2 / s2 < MOSTLY_WAITING
+                f"{b1:.0%} -> {b2:.0%} of it (R2 {regime_of(r2)}).")
+    holds = c.word == "slower" and k2 / k1 <= ABOUT_HALF and s2 > s1 and b2 < MOSTLY_WAITING
     return Claim("torch_bf16_small_batch", statement, evidence, holds, chapter)
 
 
@@ -140,7 +148,10 @@ def jax_bf16_scatter(j: LadderResult | None) -> Claim:
                 f"{'/'.join(t1) or 'unrecorded'}) ran at {rate(b1.tokens_per_s)} "
                 f"({fix.label or fix.word} R3, {fix.word}).")
     holds = (c.word == "slower" and "bf16" in t3 and tc and "bf16" not in tc and share >= 0.5
-             and t1 and "bf16" not in t1 and fix.word == "faster" and b1.tokens_per_s > r3c.tokens_per_s)
+             and t1 and "bf16" not in t1 and b1.tokens_per_s > r3c.tokens_per_s
+             # a recovery is a sign, not a credited ratio: 'faster', or every B1 window above
+             # every window R3 ever showed when R3 did not settle (verdict.above_unsettled_base)
+             and (fix.word == "faster" or above_unsettled_base(b1.verdict)))
     return Claim("jax_bf16_scatter", statement, evidence, bool(holds), chapter)
 
 
@@ -177,25 +188,27 @@ def torch_batch_biggest(t: LadderResult | None) -> Claim:
     evidence = ("; ".join(f"{r.name} {r.label}: {calls[r.name].label or '-'} {calls[r.name].against} "
                           f"({calls[r.name].word})" for r in rungs)
                 + "; at batch 64 " + " and ".join(f"{r.name} is {regime_of(r)}" for r in small) + ".")
-    # the least and the most each credited gain can be (an unsettled one is credited as a
-    # bound); the batch rung is the biggest only if its least beats every other's most
-    spans = {n: (c.ratio, c.ratio) if c.ratio is not None else (c.bound, c.most)
-             for n, c in calls.items() if c.credited}
-    holds = ("R3" in spans and all(spans["R3"][0] >= hi for n, (_, hi) in spans.items() if n != "R3")
+    # credited gains only (``verdict.credit``): the batch rung is the biggest only if its
+    # credited ratio beats every other credited one
+    gains = {n: c.ratio for n, c in calls.items() if c.credited}
+    holds = ("R3" in gains and all(gains["R3"] >= x for n, x in gains.items() if n != "R3")
              and calls["R2"].word == "slower")
     return Claim("torch_batch_biggest", statement, evidence, holds, chapter)
 
 
 def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
-    """The two frameworks' fastest settled configurations, within a tenth of each other."""
+    """The two frameworks' fastest configurations (``LadderResult.fastest_rung``, the one meaning
+    every page gives the words), within a tenth of each other."""
     statement = ("The two frameworks end close together: their fastest configurations are "
                  "within a tenth of each other, each reached by a different path.")
     if t is None or j is None or not t.waterfall() or not j.waterfall():
         return _missing("fastest_pair", statement, t if j is not None else j, "both ladders")
     bt, bj = t.fastest_rung(), j.fastest_rung()
     c = against(bj, bt)
-    evidence = (f"PyTorch's fastest settled rung is {bt.name} {bt.label}, {rate(bt.tokens_per_s)} "
-                f"tokens/s; JAX's is {bj.name} {bj.label}, {rate(bj.tokens_per_s)} "
+    unsettled = lambda r: "" if settled(r) is not False else " (its windows did not settle)"  # noqa: E731
+    evidence = (f"PyTorch's fastest configuration is {bt.name} {bt.label}, {rate(bt.tokens_per_s)} "
+                f"tokens/s{unsettled(bt)}; JAX's is {bj.name} {bj.label}, "
+                f"{rate(bj.tokens_per_s)}{unsettled(bj)} "
                 f"({_x(bj.tokens_per_s / bt.tokens_per_s)} PyTorch's, {c.word}).")
     paths = [[r.key for r in res.waterfall() if call(res, r).credited] for res in (t, j)]
     evidence += (f" Credited on the way: PyTorch {', '.join(paths[0]) or 'nothing'}; "
@@ -208,7 +221,7 @@ def fastest_pair(t: LadderResult | None, j: LadderResult | None) -> Claim:
 def data_parallel_nearly_free(r5: dict | None) -> Claim:
     """NVLink data parallelism: the priced wire time a sliver of the step, >= 90% of linear."""
     statement = ("On two H200s joined by NVLink, data parallelism is nearly free: the gradient "
-                 "all-reduce the cost model prices is a sliver of the step, and the fastest recipe "
+                 "all-reduce the cost model prices is a sliver of the step, and the run's fast recipe "
                  "scaled close to linearly in both frameworks. What it does lose is not wire time: "
                  "every measurement lands below the no-overlap prediction.")
     ch = CHAPTER["r5"]
@@ -298,22 +311,18 @@ def chapter_table_html(t: LadderResult | None, j: LadderResult | None) -> str:
     return table(["rung", "PyTorch, RTX 4090", "PyTorch, H200", "JAX, RTX 4090", "JAX, H200"], rows)
 
 
-def _credited(res: LadderResult) -> list[tuple[RungResult, float, bool]]:
-    """Every credited step: the rung, its ratio or the bound it is credited with, and whether
-    that is a bound ("at least")."""
-    return [(r, c.ratio if c.ratio is not None else c.bound, c.ratio is None)
-            for r in res.waterfall() for c in [call(res, r)] if c.credited]
+def _credited(res: LadderResult) -> list[tuple[RungResult, float]]:
+    """Every credited step (``verdict.credit``): the rung and its credited ratio."""
+    return [(r, c.ratio) for r in res.waterfall() for c in [call(res, r)] if c.credited]
 
 
 def span(top: RungResult, base: RungResult) -> str:
-    """``top`` against ``base`` as may be said: the ratio when both settled, else the bound
-    every window allows ("at least 2.61x"), else that no ratio is credited."""
+    """``top`` against ``base`` as may be said: the ratio when both settled, else that no
+    ratio is credited (the credit rule: no bound either)."""
     if settled(top) is not False and settled(base) is not False:
         return _x(top.tokens_per_s / base.tokens_per_s)
-    bound = min(top.windows or [top.tokens_per_s]) / max(base.windows or [base.tokens_per_s])
     unsettled = " and ".join(r.name for r in (base, top) if settled(r) is False)
-    return (f"at least {_x(bound)}" if bound > 1 else "no ratio credited") + \
-        f", {unsettled}'s windows did not settle"
+    return f"no ratio credited, {unsettled}'s windows did not settle"
 
 
 def waterfall_reading(t: LadderResult | None, j: LadderResult | None) -> list[str]:
@@ -326,20 +335,19 @@ def waterfall_reading(t: LadderResult | None, j: LadderResult | None) -> list[st
         base, best = _rung(res, start) or res.waterfall()[0], res.fastest_rung()
         steps = _credited(res)
         top = max(steps, key=lambda rc: rc[1], default=None)
-        beyond = [(r, x, b) for r, x, b in steps if r.stage == "beyond"]
+        beyond = [(r, x) for r, x in steps if r.stage == "beyond"]
         gain = 1.0
-        for _, x, _ in beyond:
+        for _, x in beyond:
             gain *= x
         text = (f"{name} climbs from {base.name} {base.label} at {rate(base.tokens_per_s)} tokens/s to "
                 f"{best.name} {best.label} at {rate(best.tokens_per_s)} ({span(best, base)}), through "
                 f"{len(steps)} credited step{'s' if len(steps) != 1 else ''}")
         if top is not None:
-            text += (f"; the largest is {top[0].name} {top[0].label}, {'at least ' if top[2] else ''}"
+            text += (f"; the largest is {top[0].name} {top[0].label}, "
                      f"{_x(top[1])} {call(res, top[0]).against}")
         if beyond:
             text += (f"; the {len(beyond)} credited rung{'s' if len(beyond) != 1 else ''} beyond the "
-                     f"chapter ({', '.join(r.name for r, _, _ in beyond)}) multiply to "
-                     f"{'at least ' if any(b for _, _, b in beyond) else ''}{_x(gain)}")
+                     f"chapter ({', '.join(r.name for r, _ in beyond)}) multiply to {_x(gain)}")
         out.append(text + ".")
         ch, r3 = CHAPTER[res.framework], _rung(res, "R3")
         if start in ch and "R3" in ch:

@@ -5,6 +5,7 @@ ceilings, and the rungs that went after each group (``tried_against``). Rungs' o
 """
 from __future__ import annotations
 
+from perfladder.kernels.accounting import ROOF_ERROR, accounting_error, roof_fraction
 from perfladder.pages.cards import code_html
 from perfladder.pages.claims import call, short_reason
 from perfladder.pages.report import MUTED, esc, table_html
@@ -12,9 +13,14 @@ from perfladder.results.record import LadderResult, RungResult
 
 
 def kernel_rung(result: LadderResult) -> RungResult | None:
-    """The rung that carries the ladder's kernel breakdown (the fastest configuration's)."""
+    """The rung that carries the ladder's kernel breakdown: the fastest configuration
+    (``LadderResult.fastest_rung``, the one meaning every page gives the words) when it has
+    one, else the last rung that does (a run whose fastest failed its report)."""
     with_kb = [r for r in result.rungs if r.kernels]
-    return with_kb[-1] if with_kb else None
+    if not with_kb:
+        return None
+    fastest = result.fastest_rung() if result.waterfall() else None
+    return fastest if fastest is not None and fastest.kernels else with_kb[-1]
 
 
 def fastest_roofline(result: LadderResult) -> dict:
@@ -53,7 +59,7 @@ def kernel_html(kb: dict, title: str = "", tried: dict[str, list[str]] | None = 
 def _roofline_rows(rl: dict, tried: dict[str, list[str]] | None = None) -> list[list[str]]:
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     return [[f(r["time_ms"], ".2f"), f(r["floor_ms"], ".2f"), f(r["above_ms"], ".2f"), esc(r["group"]),
-             esc(r.get("bound") or ""), f(None if r.get("bw_frac") is None else 100 * r["bw_frac"], ".0f"),
+             esc("accounting error" if accounting_error(r) else (r.get("bound") or "")), f(None if r.get("bw_frac") is None else 100 * r["bw_frac"], ".0f"),
              f(None if r.get("mm_frac") is None else 100 * r["mm_frac"], ".0f")]
             + ([esc("; ".join(tried.get(r["group"], [])) or "-")] if tried is not None else [])
             for r in rl.get("rows", []) if r.get("time_ms")]
@@ -87,7 +93,8 @@ def roofline_html(rl: dict | None, tried: dict[str, list[str]] | None = None) ->
     if not rl:
         return ""
     head = (f"Roofline per kernel group: {rl['time_ms']:.2f} ms of kernels per step against a floor "
-            f"of {rl['floor_ms']:.2f} ms at this run's measured copy and matmul ceilings")
+            f"of {rl['floor_ms']:.2f} ms at this run's measured copy and matmul ceilings"
+            + (f" ({rl['roofs']['source']})" if (rl.get("roofs") or {}).get("source") else ""))
     cols = ["ms/step", "floor ms", "above ms", "group", "bound by", "% copy roof", "% matmul roof"]
     note = under_floor_note(rl)
     return (f'<p style="margin: 0.6em 0 0.2em 0;"><strong>{esc(head)}</strong></p>'
@@ -97,18 +104,25 @@ def roofline_html(rl: dict | None, tried: dict[str, list[str]] | None = None) ->
 
 
 def under_floor_note(rl: dict) -> str:
-    """What a group that runs under its floor means: the floor is this run's measured copy and
-    matmul rates, not a hard ceiling; a kernel that beat them is at its roof, nothing left."""
+    """What a group that runs under its floor means. Within ``ROOF_ERROR`` of the roof: the
+    floor is this run's measured copy and matmul rates, which a kernel can beat by a little,
+    so the group is at its roof. Further above: an accounting error (the group was charged
+    bytes or FLOPs its kernels do not move or do), flagged as one and never called a roof."""
     beaten = [r for r in rl.get("rows", []) if r.get("time_ms") and r.get("above_ms") is not None
               and r["above_ms"] < 0]
-    if not beaten:
-        return ""
-    names = ", ".join(f"{r['group']} ({r['above_ms']:.2f} ms, "
-                      f"{100 * max(r.get('bw_frac') or 0, r.get('mm_frac') or 0):.0f}% of its roof)"
-                      for r in beaten)
-    return (f"Under its floor: {names}. The floors use the rates this run's probes measured (a plain "
-            "device copy, a large bf16 matmul), which a kernel can beat; read such a group as at its "
-            "roof, with nothing left to gain, not as faster than the hardware allows.")
+    at_roof = [r for r in beaten if not accounting_error(r)]
+    wrong = [accounting_error(r) for r in rl.get("rows", []) if r.get("time_ms") and accounting_error(r)]
+    out = []
+    if at_roof:
+        names = ", ".join(f"{r['group']} ({r['above_ms']:.2f} ms, {100 * roof_fraction(r):.0f}% of its roof)"
+                          for r in at_roof)
+        out.append(f"Under its floor: {names}. The floors use the rates this run's probes measured (a "
+                   "plain device copy, a large bf16 matmul), which a kernel can beat by a little; read "
+                   "such a group as at its roof, with nothing left to gain.")
+    if wrong:
+        out.append("Accounting error: " + "; ".join(wrong) + f". Over {100 * ROOF_ERROR:.0f}% of a "
+                   "roof is not a fast kernel; this row's floor is not read.")
+    return " ".join(out)
 
 
 def kernel_text(kb: dict, title: str = "", tried: dict[str, list[str]] | None = None) -> str:

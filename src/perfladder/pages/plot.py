@@ -13,8 +13,9 @@ neighbour is the same vertical step wherever it sits on the ladder, which is how
 ladder of multiplying rungs reads. The axis label says which scale was used.
 
 Where a run measured its device's matmul rate (``LadderResult.roofs``), a dashed line marks
-the model's ceiling, one per device (the highest rate measured on it), labelled on the line and
-in the legend; a run without roofs says so in the legend. Figures fit the book's text column.
+the model's ceiling, one per run, each at its own probe (``perfladder.kernels.ceiling``, the
+number every page quotes for that run), labelled on the line and in the legend; a run without
+roofs says so in the legend. Figures fit the book's text column.
 """
 from __future__ import annotations
 
@@ -84,14 +85,9 @@ def axis_scale(lowest: float, top: float, scale: str = "auto") -> str:
 
 
 def device_ceilings(results: list[LadderResult]) -> list[dict]:
-    """One ceiling per device among ``results``: the highest measured matmul rate on it
-    (``ceiling()`` with the run's ``device`` and ``framework`` added), in first-seen order."""
-    best: dict[str, dict] = {}
-    for res in results:
-        c = ceiling(res)
-        if c and (res.device not in best or c["tflops"] > best[res.device]["tflops"]):
-            best[res.device] = {**c, "device": res.device, "framework": res.framework}
-    return list(best.values())
+    """One ceiling per run among ``results`` (``perfladder.kernels.ceiling.ceiling``: each run
+    at its own probe, never another run's), in order; runs without roofs have none."""
+    return [c for c in (ceiling(res) for res in results) if c]
 
 
 def bar_colors(result: LadderResult) -> list[str]:
@@ -132,8 +128,9 @@ def bar_label(result: LadderResult, r: RungResult, left: RungResult | None = Non
 
 def _ceiling_handle(c: dict) -> Line2D:
     return Line2D([], [], color=CEILING_COLOR, linestyle="--",
-                  label=f"model ceiling on {c['device']}: {rate(c['tokens_per_s'])} tokens/s "
-                        f"(measured bf16 matmul {c['tflops']:.0f} TFLOP/s)")
+                  label=f"model ceiling of the {c['framework']} run on {c['device']}: "
+                        f"{rate(c['tokens_per_s'])} tokens/s "
+                        f"(its probe: bf16 matmul {c['tflops']:.0f} TFLOP/s)")
 
 
 def _legend_handles(colors: list[str], hatched: bool, ceilings: list[dict]) -> list:
@@ -315,7 +312,7 @@ def compare(results: list[LadderResult], path: str | Path | None = None, title: 
             ax.text(hi / s, y, f" {r.name} {rate(r.tokens_per_s)}", va="center", fontsize=7.5)
     for c in ceilings:
         ax.axvline(c["tokens_per_s"] / s, color=CEILING_COLOR, linestyle="--", linewidth=1)
-        ax.text(c["tokens_per_s"] / s, -0.7, f"{c['device']} ceiling {rate(c['tokens_per_s'])} ",
+        ax.text(c["tokens_per_s"] / s, -0.7, f"{c['framework']} ceiling {rate(c['tokens_per_s'])} ",
                 ha="right", va="center", fontsize=6.5, color=CEILING_COLOR, gid="ceiling")
     xlabel = _set_scale(ax.set_xscale, ax.xaxis, which, unit, "throughput")
     ax.set_yticks(range(len(keys)))

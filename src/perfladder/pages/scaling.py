@@ -14,7 +14,10 @@ from perfladder.pages.words import rate
 from perfladder.results.committed import MULTI_GPU_RUN, RESULTS, multi_gpu_run
 
 FRAMEWORK_NAMES = {"torch": "PyTorch", "jax": "JAX"}
-FORM_NAMES = {"seed": "the chapter's form", "chapter": "the chapter's form", "fast": "fastest recipe"}
+# "fast" is the two-GPU run's own fast recipe (recorded with each measurement), not a ladder's
+# fastest configuration (``LadderResult.fastest_rung``): the words keep the two apart
+FORM_NAMES = {"seed": "the chapter's form", "chapter": "the chapter's form",
+              "fast": "the two-GPU run's fast recipe"}
 
 
 def pct(v: float) -> str:

@@ -107,7 +107,7 @@ def loses_to(a: str, b: str) -> Test:
 METRICS: dict[str, Callable[[RungResult], float | None]] = {
     "memory": lambda r: r.memory.bytes if r.memory else None,
     "device_ms": lambda r: r.profile.device_ms if r.profile else None,
-    "host_ms": lambda r: r.profile.host_ms if r.profile else None,
+    "host_ms": lambda r: (r.regime or {}).get("host_ms"),      # judged: verdict.step_shares
     "busy": lambda r: (r.regime or {}).get("busy"),
     "step_ms": lambda r: (r.regime or {}).get("step_ms"),
     "first_call": lambda r: r.compile.first_call_s if r.compile else None,
@@ -322,19 +322,16 @@ def _ms(milliseconds: float | None) -> str:
 
 
 def credited_ratio(result: LadderResult, r: RungResult, before: RungResult | None) -> str:
-    """The rung against the one it builds on, as the cards credit it: the ratio, "at least" the
-    bound every window allows, or the bare ratio marked as not credited (windows unsettled)."""
+    """The rung against the one it builds on, as the cards credit it (``verdict.credit``): the
+    ratio where one may be printed, else that none is credited (windows unsettled)."""
     if not (r.measured and before):
         return "–"
     c = call(result, r)
     if c.ratio is not None:
         return ratio(c.ratio)
-    if c.bound is not None:
-        return c.bound_text
     if before.name in r.built_on_earlier:           # a page's cell run again (perfladder.pages.rerun)
-        return (f"{ratio(r.tokens_per_s / before.tokens_per_s)} (not credited: {r.name} ran on an earlier "
-                f"{before.name})")
-    return f"{ratio(r.tokens_per_s / before.tokens_per_s)} (not credited: the windows did not settle)"
+        return f"no ratio credited ({r.name} ran on an earlier {before.name})"
+    return "no ratio credited (the windows did not settle)"
 
 
 def rung_numbers(result: LadderResult, r: RungResult) -> dict[str, str]:
@@ -346,7 +343,7 @@ def rung_numbers(result: LadderResult, r: RungResult) -> dict[str, str]:
            "label": r.label, "memory": gib(r.memory.bytes) if r.memory and r.memory.bytes else "–",
            "first_call": first_call_text(r),
            "device_ms": _ms(r.profile.device_ms) if r.profile else "–",
-           "host_ms": _ms(r.profile.host_ms) if r.profile else "–",
+           "host_ms": _ms((r.regime or {}).get("host_ms")),
            "step_ms": _ms(reg.get("step_ms")), "busy": percent(reg.get("busy")),
            "tflops": "–" if r.tflops is None else f"{r.tflops:.0f}", "mfu": percent(r.mfu),
            "spread": percent(r.spread) if r.timing else "–",
@@ -370,6 +367,7 @@ def ladder_numbers(result: LadderResult) -> dict[str, str]:
         ceil = ceiling(result)
         out["ceiling_rate"] = rate(ceil["tokens_per_s"]) if ceil else "–"
         out["ceiling_tflops"] = f"{ceil['tflops']:.0f}" if ceil else "–"
+        out["ceiling_source"] = ceil["source"] if ceil else "–"      # the run's own probe
         out["of_ceiling"] = percent(best.tokens_per_s / ceil["tokens_per_s"]) if ceil else "–"
     lc = result.learning
     if lc is not None:

@@ -3,8 +3,9 @@
 
 * ``read_run(path)``: a committed ladder file as a ``LadderResult``, with what a file written
   earlier lacks filled in from the same run once, here: its device ceilings from the run's own
-  probe (``device.json`` beside it) when the file carries none, and its kernel reports read
-  by today's kernel taxonomy (``reread_kernels``);
+  probe (``device.json`` beside it) when the file carries none, and its derived fields
+  recomputed from its raw data by today's accounting (``perfladder.kernels.accounting.rederive``:
+  the one taxonomy for profiles and kernel reports, rooflines from each report's own recipe);
 * ``reference_run(root, framework)``: the folder ``benchmarks/results/reference.txt`` names, the
   run a page shows when its own build cannot measure one;
 * ``multi_gpu_run(folder)``: the committed R5 run (``r5.json`` of ``benchmarks/r5_multi_gpu.py``);
@@ -17,8 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from perfladder.kernels import KernelBreakdown
-from perfladder.kernels.roofline import Roofs, Workload, roofline
+from perfladder.kernels.accounting import rederive, reread_report
 from perfladder.results.record import FRAMEWORKS, LadderResult
 
 RESULTS = Path("benchmarks") / "results"
@@ -44,9 +44,8 @@ def read_run(path: str | Path) -> LadderResult:
     probe = path.parent / PROBE_FILE
     if res.roofs is None and probe.is_file():
         res.roofs = roofs_from_probe(probe)
+    rederive(res)                  # derived fields by today's accounting, from the raw data
     for r in res.rungs:
-        if r.kernels:
-            r.kernels = reread_kernels(r.kernels)
         for g in r.gates:      # runs recorded before the book called the chapter "the chapter"
             if g.reference:
                 g.reference = g.reference.replace("the seed recipe", "the reference recipe")
@@ -68,28 +67,10 @@ def roofs_from_probe(path: Path) -> dict | None:
             "method": probe.get("method", "")}
 
 
-def reread_kernels(kb: dict) -> dict:
-    """A stored kernel report (``KernelBreakdown.to_dict()`` plus its ``roofline``) read by
-    today's taxonomy (``KernelBreakdown.recategorized``): when a named kernel moves out of
-    'other', the categories and the roofline rows are derived again from the report's own
-    workload and roofs. Returned unchanged when nothing moves."""
-    try:
-        old = KernelBreakdown.from_dict(kb)
-    except ValueError:               # not a full breakdown (an older file's summary): as it is
-        return kb
-    new = old.recategorized()
-    if new is old:
-        return kb
-    out = {**kb, **new.to_dict()}
-    rl = kb.get("roofline")
-    if rl and rl.get("workload") and rl.get("roofs"):
-        rf = rl["roofs"]
-        out["roofline"] = roofline(new, Workload(**rl["workload"]),
-                                   Roofs(copy_bytes_per_s=rf["copy_bytes_per_s"],
-                                         matmul_flops_per_s=rf["matmul_flops_per_s"],
-                                         source=rf.get("source", "")),
-                                   title=rl.get("title", "")).to_dict()
-    return out
+def reread_kernels(kb: dict, framework: str = "torch") -> dict:
+    """A stored kernel report read by today's accounting (``perfladder.kernels.accounting.
+    reread_report``: today's taxonomy, the roofline of its own recipe, its rows judged)."""
+    return reread_report(kb, framework)
 
 
 # -- which run a page shows --------------------------------------------------------------------

@@ -91,6 +91,21 @@ def _gpu_events(events) -> list[tuple[str, float, str | None]]:
     return out
 
 
+def _gpu_spans(events) -> list[tuple[float, float] | None]:
+    """``(start_us, end_us)`` of the events ``_gpu_events`` picks, in its order (``None`` where
+    an event has no time range): their union is the time the device was busy."""
+    DT = _device_type()
+    out = []
+    for e in events:
+        if e.device_type != DT.CUDA or not _is_device_work(e):
+            continue
+        tr = getattr(e, "time_range", None)
+        start, end = getattr(tr, "start", None), getattr(tr, "end", None)
+        out.append((float(start), float(end)) if isinstance(start, (int, float))
+                   and isinstance(end, (int, float)) and end >= start else None)
+    return out
+
+
 def _cpu_events(events) -> list[tuple[str, float, str | None]]:
     DT = _device_type()
     out = []
@@ -151,7 +166,7 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
         notes.append(f"{n_opt} event(s) counted as optimizer because they ran inside Optimizer.step "
                      "(their names alone say otherwise)")
     return breakdown(picked, steps, top, device="gpu" if on_gpu else "cpu", framework="torch",
-                     wall_us=wall_us, notes=notes)
+                     wall_us=wall_us, notes=notes, spans=_gpu_spans(events) if on_gpu else None)
 
 
 @contextlib.contextmanager

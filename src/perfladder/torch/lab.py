@@ -20,10 +20,12 @@ from perfladder import compile_cache
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for, supports_bf16
-from perfladder.kernels.roofline import of_run
+from perfladder.kernels.accounting import of_run
 from perfladder.ladder.fit import GIB, check_fit, memory_cap_gib
 from perfladder.ladder.support import Kernels, check_card
 from perfladder.measure.evidence import (
+    PEAK_RESERVED,
+    RESERVED_NOTE,
     Memory,
     ProfileSummary,
     Receipt,
@@ -240,11 +242,11 @@ class TorchLab:
 
         t, again = measure_settled(once, budget_s=c.timing_budget_s)
         if self.on_gpu:
-            # the allocator's reserve is what a cap (and a full card) refuses: said beside the peak
-            note = f"allocator's reserve at most {torch.cuda.max_memory_reserved() / 2**30:.2f} GiB"
+            note = RESERVED_NOTE
             if self.memory_prediction is not None:
                 note += f"; {self.memory_prediction.note()}"
-            mem = Memory(int(torch.cuda.max_memory_allocated()), "measured peak", note)
+            mem = Memory(int(torch.cuda.max_memory_reserved()), PEAK_RESERVED, note,
+                         allocated=int(torch.cuda.max_memory_allocated()))
         else:
             mem = Memory(None, "n/a", "no device memory on CPU")
         return t, again, mem
@@ -312,7 +314,7 @@ class TorchLab:
         d["recipe"] = recipe.to_dict()
         d["roofline"] = of_run(kb, self.result.roofs, self.gpt_config, batch=recipe.batch_size,
                                seq=self.config.num_steps, precision=recipe.precision,
-                               stream_fp32=True, embed=recipe.embed)   # autocast: fp32 stream
+                               framework="torch", recipe=recipe.to_dict())
         return d
 
     def learning_check(self, name: str, recipe: Recipe, watch: Stopwatch | None = None):

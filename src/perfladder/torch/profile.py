@@ -1,9 +1,11 @@
 """Where one step's time goes, measured outside any timed window: a ``ProfileSummary``.
 
 ``device_ms``: the kernels' time per step from a ``torch.profiler`` run of a few steps
-(``perfladder.torch.kernels``; on CPU, the operators' self time); ``shares``: the kernel-category
-shares of that time; ``rows``: the top kernels, device time first. The profiler's CUPTI hooks are
-torn down when it stops (``TEARDOWN_CUPTI``, set by ``import perfladder.torch``), so the windows
+(``perfladder.torch.kernels``; on CPU, the operators' self time); ``busy_ms``: the time per
+step the device ran a kernel (the union of the kernels' intervals, so kernels on several
+streams are not counted twice); ``shares``: the kernel-category shares of that time;
+``rows``: the top kernels, device time first. The profiler's CUPTI hooks are torn down when it
+stops (``TEARDOWN_CUPTI``, set by ``import perfladder.torch``), so the windows
 timed after a profile pay no tax for it.
 """
 from __future__ import annotations
@@ -28,4 +30,6 @@ def summary_of(kb) -> ProfileSummary:
              "calls": k.calls / kb.steps} for k in kb.top]
     return ProfileSummary(tool=f"torch.profiler ({'CUDA kernels' if kb.device == 'gpu' else 'CPU operators'})",
                           steps=kb.steps, host_ms=None, device_ms=kb.total_us / per,
-                          shares=dict(kb.category_share), rows=rows)
+                          shares=dict(kb.category_share), rows=rows,
+                          busy_ms=None if kb.busy_us is None else kb.busy_us / per,
+                          wall_ms=None if kb.wall_us is None else kb.wall_us / per)
