@@ -69,6 +69,9 @@ def chained(outer, inner):
     (lambda tmp: chained(RuntimeError("compile failed"), BrokenProcessPool("A process in the process "
                                                                           "pool was terminated abruptly")),
      "worker_killed"),
+    (lambda tmp: raised(lambda: subprocess.run([sys.executable, "-c", "import os, signal; "
+                                                "os.kill(os.getpid(), signal.SIGKILL)"], check=True)),
+     "worker_killed"),
     (lambda tmp: raised(lambda: subprocess.run(["g++-that-is-not-here"], check=True)), None),
     (lambda tmp: Wrapped(FileNotFoundError(errno.ENOENT, "No such file or directory", "g++")),
      "missing_compiler"),

@@ -232,7 +232,10 @@ def cmd_run(args) -> int:
         raise                        # their own words say what happened to the files
     except Exception as e:
         if tracker.current == "learning" and files.saved:
-            return learning_failed(e, files)
+            try:
+                return learning_failed(e, files)
+            except ResultsError:      # the progress file is gone: said as if it had not been saved
+                pass
         if environment_cause(e) is not None:
             print(f"perfladder: incomplete: {tracker.where()}: {machine_words(e)}; "
                   f"{files.saved_line()}", file=sys.stderr, flush=True)

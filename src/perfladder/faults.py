@@ -155,7 +155,9 @@ _SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 _SPACE_WORDS = ("no space left on device", "disk quota exceeded")
 _KILLED_WORDS = ("terminated abruptly", "killed signal terminated program", "worker died",
-                 "subprocess died", "was killed")
+                 "subprocess died")
+# a pool that lost its worker (inductor's compile sidecar cancels what it had pending)
+_KILLED_TYPES = ("BrokenProcessPool", "CancelledError")
 _COMPILER_WORDS = ("no working c++ compiler", "no working c compiler", "failed to find c compiler",
                    "g++: not found", "gcc: not found", "c++: not found")
 _COMPILERS = ("g++", "gcc", "c++", "cc", "clang", "clang++", "cl", "icpx", "nvcc")
@@ -204,7 +206,7 @@ def environment_cause(e: BaseException) -> str | None:
             return "read_only"
     for x in chain:
         name, text = type(x).__name__, _text(x)
-        if name == "BrokenProcessPool" or any(w in text for w in _KILLED_WORDS) or (
+        if name in _KILLED_TYPES or any(w in text for w in _KILLED_WORDS) or (
                 name == "CalledProcessError" and getattr(x, "returncode", 0) < 0):
             return "worker_killed"
         if name == "InvalidCxxCompiler" or any(w in text for w in _COMPILER_WORDS) or (

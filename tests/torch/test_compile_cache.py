@@ -1,8 +1,8 @@
 """Inductor's compile cache as a fault source, made for real (``perfladder.torch.compiler``):
-a cache whose every file was cut short after a first run is set aside (moved, not deleted)
-and R1 measured; a full disk under it, with no other folder to turn to, fails R1 for the
-machine (``outcome="failed"``, its cause), and the run says it is incomplete; so does a
-missing compiler. Each case runs
+a full disk under it, with no other folder to turn to, fails R1 for the machine
+(``outcome="failed"``, its cause), and the run says it is incomplete; with room again R1 is
+measured, and once every file of its cache is cut short the cache is set aside (moved, not
+deleted) and R1 measured again; a missing compiler fails R1 for the machine too. Each case runs
 the CLI in its own process, on the smallest ladder that compiles (R1 alone, no learning
 check): inductor's cache folder and its in-memory caches are per process."""
 from __future__ import annotations
@@ -44,30 +44,6 @@ def said(err: str) -> list[str]:
     return [ln for ln in err.splitlines() if ln.strip() and "--no-learn" not in ln]
 
 
-def test_a_cache_cut_short_is_set_aside_and_the_rung_measured(tmp_path):
-    cache = tmp_path / "inductor"
-    first = cli(cache, tmp_path / "first.json")
-    assert first.returncode == 0, first.stderr[-3000:]
-    cut = {}
-    for f in cache.rglob("*"):
-        if f.is_file() and f.stat().st_size > 1:
-            os.truncate(f, f.stat().st_size // 2)        # what a full disk or a killed compile leaves
-            cut[f.relative_to(cache)] = f.stat().st_size
-    assert cut
-
-    again = cli(cache, tmp_path / "again.json")
-    assert again.returncode == 0, again.stderr[-3000:]
-    result = LadderResult.read(tmp_path / "again.json")
-    assert result.rung("R1").outcome == "measured"
-    [moved] = [p for p in tmp_path.iterdir() if p.name.startswith("inductor.unreadable-")]
-    # moved, not deleted: every file cut short is there as it was
-    assert {f: (moved / f).stat().st_size for f in cut if (moved / f).exists()} == cut
-    notes = [n for n in result.notes if str(moved) in n]
-    assert len(notes) == 1 and f"{cache} could not be read" in notes[0]
-    assert "Traceback" not in again.stderr
-    assert any(str(moved) in ln for ln in said(again.stderr))
-
-
 @pytest.fixture(scope="module")
 def no_room(tmp_path_factory):
     """R1 run with the disk full under inductor's cache and under every temporary folder it
@@ -89,6 +65,31 @@ def test_a_full_disk_fails_the_rung_for_the_machine_and_the_run_is_incomplete(no
     assert said(proc.stderr)[-1].startswith("perfladder: incomplete: R1 failed for the machine")
     assert "internal error" not in proc.stderr
     assert json.loads(out.read_text())["versions"]["perfladder"]
+
+
+def test_once_the_disk_is_freed_r1_is_measured_and_a_cache_cut_short_is_set_aside(no_room, tmp_path):
+    _, _, cache = no_room
+    first = cli(cache, tmp_path / "first.json")              # the same folder, with room again
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert LadderResult.read(tmp_path / "first.json").rung("R1").outcome == "measured"
+    cut = {}
+    for f in cache.rglob("*"):
+        if f.is_file() and f.stat().st_size > 1:
+            os.truncate(f, f.stat().st_size // 2)        # what a full disk or a killed compile leaves
+            cut[f.relative_to(cache)] = f.stat().st_size
+    assert cut
+
+    again = cli(cache, tmp_path / "again.json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = LadderResult.read(tmp_path / "again.json")
+    assert result.rung("R1").outcome == "measured"
+    [moved] = [p for p in cache.parent.iterdir() if p.name.startswith("inductor.unreadable-")]
+    # moved, not deleted: every file cut short is there as it was
+    assert {f: (moved / f).stat().st_size for f in cut if (moved / f).exists()} == cut
+    notes = [n for n in result.notes if str(moved) in n]
+    assert len(notes) == 1 and f"{cache} could not be read" in notes[0]
+    assert "Traceback" not in again.stderr
+    assert any(str(moved) in ln for ln in said(again.stderr))
 
 
 def test_a_missing_compiler_fails_the_rung_for_the_machine(tmp_path):
