@@ -192,7 +192,6 @@ def test_a_learning_check_that_fails_after_a_rung_failed_is_one_line_and_recorde
     assert any(n.startswith("learning check not run: ValueError") for n in result.notes)
 
 
-@pytest.mark.xfail(strict=True, reason="--resume retries failed rungs: issue 45 item 3 (branch rerun)")
 def test_resume_after_the_disk_is_freed_measures_the_failed_rung(tmp_path, ladder, monkeypatch, capsys):
     out = tmp_path / "torch.json"
     with monkeypatch.context() as m:

@@ -101,7 +101,6 @@ def test_a_missing_compiler_fails_the_rung_for_the_machine(tmp_path):
     assert "internal error" not in proc.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="--resume retries failed rungs: issue 45 item 3 (branch rerun)")
 def test_resume_after_the_disk_is_freed_measures_the_rung(no_room):
     _, out, cache = no_room
     again = cli(cache, out, "--resume", str(out))
