@@ -11,7 +11,9 @@ one run (``perfladder.results.committed.reference_run``); this module shows all 
   shaped by what set the pace of that run's step (host or device);
 * ``spread_numbers(framework)``: glue values for the prose (``sp_runs``, ``sp_R2_range``,
   ``sp_R2_verdicts``, ``sp_R2_host``, ...), each computed from the same runs, so a sentence about
-  the spread says what the dots show.
+  the spread says what the dots show;
+* ``host_sets_the_spread`` / ``device_wanders``: checks across the runs of what makes a rung
+  vary (its kernels' time steady while its step's wanders: the host; or its kernels' own time).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from perfladder.results.record import LadderResult
 BATCH64 = {"torch": ("R0", "R1", "R2"), "jax": ("R0", "R1", "R2a", "R2")}
 HOST = "host-bound"
 DOT_COLOR, SHOWN_COLOR = "#9a9a9a", "#d62728"
+MARKERS = {HOST: "o", "not profiled": "D"}     # any other regime: the device sets the pace, "s"
 VERDICT_WORDS = {"faster": "faster", "slower": "slower", "within noise": "within the noise",
                  "unsettled": "not settled", "smoke": "smoke", "start": "first", "skipped": "not measured"}
 
@@ -55,11 +58,20 @@ class Dot:
     regime: str
     word: str                # the verdict as ``claims.call`` reads it
     shown: bool
+    device_ms: float | None = None   # the profiled kernels' time per step
+    step_ms: float | None = None     # the step's time at the measured rate
+
+
+def joins(runs: list[LadderResult], shown: LadderResult | None) -> bool:
+    """Is ``shown`` a dot of its own beside ``runs``: not one of them, and of a GPU they were
+    measured on (a run of another GPU is a different population, not a wider spread)?"""
+    return (shown is not None and not any(same_run(r, shown) for r in runs)
+            and any(r.device == shown.device for r in runs))
 
 
 def dots(runs: list[LadderResult], name: str, shown: LadderResult | None = None) -> list[Dot]:
-    """Rung ``name`` of every run that measured it (``shown`` added when it is none of them)."""
-    every = list(runs) + ([shown] if shown is not None and not any(same_run(r, shown) for r in runs) else [])
+    """Rung ``name`` of every run that measured it (``shown`` added when it ``joins`` them)."""
+    every = list(runs) + ([shown] if joins(runs, shown) else [])
     out = []
     for res in every:
         try:
@@ -69,7 +81,9 @@ def dots(runs: list[LadderResult], name: str, shown: LadderResult | None = None)
         if not r.measured:
             continue
         out.append(Dot(f"{(res.created or '')[:10]} {res.device}", r.tokens_per_s, r.ratio_prev, regime_of(r),
-                       call(res, r).word, shown is not None and same_run(res, shown)))
+                       call(res, r).word, shown is not None and same_run(res, shown),
+                       r.profile.device_ms if r.profile else None,
+                       1e3 * r.batch_size * r.seq_len / r.tokens_per_s if r.batch_size and r.seq_len else None))
     return out
 
 
@@ -103,8 +117,59 @@ def verdicts_text(ds: list[Dot]) -> str:
 
 
 def host_text(ds: list[Dot]) -> str:
-    """In how many runs the rung's step waited on the host: "host-bound in 9 of the 12 runs"."""
-    return _counted(sum(d.regime == HOST for d in ds), len(ds), "host-bound") if ds else "–"
+    """In how many runs the rung's step waited on the host: "host-bound in 9 of the 12 runs"
+    (of the runs that profiled it)."""
+    ds = [d for d in ds if d.regime != "not profiled"]
+    return _counted(sum(d.regime == HOST for d in ds), len(ds), "host-bound") if ds else "not profiled in any run"
+
+
+def _ms_range(values: list[float]) -> str:
+    if not values:
+        return "–"
+    lo, hi = f"{min(values):.1f} ms", f"{max(values):.1f} ms"
+    return lo if lo == hi else f"{lo[:-3]} to {hi}"
+
+
+def device_ms_text(ds: list[Dot]) -> str:
+    """The range of the rung's profiled kernel time per step across the runs, "10.1 to 10.2 ms"."""
+    return _ms_range([d.device_ms for d in ds if d.device_ms])
+
+
+def step_ms_text(ds: list[Dot]) -> str:
+    """The range of the rung's step time across the runs, "11.7 to 19.1 ms"."""
+    return _ms_range([d.step_ms for d in ds if d.step_ms])
+
+
+STEADY = 0.05        # kernels "take the same time in every run": within 5% of each other
+WANDERS = 0.20       # a step "varies": its longest at least 20% over its shortest
+
+
+def _span(values: list[float]) -> float | None:
+    return max(values) / min(values) - 1 if values and min(values) > 0 else None
+
+
+def host_sets_the_spread(framework: str, name: str, root: str | Path | None = None):
+    """A check (``perfladder.pages.story.Check``'s test) across every committed run and the one
+    shown: rung ``name``'s kernels take the same time in every run (within ``STEADY``) while
+    its step time varies by more than ``WANDERS``: what differs between the runs is the host."""
+    def test(shown):
+        ds = dots(evidence(framework, root), name, shown)
+        dev, step = _span([d.device_ms for d in ds if d.device_ms]), _span([d.step_ms for d in ds if d.step_ms])
+        if dev is None or step is None:
+            return False, f"{name}: no profiled kernel time to compare across the runs"
+        return (dev <= STEADY and step >= WANDERS,
+                f"{name} across {len(ds)} runs: kernels {device_ms_text(ds)}, step {step_ms_text(ds)}")
+    return test
+
+
+def device_wanders(framework: str, name: str, root: str | Path | None = None):
+    """A check across the runs: rung ``name``'s own kernel time varies by more than ``WANDERS``."""
+    def test(shown):
+        ds = dots(evidence(framework, root), name, shown)
+        dev = _span([d.device_ms for d in ds if d.device_ms])
+        return (dev is not None and dev >= WANDERS,
+                f"{name} across {len(ds)} runs: kernels {device_ms_text(ds)}")
+    return test
 
 
 def rates_text(ds: list[Dot]) -> str:
@@ -118,19 +183,19 @@ def rates_text(ds: list[Dot]) -> str:
 def spread_numbers(framework: str, root: str | Path | None = None) -> dict[str, Callable[[LadderResult], str]]:
     """Glue values of the spread across every committed run (the shown run added when it is
     not one of them): ``sp_runs`` (how many runs, of which device), and per batch-64 rung
-    ``sp_<R>_range`` (its ratio to its base), ``sp_<R>_rates``, ``sp_<R>_verdicts``, ``sp_<R>_host``."""
+    ``sp_<R>_range`` (its ratio to its base), ``sp_<R>_rates``, ``sp_<R>_verdicts``, ``sp_<R>_host``,
+    ``sp_<R>_device_ms``, ``sp_<R>_step_ms``."""
     def runs_of(shown):
         return evidence(framework, root)
 
     def count(shown):
         runs = runs_of(shown)
-        devices = sorted({r.device for r in runs} | {shown.device})
-        extra = 0 if any(same_run(r, shown) for r in runs) else 1
-        return f"{len(runs) + extra} runs on {' and '.join(devices)}"
+        devices = sorted({r.device for r in runs})
+        return f"{len(runs) + joins(runs, shown)} runs on {' and '.join(devices)}"
     out: dict[str, Callable[[LadderResult], str]] = {"sp_runs": count}
     for name in BATCH64[framework]:
         for field, fn in (("range", range_text), ("rates", rates_text), ("verdicts", verdicts_text),
-                          ("host", host_text)):
+                          ("host", host_text), ("device_ms", device_ms_text), ("step_ms", step_ms_text)):
             out[f"sp_{name}_{field}"] = (lambda shown, n=name, f=fn: f(dots(runs_of(shown), n, shown)))
     return out
 
@@ -143,6 +208,7 @@ def figure(framework: str, shown: LadderResult | None = None, runs: list[LadderR
     pace. The run the page shows is larger, red, and named in the title."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter
 
     runs = evidence(framework) if runs is None else runs
     names = BATCH64[framework]
@@ -150,7 +216,7 @@ def figure(framework: str, shown: LadderResult | None = None, runs: list[LadderR
     for y, name in enumerate(names):
         ds = dots(runs, name, shown)
         for d in sorted(ds, key=lambda d: d.shown):
-            style = dict(marker="o" if d.regime == HOST else "s", zorder=3 if d.shown else 2,
+            style = dict(marker=MARKERS.get(d.regime, "s"), zorder=3 if d.shown else 2,
                          s=70 if d.shown else 28, alpha=1.0 if d.shown else 0.6,
                          facecolor=SHOWN_COLOR if d.shown else "none",
                          edgecolor=SHOWN_COLOR if d.shown else DOT_COLOR)
@@ -162,20 +228,30 @@ def figure(framework: str, shown: LadderResult | None = None, runs: list[LadderR
     left.set_xscale("log")
     left.set_xlabel("tokens/s (log)", fontsize=8)
     right.axvline(1.0, color="#444444", linestyle="--", linewidth=0.8)
-    right.set_xlabel("ratio to the rung it builds on", fontsize=8)
+    right.set_xscale("log")
+    right.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}x"))
+    right.xaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}x"))
+    left.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: rate(v)))
+    left.xaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: rate(v)))
+    right.set_xlabel("ratio to the rung it builds on (log)", fontsize=8)
     for ax in (left, right):
-        ax.tick_params(labelsize=7)
+        ax.tick_params(which="both", labelsize=6)
         ax.spines[["top", "right"]].set_visible(False)
         ax.grid(axis="x", linewidth=0.3, alpha=0.5)
     handles = [Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor=DOT_COLOR,
                       label="host-bound step"),
                Line2D([], [], marker="s", linestyle="", markerfacecolor="none", markeredgecolor=DOT_COLOR,
                       label="the device sets the pace"),
+               Line2D([], [], marker="D", linestyle="", markerfacecolor="none", markeredgecolor=DOT_COLOR,
+                      label="not profiled"),
                Line2D([], [], marker="o", linestyle="", color=SHOWN_COLOR, label="the run this page shows")]
-    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False)
-    count = len(runs) + (0 if shown is None or any(same_run(r, shown) for r in runs) else 1)
-    what = f"{(shown.created or '')[:10]} on {shown.device}" if shown is not None else "none"
-    fig.suptitle(f"{framework}: batch-64 rungs in {count} runs (shown: {what})", fontsize=9)
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    count = len(runs) + joins(runs, shown)
+    on_strip = shown is not None and (joins(runs, shown) or any(same_run(r, shown) for r in runs))
+    what = (f"shown: {(shown.created or '')[:10]} on {shown.device}" if on_strip else
+            "the run this page shows is of another GPU, not drawn" if shown is not None else "no run shown")
+    devices = " and ".join(sorted({r.device for r in runs}))
+    fig.suptitle(f"{framework}: batch-64 rungs in {count} committed runs on {devices} ({what})", fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     if path is not None:
         fig.savefig(path, dpi=100)
