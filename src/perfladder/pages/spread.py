@@ -270,3 +270,11 @@ def show(page) -> None:
     except ImportError:
         pass
     plt.close(fig)
+
+
+def verdict_numbers(framework: str, names: tuple[str, ...],
+                    root: str | Path | None = None) -> dict[str, Callable[[LadderResult], str]]:
+    """``sp_<R>_verdicts`` for rungs beyond batch 64 whose verdict differs between runs: how the
+    committed runs (and the shown one, when it ``joins`` them) fall."""
+    return {f"sp_{n}_verdicts": (lambda shown, n=n: verdicts_text(dots(evidence(framework, root), n, shown)))
+            for n in names}

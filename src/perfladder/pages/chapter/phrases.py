@@ -77,3 +77,40 @@ def shown_rule(framework: str) -> Number:
         return (f"the committed run benchmarks/results/{runs[0].name}, {how_chosen(None, framework)}; "
                 "the dot strips below show every committed run beside it")
     return words
+
+
+def multi_gpu_numbers(framework: str) -> dict[str, Number]:
+    """The committed multi-GPU run's measurements of ``framework`` (``pages.multigpu``), in words:
+    ``mg_linear`` (the range of their fractions of linear scaling), ``mg_of_prediction`` (of
+    what was predicted before each launch), ``mg_comm_ms`` (the all-reduce the cost model
+    priced), ``mg_gpus``; and the chapter's own: ``ch_r5_comm_ms``, ``ch_r5_compute_ms``."""
+    from perfladder.pages.comparison import CHAPTER
+    from perfladder.pages.multigpu import FOR_RUNG, measurements
+    from perfladder.pages.words import percent
+
+    def rows():
+        return [m for name in FOR_RUNG for m in measurements(framework, name)]
+
+    def span(values, fmt):
+        values = sorted(v for v in values if v is not None)
+        if not values:
+            return "–"
+        lo, hi = fmt(values[0]), fmt(values[-1])
+        return lo if lo == hi else f"{lo} to {hi}"
+
+    def of_prediction(m):
+        p = (m.get("prediction") or {}).get("predicted_tokens_per_s") or m.get("predicted_tokens_per_s")
+        return m["measured_tokens_per_s"] / p if p and m.get("measured_tokens_per_s") else None
+    ch = CHAPTER["r5"][framework]
+    return {"mg_linear": lambda result: span([m.get("efficiency_vs_linear") for m in rows()], percent),
+            "mg_of_prediction": lambda result: span([of_prediction(m) for m in rows()], percent),
+            "mg_comm_ms": lambda result: span([1e3 * (m.get("prediction") or {}).get("t_comm_s", 0) or None
+                                               for m in rows()], lambda v: f"{v:.2f} ms"),
+            "mg_gpus": lambda result: span([m.get("k") for m in rows()], str),
+            "ch_r5_comm_ms": lambda result: f"{ch['t_comm_ms']} ms",
+            "ch_r5_compute_ms": lambda result: f"{ch['t_compute_ms']} ms"}
+
+
+def gradient_numbers() -> dict[str, Number]:
+    """``cfg_grad_mb``: the fp32 gradients one all-reduce moves, in MB (4 bytes a parameter)."""
+    return {"cfg_grad_mb": lambda result: f"{4 * expected_num_params(config_of(result).gpt()) / 1e6:.0f} MB"}
