@@ -272,9 +272,13 @@ def show(page) -> None:
     plt.close(fig)
 
 
-def verdict_numbers(framework: str, names: tuple[str, ...],
-                    root: str | Path | None = None) -> dict[str, Callable[[LadderResult], str]]:
-    """``sp_<R>_verdicts`` for rungs beyond batch 64 whose verdict differs between runs: how the
-    committed runs (and the shown one, when it ``joins`` them) fall."""
-    return {f"sp_{n}_verdicts": (lambda shown, n=n: verdicts_text(dots(evidence(framework, root), n, shown)))
-            for n in names}
+def across_numbers(framework: str, names: tuple[str, ...],
+                   root: str | Path | None = None) -> dict[str, Callable[[LadderResult], str]]:
+    """For rungs past batch 64 whose outcome differs between runs: ``sp_<R>_verdicts`` (how the
+    committed runs, and the shown one when it ``joins`` them, fall) and ``sp_<R>_device_ms``
+    (the range of the rung's kernel time per step)."""
+    out: dict[str, Callable[[LadderResult], str]] = {}
+    for n in names:
+        out[f"sp_{n}_verdicts"] = lambda shown, n=n: verdicts_text(dots(evidence(framework, root), n, shown))
+        out[f"sp_{n}_device_ms"] = lambda shown, n=n: device_ms_text(dots(evidence(framework, root), n, shown))
+    return out

@@ -80,7 +80,7 @@ CHECKS = [
 BASE_NUMBERS = {
     **roofline_numbers(), **config_numbers(), **gradient_numbers(), **hardware_numbers(),
     **multi_gpu_numbers(FRAMEWORK), **spread.spread_numbers(FRAMEWORK),
-    **spread.verdict_numbers(FRAMEWORK, ("B1", "B2", "B6", "B9")),
+    **spread.across_numbers(FRAMEWORK, ("B1", "B2", "B6", "B9")),
     **verdict_phrases("R1", "R2", "B1", "B2", "B6", "B9"), "shown_rule": shown_rule(FRAMEWORK),
     "R3_vs_R3c": ratio_of("R3", "R3c"), "R3_vs_R2": ratio_of("R3", "R2"),
     "R3c_vs_R1": ratio_of("R3c", "R1"), "R3c_differs": difference_of("R3c", "R3"),
