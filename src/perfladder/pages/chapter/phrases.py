@@ -23,18 +23,17 @@ def _big(n: int) -> str:
 
 def config_numbers() -> dict[str, Number]:
     """The model and batch of the run's configuration: ``cfg_width``, ``cfg_blocks``,
-    ``cfg_heads``, ``cfg_head_width``, ``cfg_params``, ``cfg_context``, ``cfg_batch``,
-    ``cfg_big_batch``, ``cfg_batch_factor`` (the big batch over the chapter's), ``cfg_rows``
-    (token rows of one big batch)."""
+    ``cfg_heads``, ``cfg_head_width``, ``cfg_hidden`` (the FFN's width), ``cfg_params``,
+    ``cfg_context``, ``cfg_batch``, ``cfg_big_batch``, ``cfg_rows`` (token rows of one big batch)."""
     def get(fn):
         return lambda result: fn(config_of(result))
     return {"cfg_width": get(lambda c: str(c.num_hiddens)), "cfg_blocks": get(lambda c: str(c.num_blks)),
             "cfg_heads": get(lambda c: str(c.num_heads)),
+            "cfg_hidden": get(lambda c: str(c.gpt().ffn_mult * c.num_hiddens)),
             "cfg_head_width": get(lambda c: str(c.num_hiddens // c.num_heads)),
             "cfg_params": get(lambda c: _big(expected_num_params(c.gpt()))),
             "cfg_context": get(lambda c: str(c.num_steps)), "cfg_batch": get(lambda c: str(c.batch_size)),
             "cfg_big_batch": get(lambda c: str(c.big_batch)),
-            "cfg_batch_factor": get(lambda c: ratio(c.big_batch / c.batch_size)),
             "cfg_rows": get(lambda c: f"{c.big_batch * c.num_steps:,}")}
 
 

@@ -101,7 +101,7 @@ STORIES = [
         (regime("R0", HOST),
          f"{HOST_PACED} on this run the host, not the GPU, sets the pace of the eager step. The "
          "chapter's eager step, on an RTX 4090 whose dense bf16 peak is a fraction of this GPU's "
-         "(this one has {hw_bf16_vs_chapter} the 4090's, by the datasheets), was not waiting on "
+         "(this one has {hw_bf16_vs_chapter} the RTX 4090's, by the datasheets), was not waiting on "
          "its host in the chapter's own words: slower kernels hide the same host work."),
         (regime("R0", *DEVICE),
          "On this run the kernels keep the device busy for most of the step, so the GPU, not the "
