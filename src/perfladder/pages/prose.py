@@ -49,9 +49,9 @@ _CLAIM = re.compile(r"(?<![\w-])(" + "|".join(re.escape(w) for w in CLAIM_WORDS)
                     re.IGNORECASE)
 _NAMES = [
     re.compile(r"Sections? \d+(?:\.\d+)*(?:(?:, | and | to )\d+(?:\.\d+)*)*"),   # section references
-    re.compile(r"\bRTX \d{4}\b"),
+    re.compile(r"\bRTX \d{4}s?\b"),
     re.compile(r"\b[A-Za-z]+[A-Za-z_]*\d+[\w.]*"),        # R2a, B14, bf16, H200, FSDP2, sm90, k2
-    re.compile(r"\b\d+[A-Za-z]+\w*"),                     # 1st, 2nd, 3D
+    re.compile(r"(?<![\w.])\d+(?:st|nd|rd|th)\b"),        # 1st, 2nd
 ]
 _NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
 _SPELLED = re.compile(
