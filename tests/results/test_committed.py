@@ -7,8 +7,8 @@ import pytest
 from _ladders import H200, ROOT
 
 from perfladder.results.committed import (
-    complete_runs,
     committed_runs,
+    complete_runs,
     how_chosen,
     multi_gpu_run,
     read_run,
