@@ -177,9 +177,9 @@ def newest_complete(root: str | Path | None = None, framework: str = "torch") ->
 # rule name (a line ``rule NAME`` of reference.txt) -> (how it picks a folder, what a page says)
 SHOWN_RULES = {
     "newest-complete": (newest_complete,
-                        "the newest complete run: of the committed full-configuration runs of "
-                        "today's results schema, the newest that records every rung of today's "
-                        "ladder and its learning check"),
+                        "the newest complete run (every rung of today's ladder and its learning "
+                        "check) among the committed full-configuration runs of today's results "
+                        "schema"),
 }
 
 
@@ -242,7 +242,7 @@ def how_chosen(root: str | Path | None = None, framework: str | None = None) -> 
     """How the run a page shows was chosen, in words, for the page to state."""
     _, _, named, rule = _pointer(_book_root(root))
     if named.get(framework) is None and rule is not None:
-        return f"chosen by the rule {REFERENCE_FILE.as_posix()} states, {SHOWN_RULES[rule][1]}"
+        return f"chosen by the rule in {REFERENCE_FILE.as_posix()}: {SHOWN_RULES[rule][1]}"
     return f"named in {REFERENCE_FILE.as_posix()}"
 
 
