@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = {"torch": "01_pytorch_ladder.ipynb", "jax": "02_jax_ladder.ipynb"}
 GLUE = re.compile(r"\{glue:md\}`([^`]+)`")
 # every page whose prose the book prints (the exercises page is code with a few words around it)
-PROSE = ["notebooks/01_pytorch_ladder.ipynb", "notebooks/02_jax_ladder.ipynb", "notebooks/03_comparison.ipynb",
-         "notebooks/05_scaling.ipynb", "chapter13/index.md", "chapter13/case_study.md"]
+PROSE = ["notebooks/01_pytorch_ladder.ipynb", "notebooks/02_jax_ladder.ipynb",
+         "notebooks/03_comparison.ipynb", "notebooks/05_scaling.ipynb", "chapter13/index.md", "chapter13/case_study.md"]
 
 
 def markdown_of(page: str) -> list[str]:
@@ -33,7 +33,8 @@ def markdown_of(page: str) -> list[str]:
     path = ROOT / page
     if path.suffix != ".ipynb":
         return [path.read_text()]
-    return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
+    cells = json.loads(path.read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
 
 
 def used_keys(framework: str) -> set[str]:
@@ -70,7 +71,8 @@ def test_every_check_is_placed_in_the_prose(framework):
 COMPLETE = [(fw, run.path) for fw in PAGES for run in complete_runs(ROOT, fw)]
 
 
-@pytest.mark.parametrize(("framework", "path"), COMPLETE, ids=lambda v: getattr(v, "parent", Path(str(v))).name)
+@pytest.mark.parametrize(("framework", "path"), COMPLETE,
+                         ids=lambda v: getattr(v, "parent", Path(str(v))).name)
 def test_every_complete_committed_run_supports_every_claim(framework, path):
     """A claim of a ladder page holds on every complete committed run (every rung of today's
     ladder and its learning check), not only on the one shown: a claim true of one run only is
@@ -108,7 +110,8 @@ def test_the_checker_refuses_typed_numbers_and_unchecked_claims_and_reads_marks(
     found = {(p.kind, p.found) for p in prose.problems(text)}
     assert found == {("typed number", "about four times"), ("typed number", "1.42"),
                      ("unchecked claim", "pays"), ("unchecked claim", "faster")}
-    assert [p.sentence for p in prose.problems(text) if p.found == "faster"] == ["The fused kernel is faster."]
+    unchecked = [p.sentence for p in prose.problems(text) if p.found == "faster"]
+    assert unchecked == ["The fused kernel is faster."]
     assert prose.render("R3 runs {glue:md}`R3_ratio` R2.", {"R3_ratio": "3.1x"}) == "R3 runs 3.1x R2."
 
 

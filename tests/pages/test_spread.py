@@ -24,7 +24,8 @@ def shown(framework):
 def test_every_committed_run_is_a_dot_and_the_shown_one_is_marked(framework):
     runs = spread.evidence(framework, ROOT)
     assert len(runs) == len(committed_runs(ROOT, framework)) > 1
-    assert all(json.loads(run.path.read_text())["schema_version"] == 2 for run in committed_runs(ROOT, framework))
+    assert all(json.loads(run.path.read_text())["schema_version"] == 2
+               for run in committed_runs(ROOT, framework))
     show = shown(framework)
     for name in spread.BATCH64[framework]:
         dots = spread.dots(runs, name, show)
@@ -70,7 +71,8 @@ def test_the_words_count_what_the_dots_show():
     for word, n in counts.items():
         assert f"{spread.VERDICT_WORDS[word]} in {n}" in said
     host = sum(d.regime == "host-bound" for d in dots)
-    assert spread.host_text(dots) in (f"host-bound in {host} of the {len(dots)} runs", f"host-bound in all {len(dots)} runs")
+    assert spread.host_text(dots) in (f"host-bound in {host} of the {len(dots)} runs",
+                                      f"host-bound in all {len(dots)} runs")
 
 
 def test_what_makes_a_rung_vary_is_checked_across_the_runs():

@@ -38,7 +38,8 @@ def test_a_rule_and_folders_in_the_pointer(tmp_path):
              "rungs": rungs[:2 if learned else 1], "learning": {} if learned else None}))
     (pointer / "smoke").mkdir()
     (pointer / "smoke" / "torch.json").write_text(json.dumps(
-        {"schema_version": 2, "config": {"name": "smoke"}, "created": "2026-04-01", "rungs": [], "learning": {}}))
+        {"schema_version": 2, "config": {"name": "smoke"}, "created": "2026-04-01", "rungs": [],
+         "learning": {}}))
     (pointer / "reference.txt").write_text("# the rule\nrule newest-complete\n")
     assert [r.name for r in committed_runs(tmp_path)] == ["old", "new", "newer-partial"]
     assert reference_run(tmp_path, "torch").name == "new"
@@ -73,7 +74,8 @@ def test_reference_run_reads_the_committed_pointer(tmp_path):
     with pytest.raises(ValueError, match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
         reference_run(tmp_path, "mxnet")
     (pointer / "reference.txt").write_text("numpy run-c\n")
-    with pytest.raises(ValueError, match=r"line 'numpy run-c' is not 'rule NAME', 'FOLDER' or 'FRAMEWORK FOLDER'"):
+    with pytest.raises(ValueError,
+                       match=r"line 'numpy run-c' is not 'rule NAME', 'FOLDER' or 'FRAMEWORK FOLDER'"):
         reference_run(tmp_path, "jax")
     (pointer / "reference.txt").unlink()
     with pytest.raises(FileNotFoundError, match="reference.txt is missing"):

@@ -43,8 +43,8 @@ CLAIM_WORDS = (
 NAMED = re.compile(r"fastest (?:single-GPU )?(?:configurations?|recipes?|step|settled rung)", re.IGNORECASE)
 # a claim word right before an inserted value reads that value ("busy {R2_busy}", "rises
 # {cumulative}"): a number stated, not a claim made
-QUOTES = re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(w) for w in CLAIM_WORDS) + r")\s+(?:only\s+)?(?=\{glue)",
-                    re.IGNORECASE)
+QUOTES = re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(w) for w in CLAIM_WORDS)
+                    + r")\s+(?:only\s+)?(?=\{glue)", re.IGNORECASE)
 _CLAIM = re.compile(r"(?<![\w-])(" + "|".join(re.escape(w) for w in CLAIM_WORDS) + r")(?![\w-])",
                     re.IGNORECASE)
 _NAMES = [

@@ -83,7 +83,8 @@ def dots(runs: list[LadderResult], name: str, shown: LadderResult | None = None)
         out.append(Dot(f"{(res.created or '')[:10]} {res.device}", r.tokens_per_s, r.ratio_prev, regime_of(r),
                        call(res, r).word, shown is not None and same_run(res, shown),
                        r.profile.device_ms if r.profile else None,
-                       1e3 * r.batch_size * r.seq_len / r.tokens_per_s if r.batch_size and r.seq_len else None))
+                       1e3 * r.batch_size * r.seq_len / r.tokens_per_s if r.batch_size and r.seq_len
+                       else None))
     return out
 
 
@@ -120,7 +121,9 @@ def host_text(ds: list[Dot]) -> str:
     """In how many runs the rung's step waited on the host: "host-bound in 9 of the 12 runs"
     (of the runs that profiled it)."""
     ds = [d for d in ds if d.regime != "not profiled"]
-    return _counted(sum(d.regime == HOST for d in ds), len(ds), "host-bound") if ds else "not profiled in any run"
+    if not ds:
+        return "not profiled in any run"
+    return _counted(sum(d.regime == HOST for d in ds), len(ds), "host-bound")
 
 
 def _ms_range(values: list[float]) -> str:
@@ -154,7 +157,8 @@ def host_sets_the_spread(framework: str, name: str, root: str | Path | None = No
     its step time varies by more than ``WANDERS``: what differs between the runs is the host."""
     def test(shown):
         ds = dots(evidence(framework, root), name, shown)
-        dev, step = _span([d.device_ms for d in ds if d.device_ms]), _span([d.step_ms for d in ds if d.step_ms])
+        dev = _span([d.device_ms for d in ds if d.device_ms])
+        step = _span([d.step_ms for d in ds if d.step_ms])
         if dev is None or step is None:
             return False, f"{name}: no profiled kernel time to compare across the runs"
         return (dev <= STEADY and step >= WANDERS,
@@ -180,7 +184,10 @@ def rates_text(ds: list[Dot]) -> str:
     return f"{rate(lo)} to {rate(hi)}"
 
 
-def spread_numbers(framework: str, root: str | Path | None = None) -> dict[str, Callable[[LadderResult], str]]:
+Number = Callable[[LadderResult], str]
+
+
+def spread_numbers(framework: str, root: str | Path | None = None) -> dict[str, Number]:
     """Glue values of the spread across every committed run (the shown run added when it is
     not one of them): ``sp_runs`` (how many runs, of which device), and per batch-64 rung
     ``sp_<R>_range`` (its ratio to its base), ``sp_<R>_rates``, ``sp_<R>_verdicts``, ``sp_<R>_host``,
@@ -280,5 +287,6 @@ def across_numbers(framework: str, names: tuple[str, ...],
     out: dict[str, Callable[[LadderResult], str]] = {}
     for n in names:
         out[f"sp_{n}_verdicts"] = lambda shown, n=n: verdicts_text(dots(evidence(framework, root), n, shown))
-        out[f"sp_{n}_device_ms"] = lambda shown, n=n: device_ms_text(dots(evidence(framework, root), n, shown))
+        out[f"sp_{n}_device_ms"] = (lambda shown, n=n:
+                                    device_ms_text(dots(evidence(framework, root), n, shown)))
     return out

@@ -142,7 +142,8 @@ def committed_runs(root: str | Path | None = None, framework: str = "torch") -> 
             data = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if data.get("schema_version") != SCHEMA_VERSION or (data.get("config") or {}).get("name") != FULL_CONFIG:
+        full = (data.get("config") or {}).get("name") == FULL_CONFIG
+        if data.get("schema_version") != SCHEMA_VERSION or not full:
             continue
         out.append(CommittedRun(path, data.get("created") or "",
                                 tuple((r.get("name"), r.get("key")) for r in data.get("rungs") or []),

@@ -9,7 +9,7 @@ the runs (``v_<rung>``, ``sp_...``).
 from __future__ import annotations
 
 from perfladder.pages import spread
-from perfladder.pages.chapter.machine import Story, hardware_numbers
+from perfladder.pages.chapter.machine import Story, hardware_numbers, values_of
 from perfladder.pages.chapter.phrases import (
     config_numbers,
     gradient_numbers,
@@ -25,7 +25,6 @@ from perfladder.pages.story import (
     beats,
     credited_ratio,
     fastest_is,
-    glue_values,
     keep_words,
     largest_gap,
     learned,
@@ -66,9 +65,13 @@ def only_dtype(name: str, key: str, dtype: str):
 def top_kernel_is(name: str, word: str):
     """The profiled kernel that takes the most of the rung's step has ``word`` in its name."""
     def test(result):
-        rows = _rung(result, name).profile.rows
+        r = _rung(result, name)
+        if r.profile is None or not r.profile.rows:
+            raise ValueError(f"{name} recorded no kernel rows")
+        rows = r.profile.rows
         top = max(rows, key=lambda row: row.get("device_ms") or 0.0)
-        return word in top.get("name", ""), f"{name}'s costliest kernel: {top.get('name')} ({top.get('device_ms'):.1f} ms)"
+        return word in top.get("name", ""), (f"{name}'s costliest kernel: {top.get('name')} "
+                                             f"({top.get('device_ms'):.1f} ms)")
     return test
 
 
@@ -96,7 +99,8 @@ CHECKS = [
     Check("c_R3_loses", "bf16 loses to its fp32 control at the big batch", loses_to("R3", "R3c")),
     Check("c_R3_scatter", "R3's embedding gradient is a bf16 scatter-add",
           recorded("R3", "jaxpr_embedding_scatter_add", "bfloat16")),
-    Check("c_R3_scatter_top", "the scatter is the costliest kernel of R3's step", top_kernel_is("R3", "scatter")),
+    Check("c_R3_scatter_top", "the scatter is the costliest kernel of R3's step",
+          top_kernel_is("R3", "scatter")),
     Check("c_R4_memory", "checkpointing cuts the planned temporaries", less("memory", "R4", "R3")),
     Check("c_R4_not_faster", "checkpointing is no faster", verdict("R4", *NOT_FASTER)),
     Check("c_B1_faster", "the fp32 embedding gradient pays", verdict("B1", "faster")),
@@ -123,16 +127,7 @@ BASE_NUMBERS = {
 }
 
 
-_CACHE: dict = {}
-
-
-def _values(result):
-    """The page's glue values the stories fill their fields from (one computation per run)."""
-    key = (id(result), tuple((r.name, r.tokens_per_s, r.regime and r.regime.get("regime")) for r in result.rungs))
-    if key not in _CACHE:
-        _CACHE.clear()
-        _CACHE[key] = glue_values(result, (), BASE_NUMBERS)
-    return _CACHE[key]
+_values = values_of(BASE_NUMBERS)      # what the stories fill their fields from
 
 
 STORIES = [

@@ -23,6 +23,7 @@ from typing import Callable
 
 from perfladder.hardware import peak_for
 from perfladder.pages.comparison import CHAPTER
+from perfladder.pages.story import glue_values
 from perfladder.pages.words import ratio
 from perfladder.results.record import LadderResult
 
@@ -62,6 +63,20 @@ class Story:
         text = self.otherwise if i is None else self.versions[i][1]
         values = _Values(self.values(result) if self.values is not None else {})
         return text.format_map(values)
+
+
+def values_of(numbers: dict) -> Callable[[LadderResult], dict[str, str]]:
+    """The page's glue values for a run (``story.glue_values`` with the page's ``numbers``),
+    computed once for each state of the run however many stories read them."""
+    cache: dict = {}
+
+    def values(result: LadderResult) -> dict[str, str]:
+        state = tuple((r.name, r.tokens_per_s, (r.regime or {}).get("regime")) for r in result.rungs)
+        if (id(result), state) not in cache:
+            cache.clear()
+            cache[id(result), state] = glue_values(result, (), numbers)
+        return cache[id(result), state]
+    return values
 
 
 def _peak_ratio(precision: str, a: str | None, b: str | None) -> str:

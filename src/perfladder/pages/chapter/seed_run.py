@@ -23,7 +23,8 @@ HOST, DEVICE = "host", "device"
 # section 13.7, /work/shared/seeds/000_*.txt)
 SEED_PACE = {
     "torch": {
-        "R0": (DEVICE, "compile pays ~1.3x 'from a model that is not overhead-bound in the Section 13.1 sense'"),
+        "R0": (DEVICE, "compile pays ~1.3x 'from a model that is not overhead-bound in the "
+                       "Section 13.1 sense'"),
         "R1": (DEVICE, "'the elementwise chains between matmuls fuse into a handful of generated kernels'; "
                        "the re-profile shows the bottleneck moved to the matmuls"),
         "R2": (DEVICE, "'Bf16 paid about 1.4x on top, the tensor cores earning their silicon'"),

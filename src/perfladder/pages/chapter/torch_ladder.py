@@ -10,7 +10,7 @@ between runs is inserted as a phrase (``v_<rung>``) with its tally over the runs
 from __future__ import annotations
 
 from perfladder.pages import spread
-from perfladder.pages.chapter.machine import Story, hardware_numbers
+from perfladder.pages.chapter.machine import Story, hardware_numbers, values_of
 from perfladder.pages.chapter.phrases import (
     config_numbers,
     gradient_numbers,
@@ -29,7 +29,6 @@ from perfladder.pages.story import (
     difference_of,
     differs_in,
     fastest_is,
-    glue_values,
     largest_gap,
     largest_step,
     learned,
@@ -49,7 +48,8 @@ CHECKS = [
           less("device_ms", "R2", "R1")),
     Check("c_R0_spread_host", "across the runs the eager step's kernels take the same time and its step "
           "does not: the host makes the difference", spread.host_sets_the_spread(FRAMEWORK, "R0")),
-    Check("c_R1_spread_host", "... and the same for the compiled step", spread.host_sets_the_spread(FRAMEWORK, "R1")),
+    Check("c_R1_spread_host", "... and the same for the compiled step",
+          spread.host_sets_the_spread(FRAMEWORK, "R1")),
     Check("c_R2_spread_host", "... and for the bf16 step", spread.host_sets_the_spread(FRAMEWORK, "R2")),
     Check("c_R3_faster", "the big batch pays", verdict("R3", "faster")),
     Check("c_R3_largest", "the big batch is the ladder's largest step", largest_step("R3")),
@@ -91,16 +91,7 @@ BASE_NUMBERS = {
 }
 
 
-_CACHE: dict = {}
-
-
-def _values(result):
-    """The page's glue values the stories fill their fields from (one computation per run)."""
-    key = (id(result), tuple((r.name, r.tokens_per_s, r.regime and r.regime.get("regime")) for r in result.rungs))
-    if key not in _CACHE:
-        _CACHE.clear()
-        _CACHE[key] = glue_values(result, (), BASE_NUMBERS)
-    return _CACHE[key]
+_values = values_of(BASE_NUMBERS)      # what the stories fill their fields from
 
 
 HOST_PACED = "The device then waits while Python issues the next of several hundred small kernels:"
