@@ -25,7 +25,8 @@ PAGES = {"torch": "01_pytorch_ladder.ipynb", "jax": "02_jax_ladder.ipynb"}
 GLUE = re.compile(r"\{glue:md\}`([^`]+)`")
 # every page whose prose the book prints (the exercises page is code with a few words around it)
 PROSE = ["notebooks/01_pytorch_ladder.ipynb", "notebooks/02_jax_ladder.ipynb",
-         "notebooks/03_comparison.ipynb", "notebooks/05_scaling.ipynb", "chapter13/index.md", "chapter13/case_study.md"]
+         "notebooks/03_comparison.ipynb", "notebooks/05_scaling.ipynb",
+         "chapter13/index.md", "chapter13/case_study.md"]
 
 
 def markdown_of(page: str) -> list[str]:
@@ -297,3 +298,30 @@ def test_a_small_change_is_judged_by_size_and_the_keep_is_said_as_the_ladder_did
     planted.finalize()
     said = keep_words("B3")(planted)
     assert "goes on from B1" in said and "keeps" not in said
+
+
+def test_a_story_prints_the_version_its_run_supports_and_says_which_fields_it_lacks():
+    ref = reference("torch")
+    story = Story("s_x", ((verdict("R3", "slower"), "R3 loses: {R3_ratio}."),
+                          (verdict("R3", "faster"), "R3 pays: {R3_ratio}.")),
+                  "R3: {R3_rate}.", lambda result: glue_values(result, (), {}))
+    assert story.version(ref) == 1 and story(ref).startswith("R3 pays: ")
+    assert story(plant_slower(ref, "R3")).startswith("R3 loses: ")
+    broken = Story("s_y", (), "{R3_nothing}", lambda result: {})
+    with pytest.raises(KeyError, match="R3_nothing"):
+        broken(ref)
+
+
+def test_the_text_pages_numbers_are_the_configurations():
+    from perfladder.config import expected_num_params
+    from perfladder.pages.chapter.text_numbers import text_values
+    from perfladder.pages.claims import config_of
+    ref = reference("torch")
+    cfg = config_of(ref)
+    values = text_values(ref)
+    assert values["t_params_exact"] == f"{expected_num_params(cfg.gpt()):,}"
+    assert values["t_rows"] == f"{cfg.batch_size * cfg.num_steps:,}"
+    assert values["t_ffn_shape"] == (f"({cfg.batch_size * cfg.num_steps} × {cfg.num_hiddens}) @ "
+                                     f"({cfg.num_hiddens} × {4 * cfg.num_hiddens})")
+    parts = [int(values[k].replace(",", "")) for k in ("t_params_block", "t_params_embed", "t_params_norm")]
+    assert parts[0] * cfg.num_blks + parts[1] + parts[2] == expected_num_params(cfg.gpt())

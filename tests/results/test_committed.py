@@ -71,7 +71,8 @@ def test_reference_run_reads_the_committed_pointer(tmp_path):
     (pointer / "reference.txt").write_text("jax run-c\n")
     with pytest.raises(ValueError, match="names no run folder for torch"):
         reference_run(tmp_path, "torch")
-    with pytest.raises(ValueError, match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
+    with pytest.raises(ValueError,
+                       match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
         reference_run(tmp_path, "mxnet")
     (pointer / "reference.txt").write_text("numpy run-c\n")
     with pytest.raises(ValueError,
