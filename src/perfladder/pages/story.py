@@ -368,12 +368,11 @@ def ladder_numbers(result: LadderResult) -> dict[str, str]:
         out["ceiling_rate"] = rate(ceil["tokens_per_s"]) if ceil else "–"
         out["ceiling_tflops"] = f"{ceil['tflops']:.0f}" if ceil else "–"
         out["of_ceiling"] = percent(best.tokens_per_s / ceil["tokens_per_s"]) if ceil else "–"
-    lc = result.learning
-    if lc is not None:
-        f3 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
-        out.update(learn_steps=str(lc.steps), learn_first=f3(lc.first), learn_last=f3(lc.last),
-                   val_before=f3(lc.val_before), val_after=f3(lc.val_after),
-                   val_threshold=f3(lc.threshold), learn_config=lc.configuration or "–")
+    lc = result.learning            # a run without one still has every key: "–"
+    f3 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
+    out.update(learn_steps=str(lc.steps) if lc else "–", learn_first=f3(lc and lc.first),
+               learn_last=f3(lc and lc.last), val_before=f3(lc and lc.val_before), val_after=f3(lc and lc.val_after),
+               val_threshold=f3(lc and lc.threshold), learn_config=(lc and lc.configuration) or "–")
     return out
 
 
