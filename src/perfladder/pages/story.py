@@ -371,8 +371,9 @@ def ladder_numbers(result: LadderResult) -> dict[str, str]:
     lc = result.learning            # a run without one still has every key: "–"
     f3 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
     out.update(learn_steps=str(lc.steps) if lc else "–", learn_first=f3(lc and lc.first),
-               learn_last=f3(lc and lc.last), val_before=f3(lc and lc.val_before), val_after=f3(lc and lc.val_after),
-               val_threshold=f3(lc and lc.threshold), learn_config=(lc and lc.configuration) or "–")
+               learn_last=f3(lc and lc.last), val_before=f3(lc and lc.val_before),
+               val_after=f3(lc and lc.val_after), val_threshold=f3(lc and lc.threshold),
+               learn_config=(lc and lc.configuration) or "–")
     return out
 
 
