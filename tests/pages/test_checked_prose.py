@@ -328,3 +328,13 @@ def test_the_text_pages_numbers_are_the_configurations():
                                      f"({cfg.num_hiddens} × {4 * cfg.num_hiddens})")
     parts = [int(values[k].replace(",", "")) for k in ("t_params_block", "t_params_embed", "t_params_norm")]
     assert parts[0] * cfg.num_blks + parts[1] + parts[2] == expected_num_params(cfg.gpt())
+
+
+def test_the_page_says_which_run_it_shows_and_why():
+    from perfladder.pages.chapter.phrases import shown_rule
+    ref = reference("torch")
+    said = shown_rule("torch")(ref)
+    assert f"benchmarks/results/{reference_run(ROOT, 'torch').name}" in said and "newest complete run" in said
+    own = copy.deepcopy(ref)
+    own.created = "2030-01-01T00:00:00Z"                  # a GPU build's own run, not committed
+    assert shown_rule("torch")(own).startswith("this build's own run")

@@ -55,6 +55,9 @@ def test_a_run_of_another_gpu_is_not_a_dot_among_the_committed_ones():
     same = copy.deepcopy(shown("torch"))
     same.created = "2030-01-01T00:00:00Z"                     # a new build on the same GPU joins them
     assert spread.joins(runs, same) and len(spread.dots(runs, "R2", same)) == len(runs) + 1
+    fig = spread.figure("torch", other, runs)                   # drawn, highlighted, not counted
+    assert len([c for c in fig.axes[0].collections if c.get_sizes()[0] > 50]) == len(spread.BATCH64["torch"])
+    assert "not counted among them" in fig._suptitle.get_text()
     numbers = spread.spread_numbers("torch", ROOT)
     assert numbers["sp_runs"](same) == f"{len(runs) + 1} runs on NVIDIA H200"
     assert numbers["sp_runs"](other) == f"{len(runs)} runs on NVIDIA H200"

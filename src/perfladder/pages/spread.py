@@ -222,6 +222,8 @@ def figure(framework: str, shown: LadderResult | None = None, runs: list[LadderR
     fig, (left, right) = plt.subplots(1, 2, figsize=(7.5, 0.55 * len(names) + 1.4), sharey=True)
     for y, name in enumerate(names):
         ds = dots(runs, name, shown)
+        if shown is not None and not any(d.shown for d in ds):     # another GPU: drawn, not counted
+            ds += [Dot(**{**vars(d), "shown": True}) for d in dots([shown], name, None)]
         for d in sorted(ds, key=lambda d: d.shown):
             style = dict(marker=MARKERS.get(d.regime, "s"), zorder=3 if d.shown else 2,
                          s=70 if d.shown else 28, alpha=1.0 if d.shown else 0.6,
@@ -256,7 +258,7 @@ def figure(framework: str, shown: LadderResult | None = None, runs: list[LadderR
     count = len(runs) + joins(runs, shown)
     on_strip = shown is not None and (joins(runs, shown) or any(same_run(r, shown) for r in runs))
     what = (f"shown: {(shown.created or '')[:10]} on {shown.device}" if on_strip else
-            "the run this page shows is of another GPU, not drawn" if shown is not None else "no run shown")
+            f"shown: {shown.device}, not counted among them" if shown is not None else "no run shown")
     devices = " and ".join(sorted({r.device for r in runs}))
     fig.suptitle(f"{framework}: batch-64 rungs in {count} committed runs on {devices} ({what})", fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
