@@ -43,7 +43,7 @@ class Check:
     def judge(self, result: LadderResult) -> tuple[bool, str]:
         try:
             return self.test(result)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:   # a rung or a number absent
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:   # absent
             return False, f"cannot be judged on this run ({type(e).__name__}: {e})"
 
     def marker(self, result: LadderResult) -> str:
