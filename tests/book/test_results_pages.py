@@ -1,6 +1,6 @@
 """The comparison and reference pages on their own (seconds, no ladder runs): the H200 reference
 comes first and this build's run after it, labelled; every statement of the H200 story shown
-beside the committed runs holds; every number the text pages paste from the reference page is
+beside the committed runs holds or, where the host decides it, is marked; every number the text pages paste from the reference page is
 glued there; no reader-facing output says "seed"."""
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from perfladder.results.committed import reference_run
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 GLUE_REF = re.compile(r"\{glue:text\}`\.\./notebooks/04_h200_reference\.ipynb::([a-z0-9_]+):s`")
+# the configuration's numbers the text pages paste from the PyTorch page (pages.chapter.texts_for)
+GLUE_TORCH = re.compile(r"\{glue:text\}`\.\./notebooks/01_pytorch_ladder\.ipynb::([a-z0-9_]+):s`")
 
 
 def execute(notebook: str, env: dict):
@@ -85,7 +87,11 @@ def test_every_claim_beside_the_committed_runs_holds(reference):
     holds = re.findall(r'data-claim="([a-z0-9_]+)" data-holds="(\w+)"', text)
     assert {k for k, _ in holds} == {"torch_batch_biggest", "torch_bf16_small_batch", "jax_jit_cliff",
                                      "jax_bf16_scatter", "fastest_pair", "data_parallel"}
-    assert all(h == "True" for _, h in holds) and "Not so in this run" not in text
+    # PyTorch's batch-64 statements are decided by the host's pace, which differs between the
+    # committed runs: beside a run that does not support them they are marked, never asserted
+    host_decides = {"torch_batch_biggest", "torch_bf16_small_batch"}
+    assert all(h == "True" for k, h in holds if k not in host_decides)
+    assert text.count("Not so in this run") == sum(h == "False" for _, h in holds)
     table = text[text.index("<th>k = 2</th>"):]
     assert table[:table.index("</table>")].count("not measured") >= 8          # k = 4 and 8, every row
 
@@ -93,7 +99,13 @@ def test_every_claim_beside_the_committed_runs_holds(reference):
 def test_every_number_the_text_pages_paste_is_glued(reference):
     pages = [md.read_text() for md in (ROOT / "chapter13").glob("*.md")]
     # myst-nb reads "doc::key" only with a format after it: a bare "doc::key" is a missing key
-    assert sum(p.count("{glue:text}") for p in pages) == sum(len(GLUE_REF.findall(p)) for p in pages)
+    assert sum(p.count("{glue:text}") for p in pages) == sum(len(GLUE_REF.findall(p)) + len(GLUE_TORCH.findall(p))
+                                                             for p in pages)
+    from perfladder.pages.chapter import texts_for
+    from perfladder.results.committed import read_run
+    torch_keys = {k for p in pages for k in GLUE_TORCH.findall(p)}
+    texts = texts_for("torch", read_run(reference_run(framework="torch") / "torch.json"))
+    assert torch_keys <= set(texts) and "–" not in {texts[k] for k in torch_keys}, sorted(torch_keys - set(texts))
     keys = {k for p in pages for k in GLUE_REF.findall(p)}
     values = glued(reference)
     assert keys and keys <= set(values), sorted(keys - set(values))
@@ -124,7 +136,7 @@ def test_comparison_page_shows_the_reference_first_then_this_build(tmp_path, con
     assert order == sorted(order)
     assert (tmp_path / "comparison.png").is_file()
     story = text[text.index("## What the H200 shows"):text.index("## Reading the two waterfalls")]
-    assert story.count('data-holds="True"') >= 6                  # the reference's six statements
+    assert story.count('data-holds="') >= 6                       # the reference's six statements, decided
     if config == "smoke":
         assert "Smoke run" in text and "tiny **smoke** configuration" in text
         assert "this build on" not in text                       # a smoke run is read for nothing

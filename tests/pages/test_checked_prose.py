@@ -1,6 +1,9 @@
-"""The ladder pages' prose against the runs they show: every number in it is a glue key the page
-computes, every qualitative claim is a check that holds on the committed reference run, and a
-run that contradicts a claim gets it marked in place, with the evidence, not printed as fact."""
+"""The book's prose against the runs it describes: no number typed in any page's prose and no
+claim sentence without a check (``perfladder.pages.prose``); every number of a ladder page a glue
+key the page computes; every check of a ladder page holding on every complete committed run, not
+only the one shown; a run that contradicts a claim getting the mark in the rendered page; the
+batch-64 passages printed in the version the run's evidence supports, on the chapter's RTX 4090
+run and on every H200 run alike."""
 from __future__ import annotations
 
 import copy
@@ -10,18 +13,43 @@ from pathlib import Path
 
 import pytest
 
+from perfladder.pages import prose
 from perfladder.pages.chapter import checks_for, numbers_for
-from perfladder.pages.story import NOT_SUPPORTED, Check, glue_values, verdict
-from perfladder.results.committed import read_run, reference_run
+from perfladder.pages.chapter.machine import Story
+from perfladder.pages.chapter.seed_run import SEED_PACE, seed_shaped_run
+from perfladder.pages.story import NOT_SUPPORTED, Check, glue_values, pays, verdict
+from perfladder.results.committed import committed_runs, complete_runs, read_run, reference_run
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = {"torch": "01_pytorch_ladder.ipynb", "jax": "02_jax_ladder.ipynb"}
 GLUE = re.compile(r"\{glue:md\}`([^`]+)`")
+# every page whose prose the book prints (the exercises page is code with a few words around it)
+PROSE = ["notebooks/01_pytorch_ladder.ipynb", "notebooks/02_jax_ladder.ipynb",
+         "notebooks/03_comparison.ipynb", "notebooks/05_scaling.ipynb",
+         "chapter13/index.md", "chapter13/case_study.md"]
+
+
+def markdown_of(page: str) -> list[str]:
+    """The page's prose: a notebook's markdown cells, or a text page."""
+    path = ROOT / page
+    if path.suffix != ".ipynb":
+        return [path.read_text()]
+    cells = json.loads(path.read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
 
 
 def used_keys(framework: str) -> set[str]:
-    nb = json.loads((ROOT / "notebooks" / PAGES[framework]).read_text())
-    return {k for c in nb["cells"] if c["cell_type"] == "markdown" for k in GLUE.findall("".join(c["source"]))}
+    return {k for text in markdown_of(f"notebooks/{PAGES[framework]}") for k in GLUE.findall(text)}
+
+
+def rendered(framework: str, run) -> str:
+    """The ladder page's prose as the book prints it for ``run``."""
+    values = glue_values(run, checks_for(framework), numbers_for(framework))
+    return "\n\n".join(prose.render(t, values) for t in markdown_of(f"notebooks/{PAGES[framework]}"))
+
+
+def stories(framework: str) -> list[Story]:
+    return [v for v in numbers_for(framework).values() if isinstance(v, Story)]
 
 
 def reference(framework: str):
@@ -41,26 +69,132 @@ def test_every_check_is_placed_in_the_prose(framework):
     assert not orphans, f"checks that no sentence of {PAGES[framework]} carries: {sorted(orphans)}"
 
 
+COMPLETE = [(fw, run.path) for fw in PAGES for run in complete_runs(ROOT, fw)]
+
+
+@pytest.mark.parametrize(("framework", "path"), COMPLETE,
+                         ids=lambda v: getattr(v, "parent", Path(str(v))).name)
+def test_every_complete_committed_run_supports_every_claim(framework, path):
+    """A claim of a ladder page holds on every complete committed run (every rung of today's
+    ladder and its learning check), not only on the one shown: a claim true of one run only is
+    a test failure, not a reader's discovery."""
+    run = read_run(path)
+    wrong = {c.key: c.judge(run)[1] for c in checks_for(framework) if not c.judge(run)[0]}
+    assert not wrong, f"{path.parent.name} contradicts these claims of {PAGES[framework]}: {wrong}"
+
+
+@pytest.mark.parametrize("page", PROSE)
+def test_no_page_types_a_number_or_makes_an_unchecked_claim(page):
+    found = [str(p) for text in markdown_of(page) for p in prose.problems(text)]
+    assert not found, f"{page}:\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize("framework", PAGES)
-def test_the_reference_run_supports_every_claim(framework):
+def test_no_version_of_a_story_types_a_number_and_every_field_is_computed(framework):
     ref = reference(framework)
-    wrong = {c.key: c.judge(ref)[1] for c in checks_for(framework) if not c.judge(ref)[0]}
-    assert not wrong, f"the reference run contradicts these claims of {PAGES[framework]}: {wrong}"
+    values = glue_values(ref, (), numbers_for(framework))
+    for story in stories(framework):
+        for text in story.texts():
+            assert not prose.story_problems(text), (story.key, prose.story_problems(text))
+            text.format_map(values)                      # every {field} is a value the page computes
 
 
-def test_a_contradicted_claim_is_marked_with_its_evidence():
+def test_the_checker_refuses_typed_numbers_and_unchecked_claims_and_reads_marks():
+    text = ("The H200 has about four times the RTX 4090's bf16 rate (Section 13.4).\n\n"
+            "R2a runs at 1.42x R1, and bf16 pays here.\n\n"
+            "bf16 pays here{glue:md}`c_R2_faster`, and R3 runs {glue:md}`R3_ratio` R2.\n\n"
+            "% definitional: what a technique does\n\n"
+            "A fused kernel is faster when it moves fewer bytes.\n\n"
+            "## Next\n\nThe fused kernel is faster.\n\n"
+            "```python\nx = 4096  # code is not prose\n```\n\n$$\n6 \\times 512\n$$ (eq)\n\n"
+            "The fastest configuration, B14, is kept; its kernels busy {glue:md}`B14_busy` of the step.")
+    found = {(p.kind, p.found) for p in prose.problems(text)}
+    assert found == {("typed number", "about four times"), ("typed number", "1.42"),
+                     ("unchecked claim", "pays"), ("unchecked claim", "faster")}
+    unchecked = [p.sentence for p in prose.problems(text) if p.found == "faster"]
+    assert unchecked == ["The fused kernel is faster."]
+    assert prose.render("R3 runs {glue:md}`R3_ratio` R2.", {"R3_ratio": "3.1x"}) == "R3 runs 3.1x R2."
+
+
+def plant_slower(run, name: str):
+    """``run`` with rung ``name`` measured well below the rung it builds on."""
+    planted = copy.deepcopy(run)
+    r = planted.rung(name)
+    base = planted.rung(r.builds_on)
+    loss = 0.7 * base.tokens_per_s / r.tokens_per_s
+    r.timing.windows = [w * loss for w in r.timing.windows]
+    r.tokens_per_s *= loss
+    return planted.finalize()
+
+
+def test_a_contradicted_claim_is_marked_with_its_evidence_in_the_rendered_page():
     ref = reference("torch")
-    r2 = ref.rung("R2")
-    planted = copy.deepcopy(ref)
-    faster = planted.rung("R2")
-    gain = 1.5 * ref.rung("R1").tokens_per_s / r2.tokens_per_s       # bf16 suddenly pays 1.5x R1
-    faster.timing.windows = [w * gain for w in r2.timing.windows]
-    faster.tokens_per_s = r2.tokens_per_s * gain
-    planted.finalize()
-    check = next(c for c in checks_for("torch") if c.key == "c_R2_slower")
-    assert check.marker(ref) == ""
+    check = next(c for c in checks_for("torch") if c.key == "c_B5_faster")
+    assert check.marker(ref) == "" and NOT_SUPPORTED not in rendered("torch", ref)
+    planted = plant_slower(ref, "B5")
     mark = check.marker(planted)
-    assert NOT_SUPPORTED in mark and "R2" in mark and "faster" in mark
+    assert NOT_SUPPORTED in mark and "B5" in mark and "slower" in mark
+    page = rendered("torch", planted)
+    assert page.count(NOT_SUPPORTED) >= 1
+    sentence = next(ln for ln in page.split("\n\n") if NOT_SUPPORTED in ln)
+    assert "Doubling the batch" in sentence and "B5" in sentence
+
+
+def test_a_committed_run_of_an_earlier_ladder_is_rendered_with_its_marks():
+    """A run that does not support every claim (a committed two-GPU build of an earlier ladder,
+    without the last kernel rungs) prints each unsupported sentence marked, with its evidence."""
+    run = read_run(ROOT / "benchmarks/results/h200x2-book/torch.json")
+    failing = [c for c in checks_for("torch") if not c.judge(run)[0]]
+    assert failing
+    page = rendered("torch", run)
+    assert page.count(NOT_SUPPORTED) >= len(failing)
+    for c in failing:
+        assert c.marker(run) in page
+
+
+def test_the_chapters_rtx_4090_run_reads_true():
+    """The page rendered from a run shaped like the chapter's (its rates, transcribed once in
+    ``comparison.CHAPTER``, and the pace its prose reports, ``seed_run.SEED_PACE``) prints the
+    chapter's story at batch 64: the device sets the pace of PyTorch's eager, compiled and bf16
+    steps, and bf16 pays; JAX's bf16 step waits on the host. Every claim it does not support is
+    marked, none printed as fact."""
+    for framework, want in (("torch", {"s_R0": 1, "s_R1": 0, "s_R2": 1}), ("jax", {"s_R2": 1})):
+        run = seed_shaped_run(reference(framework))
+        assert run.device.endswith("RTX 4090")
+        assert {s.key: s.version(run) for s in stories(framework)} | want == \
+            {s.key: s.version(run) for s in stories(framework)}
+        for name, (pace, _source) in SEED_PACE[framework].items():
+            assert (run.rung(name).regime["regime"] == "host-bound") == (pace == "host")
+        page = rendered(framework, run)
+        assert "<missing" not in page
+        for c in checks_for(framework):
+            assert c.judge(run)[0] or c.marker(run) in page, c.key
+    torch = rendered("torch", seed_shaped_run(reference("torch")))
+    assert "bf16 pays" in torch and "the host, not the GPU, sets the pace" not in torch
+    assert "the GPU, not the host, sets the pace of the eager step" in torch
+
+
+@pytest.mark.parametrize("framework", PAGES)
+def test_every_h200_run_prints_the_story_its_evidence_supports(framework):
+    """Each committed H200 run (complete or of an earlier ladder) has every claim decided and
+    every number computed; it picks, for each machine-dependent passage, a version whose test
+    holds on it (never a version it contradicts), and the runs between them print more than
+    one version of the batch-64 passages: the page is not written for one run."""
+    seen = {}
+    for run in committed_runs(ROOT, framework):
+        res = read_run(run.path)
+        assert all(isinstance(c.judge(res)[0], bool) for c in checks_for(framework))   # decided, never raised
+        for story in stories(framework):
+            i = story.version(res)
+            if i is not None:
+                assert story.versions[i][0](res)[0], (run.name, story.key)
+            seen.setdefault(story.key, set()).add(i)
+        page = rendered(framework, res)
+        if run in complete_runs(ROOT, framework):        # an earlier ladder lacks later rungs' keys
+            assert "<missing" not in page, run.name
+        for c in checks_for(framework):
+            assert c.judge(res)[0] or c.marker(res) in page, (run.name, c.key)
+    assert any(len(v) > 1 for v in seen.values()), seen
 
 
 def test_a_claim_about_a_rung_the_run_lacks_is_marked_not_raised():
@@ -142,19 +276,6 @@ def test_the_roofline_reading_follows_the_kernel_report():
     assert not check.judge(bare)[0] and "cannot be judged" in check.judge(bare)[1]
 
 
-COMMITTED = sorted(p for fw in PAGES for p in (ROOT / "benchmarks" / "results").glob(f"*/{fw}.json"))
-
-
-@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_the_prose_reads_every_committed_run(path):
-    """A GPU build's page reads its own run, whatever wandered in it: every claim is decided
-    (held or marked) and every number computed, on each committed run of the framework."""
-    run, framework = read_run(path), path.stem
-    values = glue_values(run, checks_for(framework), numbers_for(framework))
-    assert {c.key for c in checks_for(framework)} <= set(values)
-    assert all(isinstance(c.judge(run)[0], bool) for c in checks_for(framework))
-
-
 def test_a_small_change_is_judged_by_size_and_the_keep_is_said_as_the_ladder_did():
     """'The rate barely moves' holds within 3% either way, whatever the noise verdict, and is
     marked past it; what the ladder did with the rung is said from its own record."""
@@ -177,3 +298,40 @@ def test_a_small_change_is_judged_by_size_and_the_keep_is_said_as_the_ladder_did
     planted.finalize()
     said = keep_words("B3")(planted)
     assert "goes on from B1" in said and "keeps" not in said
+
+
+def test_a_story_prints_the_version_its_run_supports_and_says_which_fields_it_lacks():
+    ref = reference("torch")
+    story = Story("s_x", ((verdict("R3", "slower"), "R3 loses: {R3_ratio}."),
+                          (pays("R3"), "R3 pays: {R3_ratio}.")),
+                  "R3: {R3_rate}.", lambda result: glue_values(result, (), {}))
+    assert story.version(ref) == 1 and story(ref).startswith("R3 pays: ")
+    assert story(plant_slower(ref, "R3")).startswith("R3 loses: ")
+    broken = Story("s_y", (), "{R3_nothing}", lambda result: {})
+    with pytest.raises(KeyError, match="R3_nothing"):
+        broken(ref)
+
+
+def test_the_text_pages_numbers_are_the_configurations():
+    from perfladder.config import expected_num_params
+    from perfladder.pages.chapter.text_numbers import text_values
+    from perfladder.pages.claims import config_of
+    ref = reference("torch")
+    cfg = config_of(ref)
+    values = text_values(ref)
+    assert values["t_params_exact"] == f"{expected_num_params(cfg.gpt()):,}"
+    assert values["t_rows"] == f"{cfg.batch_size * cfg.num_steps:,}"
+    assert values["t_ffn_shape"] == (f"({cfg.batch_size * cfg.num_steps} × {cfg.num_hiddens}) @ "
+                                     f"({cfg.num_hiddens} × {4 * cfg.num_hiddens})")
+    parts = [int(values[k].replace(",", "")) for k in ("t_params_block", "t_params_embed", "t_params_norm")]
+    assert parts[0] * cfg.num_blks + parts[1] + parts[2] == expected_num_params(cfg.gpt())
+
+
+def test_the_page_says_which_run_it_shows_and_why():
+    from perfladder.pages.chapter.phrases import shown_rule
+    ref = reference("torch")
+    said = shown_rule("torch")(ref)
+    assert f"benchmarks/results/{reference_run(ROOT, 'torch').name}" in said and "newest complete run" in said
+    own = copy.deepcopy(ref)
+    own.created = "2030-01-01T00:00:00Z"                  # a GPU build's own run, not committed
+    assert shown_rule("torch")(own).startswith("this build's own run")

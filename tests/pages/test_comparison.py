@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 RESULTS = ROOT / "benchmarks" / "results"
 # the runs the pages show (benchmarks/results/reference.txt)
 REF = {fw: reference_run(framework=fw) / f"{fw}.json" for fw in ("torch", "jax")}
+BUILDS = [p for p in sorted(RESULTS.iterdir()) if (p / "torch.json").is_file() and (p / "jax.json").is_file()]
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +33,38 @@ def reference():
     return read_run(REF["torch"]), read_run(REF["jax"]), scaling.read_r5(ROOT)
 
 
-def test_every_statement_of_the_h200_story_holds_on_the_committed_runs(reference):
+# statements about PyTorch's batch-64 rungs, which the host's pace decides: they hold on some
+# committed H200 runs and not on others (the ladder pages draw every run), so beside a run that
+# does not support them the page marks them
+HOST_DECIDES = {"torch_batch_biggest", "torch_bf16_small_batch"}
+# the build that ran both ladders and measured R1 settled in both (a fixed run for the tests of
+# how a settled or an unsettled base is read)
+SETTLED = RESULTS / "h200-serial-book"
+
+
+def test_every_statement_of_the_h200_story_holds_or_is_marked_beside_the_reference(reference):
     t, j, r5 = reference
     claims = comparison.story(t, j, r5)
     assert [c.key for c in claims] == ["torch_batch_biggest", "torch_bf16_small_batch", "jax_jit_cliff",
                                        "jax_bf16_scatter", "fastest_pair", "data_parallel"]
-    assert {c.key: c.holds for c in claims} == {c.key: True for c in claims}
     for c in claims:
-        assert "Not so" not in comparison.claim_html(c, "the reference")
+        html = comparison.claim_html(c, "the reference")
+        if c.key in HOST_DECIDES:
+            assert c.holds is not None and (c.holds or "Not so in this run" in html), c.key
+        else:
+            assert c.holds is True and "Not so" not in html, c.key
+
+
+def test_the_host_decided_statements_hold_on_some_committed_runs_and_not_on_others():
+    """What the comparison page marks beside the reference is a property of the run, not of the
+    code: across the committed pairs each such statement both holds and fails."""
+    seen = {k: set() for k in HOST_DECIDES}
+    for run in BUILDS:
+        t, j = read_run(run / "torch.json"), read_run(run / "jax.json")
+        for c in comparison.story(t, j, None):
+            if c.key in seen:
+                seen[c.key].add(c.holds)
+    assert all({True, False} <= holds for holds in seen.values()), seen
 
 
 def test_the_numbers_beside_each_statement_are_the_files(reference):
@@ -86,9 +111,6 @@ def test_the_batch_claim_reads_only_credited_gains():
     assert claim.holds is True and "≥" not in claim.evidence and "- R0 (unsettled)" in claim.evidence
 
 
-BUILDS = [p for p in sorted(RESULTS.iterdir()) if (p / "torch.json").is_file() and (p / "jax.json").is_file()]
-
-
 @pytest.mark.parametrize("run", BUILDS, ids=lambda p: p.name)
 def test_the_comparison_page_reads_every_committed_pair_of_ladders(run, tmp_path):
     """What the comparison page computes from a GPU build's own two ladders (a smoke build
@@ -114,9 +136,8 @@ def test_the_scatter_claim_needs_the_bf16_scatter(reference):
     assert comparison.jax_bf16_scatter(swapped).holds is False
 
 
-def test_no_ratio_where_a_base_did_not_settle(reference):
-    t, j, _ = reference
-    j = copy.deepcopy(j)
+def test_no_ratio_where_a_base_did_not_settle():
+    t, j = read_run(SETTLED / "torch.json"), read_run(SETTLED / "jax.json")
     r1, best = j.rung("R1"), j.best()
     assert comparison.span(best, r1) == f"{best.tokens_per_s / r1.tokens_per_s:.2f}x"   # both settled
     r1.timing.stable = False                                         # as in runs where R1 wandered
@@ -137,8 +158,8 @@ def r0_unsettled(run):
     return out
 
 
-def test_the_chapter_table_puts_the_4090_beside_the_h200(reference):
-    t, j, _ = reference
+def test_the_chapter_table_puts_the_4090_beside_the_h200():
+    t, j = read_run(SETTLED / "torch.json"), read_run(SETTLED / "jax.json")
     html = comparison.chapter_table_html(t, j)
     ch = comparison.CHAPTER
     assert rate(ch["torch"]["R3"]) in html and rate(t.rung("R3").tokens_per_s) in html

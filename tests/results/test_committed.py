@@ -1,16 +1,61 @@
 """perfladder.results.committed: the committed runs, read the one way every page reads them."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from _ladders import H200, ROOT
 
-from perfladder.results.committed import multi_gpu_run, read_run, reference_run
+from perfladder.results.committed import (
+    committed_runs,
+    complete_runs,
+    how_chosen,
+    multi_gpu_run,
+    read_run,
+    reference_run,
+)
+
+
+def test_the_committed_pointer_states_a_rule_and_the_rule_picks_the_newest_complete_run():
+    for fw in ("torch", "jax"):
+        assert "rule newest-complete" in (ROOT / "benchmarks/results/reference.txt").read_text()
+        runs, complete = committed_runs(ROOT, fw), complete_runs(ROOT, fw)
+        assert set(complete) < set(runs)                 # earlier ladders are evidence, not shown
+        assert reference_run(ROOT, fw) == complete[-1].folder
+        assert all(run.created <= complete[-1].created for run in complete)
+        assert all(json.loads(run.path.read_text())["config"]["name"] == "full" for run in runs)
+        assert "newest complete run" in how_chosen(ROOT, fw)
+
+
+def test_a_rule_and_folders_in_the_pointer(tmp_path):
+    pointer = tmp_path / "benchmarks" / "results"
+    for name, created, learned in (("old", "2026-01-01", True), ("new", "2026-02-01", True),
+                                   ("newer-partial", "2026-03-01", False)):
+        (pointer / name).mkdir(parents=True)
+        rungs = [{"name": "R0", "key": "eager"}, {"name": "R1", "key": "compile"}]
+        (pointer / name / "torch.json").write_text(json.dumps(
+            {"schema_version": 2, "config": {"name": "full"}, "created": created,
+             "rungs": rungs[:2 if learned else 1], "learning": {} if learned else None}))
+    (pointer / "smoke").mkdir()
+    (pointer / "smoke" / "torch.json").write_text(json.dumps(
+        {"schema_version": 2, "config": {"name": "smoke"}, "created": "2026-04-01", "rungs": [],
+         "learning": {}}))
+    (pointer / "reference.txt").write_text("# the rule\nrule newest-complete\n")
+    assert [r.name for r in committed_runs(tmp_path)] == ["old", "new", "newer-partial"]
+    assert reference_run(tmp_path, "torch").name == "new"
+    (pointer / "reference.txt").write_text("rule newest-complete\ntorch old\n")
+    assert reference_run(tmp_path, "torch").name == "old" and "named in" in how_chosen(tmp_path, "torch")
+    (pointer / "reference.txt").write_text("rule newest\n")
+    with pytest.raises(ValueError, match="rule 'newest' is not valid; valid choices: newest-complete"):
+        reference_run(tmp_path, "torch")
+    (pointer / "reference.txt").write_text("rule newest-complete\nold\n")
+    with pytest.raises(ValueError, match="keep one"):
+        reference_run(tmp_path, "torch")
 
 
 def test_reference_run_reads_the_committed_pointer(tmp_path):
     for fw in ("torch", "jax"):
         assert (reference_run(framework=fw) / f"{fw}.json").is_file()
-        assert reference_run(ROOT, fw).name in (ROOT / "benchmarks/results/reference.txt").read_text().split()
     pointer = tmp_path / "benchmarks" / "results"
     (pointer / "run-a").mkdir(parents=True)
     (pointer / "reference.txt").write_text("# comment\n\nrun-b\n")
@@ -26,10 +71,12 @@ def test_reference_run_reads_the_committed_pointer(tmp_path):
     (pointer / "reference.txt").write_text("jax run-c\n")
     with pytest.raises(ValueError, match="names no run folder for torch"):
         reference_run(tmp_path, "torch")
-    with pytest.raises(ValueError, match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
+    with pytest.raises(ValueError,
+                       match=r"framework='mxnet' is not valid; valid choices: \('torch', 'jax'\)"):
         reference_run(tmp_path, "mxnet")
     (pointer / "reference.txt").write_text("numpy run-c\n")
-    with pytest.raises(ValueError, match=r"line 'numpy run-c' is not 'FOLDER' or 'FRAMEWORK FOLDER'"):
+    with pytest.raises(ValueError,
+                       match=r"line 'numpy run-c' is not 'rule NAME', 'FOLDER' or 'FRAMEWORK FOLDER'"):
         reference_run(tmp_path, "jax")
     (pointer / "reference.txt").unlink()
     with pytest.raises(FileNotFoundError, match="reference.txt is missing"):

@@ -72,6 +72,14 @@ def above_unsettled_base(v: dict | None) -> bool:
             and v.get("against_all") is not None and v["range"][0] > v["against_all"][1])
 
 
+def certain_gain(r, before) -> bool:
+    """Is ``r`` faster than ``before`` whatever the noise: every window it ran above every window
+    ``before`` ran, by more than ``MIN_EFFECT``? Where a measurement did not settle this is all a
+    page may say of the two: the sign is certain, and still no ratio is credited (``credit``)."""
+    a, b = r.windows, before.windows
+    return bool(a and b) and min(a) > max(b) * (1 + MIN_EFFECT)
+
+
 def credit(v: dict | None) -> float | None:
     """The credit rule, the one every card, table, inserted number and bar applies: the ratio a
     rung may be credited with against the rung it builds on is its verdict's ratio when the

@@ -27,7 +27,7 @@ from pathlib import Path
 from perfladder.book.paths import build_results_dir
 from perfladder.config import pick_config
 from perfladder.pages import cards, kernel_report, multigpu, plot, report, rerun
-from perfladder.pages.chapter import checks_for, numbers_for
+from perfladder.pages.chapter import checks_for, numbers_for, texts_for
 from perfladder.pages.claims import is_smoke
 from perfladder.pages.narrative import learning_text, smoke_check
 from perfladder.pages.report import box_html, display_html, esc, paragraphs_html, run_label
@@ -65,8 +65,9 @@ def _header_display(html_text: str, text: str, display_id: str, update: bool = F
         print(text)
 
 
-def _glue(key: str, markdown: str) -> None:
-    """``myst_nb.glue`` of a markdown value, not displayed; a no-op outside a notebook kernel."""
+def _glue(key: str, markdown: str, as_text: bool = False) -> None:
+    """``myst_nb.glue`` of a markdown value (``as_text``: a plain string, for a text page's
+    ``{glue:text}``), not displayed; a no-op outside a notebook kernel."""
     try:
         from IPython import get_ipython
         from IPython.display import Markdown
@@ -74,7 +75,7 @@ def _glue(key: str, markdown: str) -> None:
     except ImportError:
         return
     if get_ipython() is not None:
-        glue(key, Markdown(markdown), display=False)
+        glue(key, markdown if as_text else Markdown(markdown), display=False)
 
 
 class LadderPage:
@@ -299,6 +300,8 @@ class LadderPage:
         for key, value in self.glued.items():
             _glue(key, value)
         self.rerun_note()
+        for key, value in texts_for(self.framework, self.shown).items():   # pasted by the text pages
+            _glue(key, value, as_text=True)
         return self.glued
 
     def save(self, folder: str | Path | None = None) -> tuple[Path, Path]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from perfladder.measure.verdict import certain_gain
 from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
 from perfladder.pages.comparison import CHAPTER
 from perfladder.pages.kernel_report import fastest_roofline
@@ -43,7 +44,7 @@ class Check:
     def judge(self, result: LadderResult) -> tuple[bool, str]:
         try:
             return self.test(result)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:   # a rung or a number absent
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:   # absent
             return False, f"cannot be judged on this run ({type(e).__name__}: {e})"
 
     def marker(self, result: LadderResult) -> str:
@@ -76,11 +77,20 @@ def verdict(name: str, *words: str) -> Test:
 
 
 def beats(a: str, b: str) -> Test:
-    """``a`` is faster than ``b`` beyond the noise of both (any two measured rungs)."""
+    """``a`` is faster than ``b`` beyond the noise of both (any two measured rungs): a 'faster'
+    verdict, or every window of ``a`` above every window of ``b`` (``certain_gain``)."""
     def test(result):
         ra, rb = _rung(result, a), _rung(result, b)
         c = against(ra, rb)
-        return c.word == "faster", f"{a} {rate(ra.tokens_per_s)} vs {b} {rate(rb.tokens_per_s)}: {c.word}"
+        return (c.word == "faster" or certain_gain(ra, rb),
+                f"{a} {rate(ra.tokens_per_s)} vs {b} {rate(rb.tokens_per_s)}: {c.word}")
+    return test
+
+
+def pays(name: str) -> Test:
+    """The rung is faster than the rung it builds on beyond the noise (``beats`` its base)."""
+    def test(result):
+        return beats(name, _rung(result, name).builds_on)(result)
     return test
 
 
@@ -203,11 +213,13 @@ def learned() -> Test:
 
 
 def largest_step(name: str) -> Test:
-    """``name`` is the largest credited step of the waterfall (ratio to the rung it builds on)."""
+    """``name`` is the largest step of the waterfall: of the steps that certainly gain (``beats``
+    their base), the largest ratio of medians to the rung each builds on."""
     def test(result):
-        steps = [r for r in result.waterfall() if r.ratio_prev is not None and call(result, r).credited]
+        steps = [r for r in result.waterfall() if r.ratio_prev is not None and beats(r.name, r.builds_on)(result)[0]]
         top = max(steps, key=lambda r: r.ratio_prev)
-        return top.name == name, f"the largest credited step is {top.name} ({ratio(top.ratio_prev)} {top.builds_on})"
+        return top.name == name, (f"of the certain gains, the largest step is {top.name} "
+                                  f"({ratio(top.ratio_prev)} {top.builds_on}, medians)")
     return test
 
 
@@ -369,12 +381,12 @@ def ladder_numbers(result: LadderResult) -> dict[str, str]:
         out["ceiling_tflops"] = f"{ceil['tflops']:.0f}" if ceil else "–"
         out["ceiling_source"] = ceil["source"] if ceil else "–"      # the run's own probe
         out["of_ceiling"] = percent(best.tokens_per_s / ceil["tokens_per_s"]) if ceil else "–"
-    lc = result.learning
-    if lc is not None:
-        f3 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
-        out.update(learn_steps=str(lc.steps), learn_first=f3(lc.first), learn_last=f3(lc.last),
-                   val_before=f3(lc.val_before), val_after=f3(lc.val_after),
-                   val_threshold=f3(lc.threshold), learn_config=lc.configuration or "–")
+    lc = result.learning            # a run without one still has every key: "–"
+    f3 = lambda x: "–" if x is None else f"{x:.2f}"  # noqa: E731
+    out.update(learn_steps=str(lc.steps) if lc else "–", learn_first=f3(lc and lc.first),
+               learn_last=f3(lc and lc.last), val_before=f3(lc and lc.val_before),
+               val_after=f3(lc and lc.val_after), val_threshold=f3(lc and lc.threshold),
+               learn_config=(lc and lc.configuration) or "–")
     return out
 
 

@@ -6,8 +6,11 @@
   probe (``device.json`` beside it) when the file carries none, and its derived fields
   recomputed from its raw data by today's accounting (``perfladder.kernels.accounting.rederive``:
   the one taxonomy for profiles and kernel reports, rooflines from each report's own recipe);
-* ``reference_run(root, framework)``: the folder ``benchmarks/results/reference.txt`` names, the
-  run a page shows when its own build cannot measure one;
+* ``committed_runs(root, framework)``: every committed full-configuration run of today's results
+  schema, oldest first: the evidence every claim of the pages is checked against;
+* ``reference_run(root, framework)``: the run a page shows when its own build cannot measure
+  one, chosen by the rule ``benchmarks/results/reference.txt`` states (``SHOWN_RULES``: today
+  the newest complete run), or a folder it names;
 * ``multi_gpu_run(folder)``: the committed R5 run (``r5.json`` of ``benchmarks/r5_multi_gpu.py``);
 * ``repo_root(start)``: the repository (the book root) those folders live in.
 
@@ -16,9 +19,11 @@ A plain ``LadderResult.read`` reads a file exactly as written (the CLI, a build'
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from perfladder.kernels.accounting import rederive, reread_report
+from perfladder.results import SCHEMA_VERSION
 from perfladder.results.record import FRAMEWORKS, LadderResult
 
 RESULTS = Path("benchmarks") / "results"
@@ -73,39 +78,138 @@ def reread_kernels(kb: dict, framework: str = "torch") -> dict:
     return reread_report(kb, framework)
 
 
-# -- which run a page shows --------------------------------------------------------------------
-def reference_run(root: str | Path | None = None, framework: str | None = None) -> Path:
-    """The committed run a page shows when this build cannot measure one itself: a folder
-    under ``benchmarks/results/`` named in ``benchmarks/results/reference.txt``.
+# -- every committed run, and which one a page shows ---------------------------------------------
+FULL_CONFIG = "full"
 
-    Each line that is neither blank nor a ``#`` comment is ``FOLDER`` (the run of every
-    framework) or ``FRAMEWORK FOLDER`` (that framework's run, which wins for it), so one
-    framework's reference can move to a newer run without the other's. ``root``: the
-    repository (default: the book root above the working directory, else above this package).
-    """
+
+def _book_root(root: str | Path | None) -> Path:
     base = Path(root) if root is not None else (repo_root() or repo_root(Path(__file__).parent))
     if base is None:
         raise FileNotFoundError(f"no book root (_config.yml + _toc.yml) above {Path.cwd()} or "
                                 f"{Path(__file__).parent}: cannot find {REFERENCE_FILE}")
-    pointer = base / REFERENCE_FILE
-    if not pointer.is_file():
-        raise FileNotFoundError(f"{pointer} is missing: it names the committed reference run "
-                                "(a folder under benchmarks/results/)")
+    return base
+
+
+def _framework(framework: str | None) -> None:
     if framework is not None and framework not in FRAMEWORKS:
         raise ValueError(f"framework={framework!r} is not valid; valid choices: {FRAMEWORKS}")
-    default, named = None, {}
+
+
+@dataclass(frozen=True)
+class CommittedRun:
+    """One committed ladder file, as much of it as choosing among runs needs."""
+    path: Path                          # benchmarks/results/<folder>/<framework>.json
+    created: str
+    rungs: tuple[tuple[str, str], ...]  # (name, technique key), in ladder order
+    learned: bool                       # did the run record its learning check?
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    @property
+    def name(self) -> str:
+        return self.path.parent.name
+
+
+def committed_runs(root: str | Path | None = None, framework: str = "torch") -> list[CommittedRun]:
+    """Every committed full-configuration run of ``framework`` written with today's results
+    schema (``SCHEMA_VERSION``), oldest first: the evidence the pages' claims are checked
+    against and the dots of ``perfladder.pages.spread``."""
+    _framework(framework)
+    out = []
+    for path in sorted((_book_root(root) / RESULTS).glob(f"*/{framework}.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        full = (data.get("config") or {}).get("name") == FULL_CONFIG
+        if data.get("schema_version") != SCHEMA_VERSION or not full:
+            continue
+        out.append(CommittedRun(path, data.get("created") or "",
+                                tuple((r.get("name"), r.get("key")) for r in data.get("rungs") or []),
+                                data.get("learning") is not None))
+    return sorted(out, key=lambda run: (run.created, run.name))
+
+
+def todays_ladder(runs: list[CommittedRun]) -> tuple[tuple[str, str], ...]:
+    """The rungs (name, key) of the newest run that recorded its learning check: the ladder the
+    code declares today (a run that stopped early records fewer)."""
+    done = [run for run in runs if run.learned]
+    return done[-1].rungs if done else ()
+
+
+def complete_runs(root: str | Path | None = None, framework: str = "torch") -> list[CommittedRun]:
+    """The committed runs (``committed_runs``) that record every rung of today's ladder, by name
+    and technique key, and their learning check, oldest first. A run of an earlier ladder (fewer
+    rungs, or a name that meant another technique) is evidence for the rungs it shares only."""
+    runs = committed_runs(root, framework)
+    ladder = set(todays_ladder(runs))
+    return [run for run in runs if run.learned and ladder <= set(run.rungs)]
+
+
+def newest_complete(root: str | Path | None = None, framework: str = "torch") -> Path:
+    """The folder of the newest complete run of ``framework`` (``complete_runs``)."""
+    runs = complete_runs(root, framework)
+    if not runs:
+        raise ValueError(f"no complete committed {framework} run under {_book_root(root) / RESULTS}")
+    return runs[-1].folder
+
+
+# rule name (a line ``rule NAME`` of reference.txt) -> (how it picks a folder, what a page says)
+SHOWN_RULES = {
+    "newest-complete": (newest_complete,
+                        "the newest complete run (every rung of today's ladder and its learning "
+                        "check) among the committed full-configuration runs of today's results "
+                        "schema"),
+}
+
+
+def _pointer(base: Path) -> tuple[Path, str | None, dict[str, str], str | None]:
+    """reference.txt: (its path, the FOLDER for every framework, FRAMEWORK -> FOLDER, the rule)."""
+    pointer = base / REFERENCE_FILE
+    if not pointer.is_file():
+        raise FileNotFoundError(f"{pointer} is missing: it states the rule that picks the committed "
+                                "run a page shows (or names a folder under benchmarks/results/)")
+    default, named, rule = None, {}, None
     for ln in pointer.read_text().splitlines():
         words = ln.split()
         if not words or words[0].startswith("#"):
             continue
-        if len(words) == 1:
+        if len(words) == 2 and words[0] == "rule":
+            if words[1] not in SHOWN_RULES:
+                raise ValueError(f"{pointer}: rule {words[1]!r} is not valid; valid choices: "
+                                 f"{', '.join(SHOWN_RULES)}")
+            rule = rule or words[1]
+        elif len(words) == 1:
             default = default or words[0]
         elif len(words) == 2 and words[0] in FRAMEWORKS:
             named.setdefault(words[0], words[1])
         else:
-            raise ValueError(f"{pointer}: line {ln.strip()!r} is not 'FOLDER' or 'FRAMEWORK FOLDER' "
-                             f"(FRAMEWORK one of {', '.join(FRAMEWORKS)})")
-    name = named.get(framework) or default
+            raise ValueError(f"{pointer}: line {ln.strip()!r} is not 'rule NAME', 'FOLDER' or "
+                             f"'FRAMEWORK FOLDER' (FRAMEWORK one of {', '.join(FRAMEWORKS)})")
+    if rule and default:
+        raise ValueError(f"{pointer} states a rule ({rule}) and names a folder for every framework "
+                         f"({default}): keep one")
+    return pointer, default, named, rule
+
+
+def reference_run(root: str | Path | None = None, framework: str | None = None) -> Path:
+    """The committed run a page shows when this build cannot measure one itself: a folder
+    under ``benchmarks/results/`` chosen as ``benchmarks/results/reference.txt`` says.
+
+    Each line that is neither blank nor a ``#`` comment is ``rule NAME`` (a rule of
+    ``SHOWN_RULES``, applied to each framework's runs), ``FOLDER`` (the run of every framework)
+    or ``FRAMEWORK FOLDER`` (that framework's run, which wins for it). ``root``: the
+    repository (default: the book root above the working directory, else above this package).
+    """
+    base = _book_root(root)
+    _framework(framework)
+    pointer, default, named, rule = _pointer(base)
+    name = named.get(framework)
+    if name is None and rule is not None:
+        return SHOWN_RULES[rule][0](base, framework or FRAMEWORKS[0])
+    name = name or default
     if name is None:
         raise ValueError(f"{pointer} names no run folder" + (f" for {framework}" if framework else ""))
     folder = pointer.parent / name
@@ -114,6 +218,14 @@ def reference_run(root: str | Path | None = None, framework: str | None = None) 
         raise ValueError(f"{pointer} names {name!r}, which is not a run folder; "
                          f"valid choices: {', '.join(choices)}")
     return folder
+
+
+def how_chosen(root: str | Path | None = None, framework: str | None = None) -> str:
+    """How the run a page shows was chosen, in words, for the page to state."""
+    _, _, named, rule = _pointer(_book_root(root))
+    if named.get(framework) is None and rule is not None:
+        return f"chosen by the rule in {REFERENCE_FILE.as_posix()}: {SHOWN_RULES[rule][1]}"
+    return f"named in {REFERENCE_FILE.as_posix()}"
 
 
 def multi_gpu_run(folder: str | Path | None = None) -> dict | None:
