@@ -305,8 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the expected steps before the first rung: torch in helper "
-                        "processes (perfladder.torch.ahead; default: on for the full config on a "
-                        "GPU), JAX in threads (perfladder.jax.ahead; default: off)")
+                        "processes (perfladder.ahead.torch; default: on for the full config on a "
+                        "GPU), JAX in threads (perfladder.ahead.jax; default: off)")
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plot", help="waterfall PNG from results JSON (two files: side by side)")
     pl.add_argument("results", nargs="+")
