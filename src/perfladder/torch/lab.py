@@ -20,12 +20,13 @@ from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for
 from perfladder.kernels.roofline import of_run
+from perfladder.ladder.lab import Measured
 from perfladder.measure.evidence import (
     Memory,
     ProfileSummary,
     Receipt,
 )
-from perfladder.measure.timing import Stopwatch, measure_settled, phase
+from perfladder.measure.timing import Stopwatch, WindowSettings, measure_settled, phase
 from perfladder.results.record import LadderResult
 from perfladder.torch.compiler import fast_cpu_compiles
 from perfladder.torch.device import device_name, probe_roofs, versions
@@ -164,24 +165,21 @@ class TorchLab:
             torch.cuda.reset_peak_memory_stats()
 
     def measure(self, step, batch_size: int, *, timed: int | None = None, warmup: int | None = None,
-                windows: int | None = None):
-        """``(Throughput, remeasured, Memory)``: timed until the windows settle, once more if
-        they did not, with the peak device memory of the measurement."""
+                windows: int | None = None) -> Measured:
+        """Timed until the windows settle, once more if they did not, with the peak device
+        memory of the measurement (``perfladder.ladder.lab.Measured``)."""
         c = self.config
-        timed = c.timed_steps(batch_size) if timed is None else timed
-        warmup = c.warmup_steps(batch_size) if warmup is None else warmup
+        given = {k: v for k, v in dict(timed=timed, warmup=warmup, windows=windows).items() if v is not None}
+        settings = WindowSettings.of(c, batch_size, **given)
 
         def once():
             self.reset_memory()
-            return throughput(step, self.stream(batch_size), warmup=warmup,
-                              timed=timed, windows=c.windows if windows is None else windows,
-                              target_spread=c.target_spread, max_windows=c.max_windows,
-                              budget_s=c.timing_budget_s, window_s=c.window_s)
+            return throughput(step, self.stream(batch_size), settings)
 
         t, again = measure_settled(once, budget_s=c.timing_budget_s)
         mem = (Memory(int(torch.cuda.max_memory_allocated()), "measured peak") if self.on_gpu
                else Memory(None, "n/a", "no device memory on CPU"))
-        return t, again, mem
+        return Measured(t, again, mem)
 
     def profile(self, step, batch_size: int) -> ProfileSummary:
         """Where one step's time goes (``perfladder.torch.profile``, outside any timed window)."""
