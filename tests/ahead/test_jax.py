@@ -159,3 +159,27 @@ def test_once_enough_no_job_starts_and_none_is_waited_for():
     assert ran == ["first"]
     assert report["failed"] == {"first": "not compiled: the stage had done enough",
                                 "second": "not compiled: the stage had done enough"}
+
+
+def test_the_jax_ladder_compiles_ahead_only_when_asked(monkeypatch):
+    """``ahead=None``: nothing compiles ahead in a notebook (``by_default``); ``ahead=True``:
+    the guess's programs (R1 left out) in threads, said in the result's notes and report."""
+    from perfladder import ahead as door
+    from perfladder.config import get_config
+    from perfladder.jax import rungs as jax_rungs
+    from perfladder.ladder import engine
+    calls = []
+
+    def fake(jobs, **kw):
+        calls.append(sorted(jobs))
+        return {"steps": len(jobs), "workers": 1, "seconds": 1.0, "compiled": sorted(jobs), "failed": {}}
+    monkeypatch.setattr(ahead_mod(), "compile_ahead", fake)
+    run = jax_rungs.Ladder(get_config("smoke"), ahead=True)
+    assert calls and "R2" in calls[0] and not any(k.startswith("R1") for k in calls[0])
+    assert run.result.ahead["compiled"] == calls[0]
+    assert any(n.startswith(f"compiled ahead: {len(calls[0])} of {len(calls[0])} expected programs")
+               for n in run.result.notes)
+    run.lab.result.ahead = None
+    door.before_first_rung(run.lab, jax_rungs.RUNGS, engine.check_rungs(jax_rungs.RUNGS, None), None)
+    assert len(calls) == 1 and run.lab.result.ahead is None          # not by default
+

@@ -3,7 +3,7 @@ a CPU can check without their minutes of compiling: the regional variant compile
 place (what the model's parameters and names keep), a rung the results file lacks or an unknown
 variant is refused in one line naming the valid ones, a variant that fails is recorded with its
 reason while the others run, and the compile log is read by program. (What the ahead probe
-runs, ``compile_ahead`` and ``cache_events``, is tested in tests/torch/test_ahead.py.)"""
+runs, ``compile_ahead`` and ``cache_events``, is tested in tests/ahead/test_torch.py.)"""
 import json
 import logging
 import subprocess
