@@ -104,7 +104,12 @@ def shape_of(X) -> tuple:
     return tuple(X.shape)
 
 
-HOOKS = TimerHooks(sync=jax.block_until_ready, compile_count=compile_count, num_tokens=num_tokens,
+def sync(out) -> None:
+    """Wait for the step's outputs (``jax.block_until_ready``)."""
+    jax.block_until_ready(out)
+
+
+HOOKS = TimerHooks(sync=sync, compile_count=compile_count, num_tokens=num_tokens,
                    shape_of=shape_of, fingerprint=fingerprint, ready=ready)
 
 
