@@ -97,7 +97,8 @@ def one_variant(variant: str, recipe_dict: dict, config: str) -> dict:
     step(X, Y)                      # times its own first call between syncs
     first = sum(step.first_call_s.values())
     phases = compile_phases()
-    t, again, _ = lab.measure(step, recipe.batch_size)
+    m = lab.measure(step, recipe.batch_size)
+    t, again = m.throughput, m.remeasured
     return {"variant": variant, "recipe": recipe.to_dict(), "first_call_s": first,
             "compilations": compile_count() - c0,
             "tokens_per_s": t.tokens_per_s, "windows": t.windows, "stable": t.stable, "spread": t.spread,

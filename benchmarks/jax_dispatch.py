@@ -45,7 +45,7 @@ def run_case(lab, dtype: str, batch: int, n: int) -> dict:
     ways = {"nnx.jit": lab.build_step(recipe), "split": lab.build_step(recipe.replace(jit="split"))}
     out = {"dtype": dtype, "batch": batch}
     for name, step in ways.items():
-        t, _ = lab.measure(step, batch)
+        t = lab.measure(step, batch).throughput
         h = host_overhead(step, lab.stream(batch), n)
         out[name] = {"tokens_per_s": t.tokens_per_s, "spread": t.spread, "stable": t.stable,
                      "step_ms": 1e3 * t.step_time_s, **h}

@@ -13,7 +13,7 @@
 #   PERFLADDER_BOOK_FRESH true: empty the notebook cache first, so every notebook executes in a
 #                         fresh kernel in this build (the test suite's build does this)
 #   PERFLADDER_BOOK_AHEAD true / false: compile both ladders' expected programs before the
-#                         notebooks, side by side (perfladder.book.ahead); unset: when the full
+#                         notebooks, side by side (perfladder.ahead.book); unset: when the full
 #                         config runs on a GPU, one notebook after the other, and the ladder
 #                         notebooks will execute (PERFLADDER_AHEAD_RUNGS: only these rungs')
 #   PERFLADDER_BOOK_PARALLEL  true: execute the two ladder notebooks at the same time first, each
@@ -197,7 +197,7 @@ qpy -m perfladder.book.build set-aside "$BUILD"
 mkdir -p "$BUILD" "$PERFLADDER_RESULTS_DIR"
 echo "$stamp" > "$stamp_file"
 
-# Compile both ladders' expected programs first, side by side (perfladder.book.ahead): on a
+# Compile both ladders' expected programs first, side by side (perfladder.ahead.book): on a
 # GPU with the full config, one notebook after the other, when the ladder notebooks will run
 # (their results are not cached). PERFLADDER_BOOK_AHEAD=1 / 0 forces it on / off.
 if [ "$AHEAD" = auto ]; then
@@ -212,7 +212,7 @@ if [ "$AHEAD" = 1 ]; then
   export JAX_COMPILATION_CACHE_DIR="$BUILD/ahead/jax-cache"     # the JAX notebook loads from it
   rm -rf "$PERFLADDER_AHEAD_DIR" && mkdir -p "$PERFLADDER_AHEAD_DIR"
   t_ahead=$SECONDS
-  run_tree "$PY" -m perfladder.book.ahead run "$PERFLADDER_AHEAD_DIR" ${PERFLADDER_AHEAD_RUNGS:+--rungs "$PERFLADDER_AHEAD_RUNGS"} || true
+  run_tree "$PY" -m perfladder.ahead.book run "$PERFLADDER_AHEAD_DIR" ${PERFLADDER_AHEAD_RUNGS:+--rungs "$PERFLADDER_AHEAD_RUNGS"} || true
   echo "[book] compiled ahead in $((SECONDS - t_ahead))s"
 fi
 

@@ -296,7 +296,7 @@ def _dynamo_graph(fn, *args):
 def test_a_compiled_model_with_the_kernels_is_cacheable(fused):
     """AOTAutograd's cache accepts the graph of a model with every kernel (each is an operator
     with its backward registered on it), so a rung's compiled step can be loaded by another
-    process (perfladder.torch.ahead); an autograd.Function in the graph is refused."""
+    process (perfladder.ahead.torch); an autograd.Function in the graph is refused."""
     from torch._functorch._aot_autograd.autograd_cache import (
         BypassAOTAutogradCache,
         check_cacheable,

@@ -5,7 +5,12 @@ inside functions, parsed with ``ast``, nothing executed) forms a graph in which
 * nothing in ``measure/``, ``ladder/`` or ``results/`` imports ``pages/`` or ``book/``, directly
   or through other modules (data flows one way: the record never reaches up into what shows it);
 * the framework-free modules import neither framework (nor a framework side of perfladder), and
-  each framework side imports only its own framework.
+  each framework side imports only its own framework (a framework side: ``torch/``, ``jax/``,
+  and in a package with one module per framework, such as ``ahead/``, its ``torch`` and ``jax``
+  modules);
+* the compile-ahead annex (``ahead/``) has one door: outside it, modules import the package
+  (``perfladder.ahead``) and none of its modules, but for the re-exports left at the annex's
+  old import paths.
 
 The checker is run on the package and on a small planted tree, where it must find each kind
 of violation. Importing ``a.b.c`` also runs the package ``a.b``'s ``__init__``; that implicit
@@ -23,6 +28,9 @@ FRAMEWORKS = {"torch": ("torch", "triton"), "jax": ("jax", "jaxlib", "flax", "op
 # modules that choose a framework on purpose: the package's own entry point (``ladder()``
 # imports the side asked for) and the cross-framework parity check
 BOTH_SIDES = ("", "parity")
+ANNEX = "ahead"                                   # optional: reached through its package alone
+# the annex's old import paths, which hand its names on (a user's import keeps working)
+ANNEX_SHIMS = ("torch.ahead", "jax.ahead", "book.ahead", "ladder.expected")
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -108,6 +116,14 @@ def violations(root: Path) -> list[str]:
 
     def area(m: str) -> str:
         return m.split(".")[1] if "." in m else ""
+
+    def side(m: str) -> str | None:
+        """The framework a module belongs to: its folder's, or in a folder of one module per
+        framework (``ahead/torch.py``), its own name's; None for framework-free code."""
+        if area(m) in FRAMEWORKS:
+            return area(m)
+        last = m.split(".")[-1]
+        return last if last in FRAMEWORKS and m.count(".") == 2 else None
     for m, path in mods.items():
         targets = imported(m, path, mods)
         if area(m) in LOWER:
@@ -115,14 +131,17 @@ def violations(root: Path) -> list[str]:
                 if area(t) in UPPER:
                     chain = f" (through {' -> '.join(via)})" if via else ""
                     found.append(f"{m} imports {t}{chain}: {area(m)}/ may not import {area(t)}/")
+        if area(m) != ANNEX and m.removeprefix(pkg).lstrip(".") not in ANNEX_SHIMS:
+            for t in sorted(targets):
+                if area(t) == ANNEX and t != f"{pkg}.{ANNEX}":
+                    found.append(f"{m} imports {t}: only {pkg}.{ANNEX} opens onto {ANNEX}/")
         if m.removeprefix(pkg).lstrip(".") in BOTH_SIDES:
             continue
-        side = area(m) if area(m) in FRAMEWORKS else None
         for t in sorted(targets):
             fw = next((f for f, tops in FRAMEWORKS.items() if t.split(".")[0] in tops
-                       or t in mods and area(t) == f), None)
-            if fw is not None and fw != side:
-                found.append(f"{m} imports {t}: {side or 'framework-free'} code may not import {fw}")
+                       or t in mods and side(t) == f), None)
+            if fw is not None and fw != side(m):
+                found.append(f"{m} imports {t}: {side(m) or 'framework-free'} code may not import {fw}")
     return found
 
 
@@ -156,6 +175,13 @@ def test_the_checker_finds_each_planted_violation(tmp_path):
         "results/__init__.py": "", "multigpu/__init__.py": "",
         "results/record.py": "from pkg.multigpu import cost\n",
         "multigpu/cost.py": "from pkg.pages import words\n",
+        # the annex: its framework modules are sides, its door is framework-free, and only the
+        # door is imported from outside (a shim at an old path excepted)
+        "ahead/__init__.py": "import importlib\n", "ahead/torch.py": "import torch\n",
+        "ahead/jax.py": "from pkg.ahead import torch\n",
+        "ladder/engine2.py": "from pkg.ahead import torch\n",
+        "ladder/expected.py": "from pkg.ahead.torch import compile_ahead\n",
+        "torch/rungs.py": "from pkg import ahead\n",
     })
     got = violations(pkg)
     assert "import circle among pkg.measure.timing, pkg.pages.words" in got
@@ -165,10 +191,14 @@ def test_the_checker_finds_each_planted_violation(tmp_path):
     assert "pkg.ladder.rungs imports pkg.jax.lab: framework-free code may not import jax" in got
     assert ("pkg.results.record imports pkg.pages.words (through pkg.multigpu.cost): results/ may not "
             "import pages/") in got
-    assert len(got) == 6, got
+    assert "pkg.ahead.jax imports pkg.ahead.torch: jax code may not import torch" in got
+    assert "pkg.ladder.engine2 imports pkg.ahead.torch: only pkg.ahead opens onto ahead/" in got
+    assert "pkg.ladder.engine2 imports pkg.ahead.torch: framework-free code may not import torch" in got
+    assert "pkg.ladder.expected imports pkg.ahead.torch: framework-free code may not import torch" in got
+    assert len(got) == 10, got
     (pkg / "pages/words.py").write_text("RATE = 1\n")                 # the circle broken ...
     (pkg / "measure/timing.py").write_text("import json\n")           # ... and the upward import
-    assert len(violations(pkg)) == 4
+    assert len(violations(pkg)) == 8
 
 
 def test_relative_imports_resolve_to_the_module_they_name(tmp_path):

@@ -178,22 +178,24 @@ def test_no_learn_says_that_the_targets_go_unchecked(monkeypatch, capsys):
     assert "no learning check" not in capsys.readouterr().err
 
 
-def test_compile_ahead_reaches_the_pytorch_ladder(tmp_path):
-    out = tmp_path / "r.json"
-    assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet",
-                 "--compile-ahead", "--out", str(out)]) == 0
-    notes = json.loads(out.read_text())["notes"]
-    assert "compiled ahead: nothing (no compiled step expected)" in notes     # R0 is eager
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_compile_ahead_reaches_the_ladder(monkeypatch, tmp_path, framework):
+    """--compile-ahead / --no-compile-ahead reach the framework's run_ladder as ahead=True /
+    False; without either the ladder's own default decides (what the ladder then does with it:
+    tests/ahead/test_door.py and each side's test there)."""
+    import importlib
+    fw, asked = importlib.import_module(f"perfladder.{framework}"), []
+    fake = FakeRun()
 
+    def run_ladder(cfg, **kw):
+        asked.append(kw.pop("ahead", "default"))
+        return fake(cfg, **kw)
+    monkeypatch.setattr(fw, "run_ladder", run_ladder)
+    for flag, want in (["--compile-ahead"], True), (["--no-compile-ahead"], False), ([], "default"):
+        assert main(["run", framework, "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet",
+                     *flag, "--out", str(tmp_path / "r.json"), "--overwrite"]) == 0
+        assert asked[-1] == want
 
-def test_compile_ahead_reaches_the_jax_ladder(tmp_path):
-    """R0 alone: nothing is expected to compile (R0 is un-jitted), and the file says so."""
-    out = tmp_path / "r.json"
-    assert main(["run", "jax", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet",
-                 "--compile-ahead", "--out", str(out)]) == 0
-    got = json.loads(out.read_text())
-    assert got["ahead"]["steps"] == 0 and got["ahead"]["workers"] == 0
-    assert "compiled ahead: nothing (no compiled step expected)" in got["notes"]
 
 @pytest.mark.parametrize("bad", ["0", "-1", "lots"])
 def test_a_bad_memory_cap_is_one_line(bad, capsys):

@@ -50,10 +50,12 @@ def loaded_after(*modules: str) -> list[str]:
 
 def framework_free_modules() -> list[str]:
     """Every module of the package outside the two framework sides (``perfladder.torch``,
-    ``perfladder.jax``), found by walking the package: a new module is covered without a list."""
+    ``perfladder.jax``, and the compile-ahead's ``perfladder.ahead.torch`` / ``.jax``), found by
+    walking the package: a new module is covered without a list."""
     import perfladder
     return [m.name for m in pkgutil.walk_packages(perfladder.__path__, "perfladder.")
-            if not m.name.startswith(("perfladder.torch", "perfladder.jax"))
+            if not m.name.startswith(("perfladder.torch", "perfladder.jax", "perfladder.ahead.torch",
+                                      "perfladder.ahead.jax"))
             and m.name != "perfladder.__main__"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfladder.measure.timing import StreamEndedError, measure
+from perfladder.measure.timing import StreamEndedError, TimerHooks, WindowSettings, measure
 from perfladder.multigpu.costmodel import (
     hierarchical_allreduce_seconds,
     ring_allreduce_seconds,
@@ -60,15 +60,15 @@ def test_jax_gpt_under_jit_checks_shape_and_dtype_at_trace_time(jax_gpt):
         call(jax_gpt, jnp.zeros((2, 3), jnp.float32))
 
 
-TIMER = dict(warmup=1, timed=2, windows=2, sync=lambda out: None, compile_count=lambda: 0,
-             num_tokens=lambda X: X.size, shape_of=lambda X: X.shape)
+TIMER = (TimerHooks(sync=lambda out: None, compile_count=lambda: 0, num_tokens=lambda X: X.size,
+                    shape_of=lambda X: X.shape), WindowSettings(warmup=1, timed=2, windows=2))
 
 
 def test_a_stream_that_ends_says_how_many_batches_it_gave():
     batches = iter([(np.full((2, 2), i), None) for i in range(3)])
     with pytest.raises(StreamEndedError, match=r"ended after 3 batches; a measurement needs "
                                                r"warmup=1 \+ at least windows=2 x timed=2 = 5"):
-        measure(lambda X, Y: X, batches, **TIMER)
+        measure(lambda X, Y: X, batches, *TIMER)
 
 
 def test_zero_token_batches_are_refused_before_any_division():
@@ -78,7 +78,7 @@ def test_zero_token_batches_are_refused_before_any_division():
             i += 1
             yield np.full((0, 4), i), None
     with pytest.raises(ValueError, match=r"batch of shape \(0, 4\) holds 0 tokens"):
-        measure(lambda X, Y: X, empty(), **TIMER)
+        measure(lambda X, Y: X, empty(), *TIMER)
 
 
 @pytest.mark.parametrize("nbytes", [-1, -7.5e7, float("nan"), True])

@@ -379,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--compile-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the expected steps before the first rung: torch in helper "
-                        "processes (perfladder.torch.ahead; default: on for the full config on a "
-                        "GPU), JAX in threads (perfladder.jax.ahead; default: off)")
+                        "processes (perfladder.ahead.torch; default: on for the full config on a "
+                        "GPU), JAX in threads (perfladder.ahead.jax; default: off)")
     r.add_argument("--memory-cap-gib", default=None, metavar="GIB",
                    help="hold the run to this much device memory, as a smaller card would (the "
                         "framework's allocator is capped, and a rung predicted not to fit is "

@@ -207,7 +207,7 @@ def test_the_gpu_session_refuses_to_start_over_a_running_job(tmp_path):
 
 
 def test_the_compile_ahead_stage_runs_before_the_notebooks_when_asked(tmp_path, fake_book):
-    """PERFLADDER_BOOK_AHEAD=1 runs perfladder.book.ahead before jupyter-book. Here it is asked
+    """PERFLADDER_BOOK_AHEAD=1 runs perfladder.ahead.book before jupyter-book. Here it is asked
     for a rung that does not exist, so both frameworks' stages fail at once: the build says so
     and goes on (the ladders then compile as they go). A bad value of the variable is one line."""
     r = build(env_for(tmp_path, fake_book, FAKE_BOOK="ok", PERFLADDER_BOOK_AHEAD="1",

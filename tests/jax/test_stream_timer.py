@@ -161,14 +161,16 @@ def test_an_unsettled_un_jitted_step_is_measured_once(monkeypatch, eager, attemp
     from perfladder.config import get_config
     calls = []
 
-    def wandering(step, stream, **kw):
-        calls.append(kw)
+    def wandering(step, stream, settings):
+        calls.append(settings)
         return Throughput(tokens_per_s=1.0, windows=[1.0, 2.0], seconds=[0.01, 0.01],
-                          steps_per_window=kw["timed"], tokens_per_window=1, warmup=kw["warmup"],
-                          stable=False)
+                          steps_per_window=settings.timed, tokens_per_window=1,
+                          warmup=settings.warmup, stable=False)
     monkeypatch.setattr(lab_module, "throughput", wandering)
     lab = lab_module.JaxLab(get_config("smoke"))
-    t, remeasured = lab.measure(None, 8, stream=iter(()), eager=eager)
+    m = lab.measure(None, 8, stream=iter(()), eager=eager)
+    t, remeasured = m.throughput, m.remeasured
+    assert m.memory is None                      # JAX reads its memory from the compiler's plan
     assert len(calls) == attempts and remeasured == (attempts == 2) and t.stable is False
     if eager:
-        assert calls[0]["max_windows"] == lab_module.EAGER_MAX_WINDOWS and calls[0]["warmup"] == 1
+        assert calls[0].max_windows == lab_module.EAGER_MAX_WINDOWS and calls[0].warmup == 1

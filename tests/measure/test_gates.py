@@ -103,3 +103,15 @@ def test_receipt_check():
     assert g.check_receipt({"logits": "float32", "matmul_operands": {"float32": 13}}, "fp32")
     with pytest.raises(ValueError, match="'fp16'.*valid choices"):
         g.check_receipt(bf16, "fp16")
+
+
+def test_the_loss_gate_is_one_relative_rule_for_both_frameworks():
+    ok = g.loss_gate([3.30, 3.25, 3.20], [3.30, 3.26, 3.21], "the plain bf16 recipe")
+    assert ok.passed and ok.tolerances == {"max_rel_diff": g.LOSS_RTOL}
+    assert ok.values["max_rel_diff"] == pytest.approx(0.01 / 3.21)
+    assert ok.detail == {"steps": 3, "losses": [3.30, 3.25, 3.20], "reference_losses": [3.30, 3.26, 3.21]}
+    with pytest.raises(g.LossGateError, match=r"differ from the plain bf16 recipe's .* > rtol=0.01") as e:
+        g.loss_gate([3.30, 3.30, 3.30], [3.30, 3.20, 3.10], "the plain bf16 recipe")   # never stepped
+    assert e.value.gate == "loss over steps" and isinstance(e.value, g.GateError)
+    with pytest.raises(g.LossGateError):
+        g.loss_gate([float("nan")] * 3, [3.3] * 3, "x")                                # NaN fails too

@@ -80,9 +80,11 @@ def windows_of(per_step_seconds, timed=3):
 
 def run(dev, monkeypatch, warmup=2, timed=3, windows=3, source=None, **kw):
     monkeypatch.setattr(timing, "time", dev)          # measure reads time.perf_counter()
-    return measure(dev.step, source or stream(), warmup=warmup, timed=timed, windows=windows,
-                   sync=dev.sync, compile_count=dev.compile_count,
-                   num_tokens=lambda X: X.shape[0] * X.shape[1], shape_of=lambda X: X.shape, **kw)
+    hooks = timing.TimerHooks(sync=dev.sync, compile_count=dev.compile_count,
+                              num_tokens=lambda X: X.shape[0] * X.shape[1], shape_of=lambda X: X.shape,
+                              **{k: kw.pop(k) for k in ("fingerprint", "ready") if k in kw})
+    return measure(dev.step, source or stream(), hooks,
+                   timing.window_settings(warmup=warmup, timed=timed, windows=windows, **kw))
 
 
 def test_median_and_spread_of_planted_windows(monkeypatch):
@@ -321,3 +323,24 @@ def test_window_s_never_lengthens_a_window_nor_cuts_it_below_the_minimum(monkeyp
 def test_window_s_must_be_positive_seconds(monkeypatch, bad):
     with pytest.raises((ValueError, TypeError), match="window_s"):
         run(FakeDevice([0.1] * 50), monkeypatch, window_s=bad)
+
+
+def test_window_settings_are_one_checked_record_with_the_timers_defaults():
+    s = timing.WindowSettings()
+    assert (s.warmup, s.timed, s.windows) == (timing.WARMUP, timing.TIMED, timing.WINDOWS)
+    assert s.target_spread == timing.DEFAULT_TARGET_SPREAD and s.most_windows == timing.MIN_MAX_WINDOWS
+    assert timing.window_settings(s, windows=5).most_windows == 15      # derived from windows
+    with pytest.raises(TypeError, match="warmpu: not a window setting; valid: warmup, timed"):
+        timing.window_settings(warmpu=3)
+
+    class Config:                                   # what WindowSettings.of reads of a LadderConfig
+        windows, target_spread, max_windows, timing_budget_s, window_s = 4, 0.02, 20, 60.0, 1.5
+
+        def warmup_steps(self, b):
+            return b // 2
+
+        def timed_steps(self, b):
+            return b
+    got = timing.WindowSettings.of(Config(), 16, timed=3)
+    assert got == timing.WindowSettings(warmup=8, timed=3, windows=4, target_spread=0.02,
+                                        max_windows=20, budget_s=60.0, window_s=1.5)

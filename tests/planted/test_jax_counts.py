@@ -8,6 +8,7 @@ misaligned targets refused by the learning check.
     devices fed the same rows (real streams)         distinct batches (two host devices, subprocess)
     targets equal to the inputs (misaligned)         learning check, by the reference model
 """
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -40,7 +41,8 @@ def test_tokens_counted_per_row_are_caught_by_the_token_count(monkeypatch):
                               windows=2, target_spread=0.9)
     assert check_tokens(honest) == CFG.batch_size * CFG.num_steps * 2
     real = timer.measure
-    monkeypatch.setattr(timer, "measure", lambda *a, **kw: real(*a, **{**kw, "num_tokens": lambda X: X.shape[0]}))
+    monkeypatch.setattr(timer, "measure", lambda step, stream, hooks, settings: real(
+        step, stream, dataclasses.replace(hooks, num_tokens=lambda X: X.shape[0]), settings))
     planted = timer.throughput(s, batches(DATA, CFG.batch_size, seed=4), warmup=1, timed=2,
                                windows=2, target_spread=0.9)
     with pytest.raises(CountError, match="off by") as e:

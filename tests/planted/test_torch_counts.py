@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from _torch_gate_helpers import CFG, DATA, model, one_thread, step  # noqa: F401
@@ -33,7 +35,8 @@ def test_tokens_counted_per_row_are_caught_by_the_token_count(monkeypatch):
                               windows=2, target_spread=0.9)
     assert check_tokens(honest) == CFG.batch_size * CFG.num_steps * 2
     real = timer.measure
-    monkeypatch.setattr(timer, "measure", lambda *a, **kw: real(*a, **{**kw, "num_tokens": lambda X: X.shape[0]}))
+    monkeypatch.setattr(timer, "measure", lambda step, stream, hooks, settings: real(
+        step, stream, dataclasses.replace(hooks, num_tokens=lambda X: X.shape[0]), settings))
     planted = timer.throughput(s, batches(DATA, CFG.batch_size, "cpu", seed=4), warmup=1, timed=2,
                                windows=2, target_spread=0.9)
     with pytest.raises(CountError, match="off by") as e:

@@ -101,7 +101,8 @@ def test_a_bf16_rung_whose_timed_step_ran_fp32_is_refused():
     lab = TorchLab(get_config("smoke"))
     recipe = Recipe(batch_size=8, bf16=True)
     fp32 = lab.build_step(recipe.replace(bf16=False))          # the wrong step for this recipe
-    t, again, mem = lab.measure(fp32, 8, warmup=1, timed=1, windows=1)
+    m = lab.measure(fp32, 8, warmup=1, timed=1, windows=1)
+    t, again, mem = m.throughput, m.remeasured, m.memory
     with pytest.raises(PrecisionError, match="claims bf16 but computed"):
         lab.receipt(fp32, recipe)                      # the timed call's own receipt refuses it
     assert lab.receipt(fp32, recipe.replace(bf16=False)).observed == {"logits": "float32"}
@@ -112,7 +113,8 @@ def test_a_bf16_rung_whose_timed_step_ran_fp32_is_refused():
     with pytest.raises(ReceiptError, match="claims bf16 but its timed step computed in"):
         record(r2, given, Evidence(timing=Timing.of(t, again), receipt=receipt, memory=mem), lab)
     ok = lab.build_step(recipe)
-    t, again, mem = lab.measure(ok, 8, warmup=1, timed=1, windows=1)
+    m = lab.measure(ok, 8, warmup=1, timed=1, windows=1)
+    t, again = m.throughput, m.remeasured
     r = record(r2, given, Evidence(timing=Timing.of(t, again), receipt=lab.receipt(ok, recipe)), lab)
     assert r.receipt.ok and r.precision == "bf16"
 

@@ -40,6 +40,7 @@ from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import compile_count, throughput
 from perfladder.kernels.accounting import of_run
 from perfladder.ladder.fit import GIB, check_fit, memory_cap_gib
+from perfladder.ladder.lab import Measured
 from perfladder.ladder.support import Kernels, check_card
 from perfladder.measure.evidence import (
     PLANNED,
@@ -49,7 +50,7 @@ from perfladder.measure.evidence import (
     Receipt,
 )
 from perfladder.measure.learning import LearningCheck
-from perfladder.measure.timing import Stopwatch, Throughput, measure_settled, phase
+from perfladder.measure.timing import Stopwatch, WindowSettings, measure_settled, phase
 from perfladder.results.record import LadderResult
 
 # the techniques a page may hand the lab (``use``): the step's, and R5's layout of the state
@@ -228,28 +229,25 @@ class JaxLab:
             place(model, optimizer)
         return TrainStep.of(model, optimizer, recipe, code=CODE if plain_code else self.code)
 
-    def measure(self, step, batch_size: int, *, stream=None, eager: bool = False
-                ) -> tuple[Throughput, bool]:
-        """``(Throughput, remeasured)`` of ``step`` on fresh batches (``stream``, default the
-        training stream of ``batch_size``), measured once more when its windows did not settle;
+    def measure(self, step, batch_size: int, *, stream=None, eager: bool = False) -> Measured:
+        """``step`` timed on fresh batches (``stream``, default the training stream of
+        ``batch_size``), measured once more when its windows did not settle (``Measured``: no
+        memory, which the trial reads from the compiler's plan);
         an un-jitted step (``eager``) is measured once, briefly: a price list, not a baseline (on
         the H200 its second attempt cost 10 s and settled no better)."""
         c = self.config
         stream = self.stream(batch_size) if stream is None else stream
-        if eager:    # nothing to compile past: one warm-up step, short windows
-            kw = dict(warmup=1, timed=c.eager_timed, windows=EAGER_WINDOWS,
-                      max_windows=EAGER_MAX_WINDOWS)
-        else:
-            kw = dict(warmup=c.warmup_steps(batch_size), timed=c.timed_steps(batch_size),
-                      windows=c.windows, max_windows=c.max_windows)
+        # eager: nothing to compile past, one warm-up step, short windows (of 3 steps already:
+        # a pilot would cost more than it saves)
+        settings = WindowSettings.of(c, batch_size, **(dict(
+            warmup=1, timed=c.eager_timed, windows=EAGER_WINDOWS, max_windows=EAGER_MAX_WINDOWS,
+            window_s=None) if eager else {}))
 
         def once():
-            # an eager window is 3 steps already: a pilot would cost more than it saves
-            return throughput(step, stream, target_spread=c.target_spread, budget_s=c.timing_budget_s,
-                              window_s=None if eager else c.window_s, **kw)
+            return throughput(step, stream, settings)
         if eager:
-            return once(), False
-        return measure_settled(once, budget_s=c.timing_budget_s)
+            return Measured(once(), False)
+        return Measured(*measure_settled(once, budget_s=c.timing_budget_s))
 
     def first_call(self, step, X, Y) -> tuple[Compile, jax.Array]:
         """The step's first (compiling) call, outside any timed window: ``(Compile, loss)``."""

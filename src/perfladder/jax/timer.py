@@ -1,6 +1,6 @@
 """JAX's side of the measurement: the sync and the compile counter (what we run on: ``device``).
 
-``throughput`` is ``perfladder.measure.timing.measure`` with
+``throughput`` is ``perfladder.measure.timing.measure`` with JAX's ``HOOKS``:
 
 * ``sync = jax.block_until_ready`` on the step's output (dispatch is asynchronous: a window
   closed without it would time the queueing of work, and the device could still be busy),
@@ -12,13 +12,13 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import jax
 import numpy as np
 
-from perfladder.checks import check_int
-from perfladder.measure.timing import DEFAULT_TARGET_SPREAD, Throughput, measure
+from perfladder.measure.timing import Throughput, TimerHooks, WindowSettings, measure, window_settings
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -96,21 +96,34 @@ def fingerprint(X) -> bytes:
     return np.asarray(X[:2]).tobytes()
 
 
-def throughput(step, stream, warmup: int = 30, timed: int = 40, windows: int = 3, *,
-               target_spread: float = DEFAULT_TARGET_SPREAD, max_windows: int | None = None,
-               check_content: bool = True, budget_s: float | None = None,
-               window_s: float | None = None) -> Throughput:
+def num_tokens(X) -> int:
+    return int(X.size)
+
+
+def shape_of(X) -> tuple:
+    return tuple(X.shape)
+
+
+def sync(out) -> None:
+    """Wait for the step's outputs (``jax.block_until_ready``)."""
+    jax.block_until_ready(out)
+
+
+HOOKS = TimerHooks(sync=sync, compile_count=compile_count, num_tokens=num_tokens,
+                   shape_of=shape_of, fingerprint=fingerprint, ready=ready)
+
+
+def throughput(step, stream, settings: WindowSettings | None = None, *, check_content: bool = True,
+               **changes) -> Throughput:
     """Tokens/s of ``step(X, Y)`` over fresh batches from ``stream``: the median of the last
-    ``windows`` windows once they agree within ``target_spread`` (see ``perfladder.measure.timing``).
+    ``windows`` windows once they agree within ``target_spread`` (``perfladder.measure.timing``),
+    with JAX's ``HOOKS`` and ``settings`` (default: ``WindowSettings()``), ``changes``
+    (``warmup=``, ``timed=``, ``windows=``, ...) on top. ``check_content=False``: batches' content
+    is not compared (no host read of a sharded batch).
 
     Raises ``perfladder.measure.timing.RecompileError`` if XLA compiled anything inside a window.
     """
-    warmup, timed, windows = (check_int("warmup", warmup, 0), check_int("timed", timed, 1),
-                              check_int("windows", windows, 1))
+    settings = window_settings(settings, **changes)
     _verify_counter()
-    return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
-                   sync=jax.block_until_ready, ready=ready, compile_count=compile_count,
-                   num_tokens=lambda X: int(X.size), shape_of=lambda X: tuple(X.shape),
-                   fingerprint=fingerprint if check_content else None,
-                   target_spread=target_spread, max_windows=max_windows, budget_s=budget_s,
-                   window_s=window_s)
+    hooks = HOOKS if check_content else dataclasses.replace(HOOKS, fingerprint=None)
+    return measure(step, stream, hooks, settings)

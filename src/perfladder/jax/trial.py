@@ -35,10 +35,11 @@ from perfladder.jax.timer import cache_hit_count, compile_count
 from perfladder.ladder.rung import Evidence, Given
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Receipt, Timing
-from perfladder.measure.gates import GATE_STEPS, LOSS_RTOL, ReceiptError
+from perfladder.measure.gates import GATE_STEPS, LOSS_RTOL, LossGateError, loss_gate
+from perfladder.measure.gates import check_receipt as check_receipt_dict
 from perfladder.measure.timing import Stopwatch, phase
 
-__all__ = ["trial", "loss_gate", "LOSS_TOL", "GATE_STEPS"]
+__all__ = ["trial", "loss_gate", "gate_batches", "LOSS_TOL", "LossGateError", "GATE_STEPS"]
 GATE_ROWS = 8       # sequences of the fixed batch the model gate compares (its cost, not its power)
 LOSS_TOL = LOSS_RTOL            # the loss gate's tolerance: perfladder.measure.gates says why
 
@@ -133,30 +134,16 @@ def distinct_shards(X) -> Gate:
 
 def check_receipt(recipe: Recipe, receipt: Receipt, dots: dict[str, int],
                   loss: str | None = None) -> None:
-    """A recipe computes in what it claims: every observed dtype, and every forward matmul
-    (bf16: all bf16 but the one fp32 one-hot lookup of ``embed_fp32``); and its loss, read
-    from the step itself (``loss``: the returned loss's dtype, written while it was traced),
-    is fp32. A naive cast claims bf16 and must compute in fp32."""
-    if loss != "float32":
-        raise ReceiptError(f"{recipe}'s step returned a {loss} loss (read while it was traced): "
-                           "the loss must be computed in fp32 whatever the model computes in",
-                           gate="receipt")
-    if recipe.naive_cast:            # the lesson of R2a: the arrays are bf16, the compute is not
-        if set(receipt.observed.values()) != {"float32"} or set(dots) != {"float32"}:
-            raise AssertionError(f"the naive cast computed in {receipt.observed} (matmul operands "
-                                 f"{dots}), not float32: the lesson (modules remember their fp32 "
-                                 "compute dtype) no longer holds here")
-        return
-    if not receipt.ok:
-        raise AssertionError(f"{recipe} claims {receipt.claimed} but its timed step computed in "
-                             f"{receipt.observed}")
-    if recipe.bf16:
-        lookups = 1 if (recipe.embed == "onehot" and recipe.embed_fp32) else 0
-        if set(dots) - {"bfloat16", "float32"} or not dots.get("bfloat16") or dots.get("float32", 0) != lookups:
-            raise AssertionError(f"{recipe} is not computing in bf16: matmul operands {dots} "
-                                 f"(expected bf16, plus {lookups} fp32 lookup)")
-    elif set(dots) != {"float32"}:
-        raise AssertionError(f"{recipe} is not computing in fp32: matmul operands {dots}")
+    """A recipe computes in what it claims (``perfladder.measure.gates.check_receipt``, the one
+    rule of both frameworks): every observed dtype and every forward matmul (``dots``; bf16: all
+    bf16 but the fp32 one-hot lookup of ``embed_fp32``), and its loss, read from the step itself
+    (``loss``: the returned loss's dtype, written while it was traced), in fp32. A naive cast
+    claims bf16 and must compute in fp32: the lesson of R2a (the arrays are bf16, the compute
+    is not). ``ReceiptError`` if not."""
+    expect = "bf16" if recipe.bf16 and not recipe.naive_cast else "fp32"
+    lookups = 1 if (recipe.bf16 and recipe.embed == "onehot" and recipe.embed_fp32) else 0
+    check_receipt_dict({**receipt.observed, "loss": loss, "matmul_operands": dots}, expect,
+                       what=f"{recipe}'s timed step", allow_fp32_matmuls=lookups)
 
 
 GATE_SEED_OFFSET = 10_000   # the loss gate's fixed batches come from their own shuffle seed
@@ -183,18 +170,6 @@ def reference_losses(lab: JaxLab, batch_size: int) -> list[float]:
         step = lab.build_step(reference_recipe(batch_size), plain_code=True)
         cache[batch_size] = [float(step(X, Y)) for X, Y in gate_batches(lab, batch_size)]
     return cache[batch_size]
-
-
-def loss_gate(got, want, reference: str, tol: float = LOSS_RTOL) -> Gate:
-    """The candidate's losses over the first steps vs the reference's, relative."""
-    got, want = [float(x) for x in got], [float(x) for x in want]
-    rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(got, want)]
-    if not max(rel) <= tol:
-        raise AssertionError(f"loss over {len(got)} steps differs from {reference}: {got} vs {want} "
-                             f"(max rel diff {max(rel):.3g} > allowed {tol:g})")
-    return Gate(name="loss over steps", passed=True, values={"max_rel_diff": max(rel)},
-                tolerances={"max_rel_diff": tol}, reference=reference,
-                detail={"losses": got, "reference_losses": want})
 
 
 def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Callable | None = None,
@@ -275,7 +250,8 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
             if inspect is not None:
                 details.update(inspect(plan.text, details))
     with watch("time"):
-        t, remeasured = lab.measure(step, recipe.batch_size, stream=stream, eager=eager)
+        measured = lab.measure(step, recipe.batch_size, stream=stream, eager=eager)
+    t = measured.throughput
     check_tokens(t, f"{given.rung.name}'s timed step")
     if plan is not None:
         details["traced_tflops"] = plan.traced_flops / t.step_time_s / 1e12
@@ -291,6 +267,6 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
                           detail={"parameters": "float32", "optimizer state": "float32"}))
     details["step_ms"] = 1e3 * t.step_time_s
     details["seconds"] = watch.seconds
-    return Evidence(timing=Timing.of(t, remeasured), recipe=recipe, gates=gates, receipt=receipt,
+    return Evidence(timing=Timing.of(t, measured.remeasured), recipe=recipe, gates=gates, receipt=receipt,
                     compile=compiled, memory=lab.planned(plan), profile=profile,
                     prediction=prediction, details=details, notes=list(notes), devices=devices)

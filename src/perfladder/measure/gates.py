@@ -3,7 +3,7 @@
 A rung is timed only after it has proven that it computes the model the reference computes.
 The framework gates (``perfladder.torch.gates``, ``perfladder.jax.gates``) measure; this
 module holds what they share: the tolerance table, the ``GateResult`` record, the errors,
-and the check of a dtype receipt.
+the loss gate's rule (``loss_gate``) and the check of a dtype receipt.
 
 Which gate guards what:
 
@@ -47,7 +47,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from perfladder.hardware import check_precision
-from perfladder.measure.evidence import dtype_name
+from perfladder.measure.evidence import Gate, dtype_name
 
 # Unit roundoff u = 2^-p of each format (p: significand bits, the implicit one included).
 # fp32: 23 stored + 1; TF32 (what a GPU's fp32 matmul runs in by default): 10 + 1; bf16: 7 + 1.
@@ -157,11 +157,10 @@ EMBED_ATOL, EMBED_GRAD_RTOL = 1e-6, 1e-4
 # the logits are near zero and the loss near log V whatever the blocks compute, so a dropped
 # residual moves it by 0.007 (torch) / 0.4% (JAX) at smoke, under the GPU's honest noise; the
 # model gate, at probe weights, is that bug's gate (its logits off by 0.43: 7x over).
-# torch, max |diff|: honest worst 1.5e-3 (B4, H200), < 1e-4 on CPU.
-LOSS_ATOL = 2e-2
-# JAX, max |diff| / |reference|: honest worst 4.6e-3 (B1 on the H200: the plain reference
-#   accumulates the embedding gradient with bf16 atomics), < 1e-4 on CPU. It was 2e-2, which
-#   was 3x looser than torch's for no reason the measurements gave.
+# One rule for both frameworks, max |diff| / |reference| over the steps (``loss_gate``):
+#   honest worst 4.6e-3 in JAX (B1 on the H200: the plain reference accumulates the embedding
+#   gradient with bf16 atomics), 4.5e-4 in torch (1.5e-3 of a loss of 3.3: B4, H200), < 1e-4
+#   on CPU; the mildest planted bug 6% (JAX) and 0.16 / 3.3 = 5% (torch): 6x and 5x over.
 LOSS_RTOL = 1e-2
 GATE_STEPS = OPTIMIZER_STEPS
 
@@ -320,6 +319,27 @@ class OptimizerGateError(GateError):
 
 class ReceiptError(GateError):
     """A step that claims a precision did not compute in it (its own receipt says so)."""
+
+
+class LossGateError(GateError):
+    """A configuration's first losses differ from the reference recipe's on the same batches."""
+
+
+def loss_gate(losses, reference_losses, reference: str, rtol: float = LOSS_RTOL) -> Gate:
+    """The loss gate of both frameworks: the candidate's ``losses`` over the first steps against
+    the ``reference``'s (the plain bf16 recipe from the same init on the same batches), each
+    step's |diff| / |reference| at most ``rtol``. ``LossGateError`` if not (NaN fails too);
+    returns the evidence."""
+    got, want = [float(x) for x in losses], [float(x) for x in reference_losses]
+    rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(got, want))
+    if not rel <= rtol:
+        raise LossGateError(
+            f"losses over the first {len(got)} steps {[round(x, 5) for x in got]} differ from "
+            f"{reference}'s {[round(x, 5) for x in want]} by {rel:.3g} (relative) > rtol={rtol:g}: "
+            "not timing a configuration that trains a different model", gate="loss over steps")
+    return Gate(name="loss over steps", passed=True, values={"max_rel_diff": rel},
+                tolerances={"max_rel_diff": rtol}, reference=reference,
+                detail={"steps": len(got), "losses": got, "reference_losses": want})
 
 
 def fail_if(result: GateResult, error: type[GateError]) -> GateResult:

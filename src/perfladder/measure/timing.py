@@ -25,23 +25,28 @@
 6. raise ``BatchShapeError`` if the batch shape changes between timed steps (a ragged
    tail that was not dropped: eager code would not recompile, so the guard of 5 misses it).
 
-Each framework supplies ``sync`` (``torch.cuda.synchronize`` / ``jax.block_until_ready``),
-``compile_count`` (dynamo's counters / XLA compile events), ``fingerprint`` (a few rows
+``measure(step, stream, hooks, settings)`` takes two records. ``TimerHooks`` is what a
+framework is to the timer (each side's timer module holds one, ``HOOKS``): ``sync``
+(``torch.cuda.synchronize`` / ``jax.block_until_ready``), ``compile_count`` (dynamo's counters /
+XLA compile events), ``num_tokens`` and ``shape_of`` (of a batch), ``fingerprint`` (a few rows
 of a batch as bytes) and ``ready`` (is the device done with the window's work? asked right
 after ``sync``, without waiting: a sync that only queried would leave work running past the
-clock, and ``SyncError`` refuses the measurement).
+clock, and ``SyncError`` refuses the measurement). ``WindowSettings`` is how long and how
+settled the windows are (steps 1-3 above): one home for the timer's defaults, and
+``WindowSettings.of(config, batch_size)`` a ladder config's.
 """
 from __future__ import annotations
 
 import contextlib
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterator
 
 from perfladder.checks import check_int
 
 DEFAULT_TARGET_SPREAD = 0.03   # windows within 3% of each other count as settled
+WARMUP, TIMED, WINDOWS = 30, 40, 3   # the full config's defaults (a LadderConfig says its own)
 LEGACY_TARGET_SPREAD = 0.05    # what files written before the timer settled windows are held to
 MIN_MAX_WINDOWS = 10           # never give up before this many windows
 PILOT_STEPS = 3                # warm-up steps that price one step for ``window_s``
@@ -143,31 +148,88 @@ class Throughput:
                 f"{len(self.windows)} windows, spread {100 * self.spread:.1f}%, {state})")
 
 
-def measure(step: Callable, stream: Iterator, *, warmup: int, timed: int, windows: int,
-            sync: Callable[[Any], None], compile_count: Callable[[], int],
-            num_tokens: Callable[[Any], int], shape_of: Callable[[Any], tuple],
-            fingerprint: Callable[[Any], bytes] | None = None,
-            ready: Callable[[Any], bool] | None = None,
-            target_spread: float = DEFAULT_TARGET_SPREAD,
-            max_windows: int | None = None, budget_s: float | None = None,
-            window_s: float | None = None) -> Throughput:
-    """Time ``step(X, Y)`` over batches drawn from ``stream``; see the module docstring.
+@dataclass(frozen=True)
+class TimerHooks:
+    """What a framework is to the timer: how to wait for the device (``sync``), whether it is
+    done (``ready``, None: not asked), how many compilations so far (``compile_count``), the
+    tokens and shape of a batch, and a batch's first rows as bytes (``fingerprint``, None: the
+    content is not compared)."""
+    sync: Callable[[Any], None]
+    compile_count: Callable[[], int]
+    num_tokens: Callable[[Any], int]
+    shape_of: Callable[[Any], tuple]
+    fingerprint: Callable[[Any], bytes] | None = None
+    ready: Callable[[Any], bool] | None = None
 
-    ``budget_s``: wall seconds of timed windows after which no new window is opened once
-    ``windows`` have run (a measurement that has not settled by then is reported unsettled):
-    what bounds a rung's time when its windows wander. ``window_s``: the longest a window
-    should take (step 2 of the module docstring); the pilot's price is in ``extra['pilot']``."""
-    check_int("warmup", warmup, 0)
-    check_int("timed", timed, 1)
-    check_int("windows", windows, 1)
-    if max_windows is None:
-        max_windows = max(MIN_MAX_WINDOWS, 3 * windows)
-    check_int("max_windows", max_windows, windows)
-    if isinstance(target_spread, bool) or not 0 < float(target_spread) < 1:
-        raise ValueError(f"target_spread={target_spread!r} must be a fraction in (0, 1)")
-    if window_s is not None and (isinstance(window_s, bool) or not isinstance(window_s, (int, float))
-                                 or not window_s > 0):
-        raise ValueError(f"window_s={window_s!r} must be a number of seconds > 0, or None")
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """How long and how settled a measurement's windows are (the module docstring's steps 1-3):
+    ``warmup`` steps, windows of ``timed`` steps until the last ``windows`` agree within
+    ``target_spread``, at most ``max_windows`` (None: ``max(MIN_MAX_WINDOWS, 3 x windows)``),
+    no new window past ``budget_s`` of timed windows once ``windows`` ran, and windows cut to
+    about ``window_s`` seconds (None: ``timed`` steps whatever they take). Checked when made:
+    a bad value is one line naming it and what is valid."""
+    warmup: int = WARMUP
+    timed: int = TIMED
+    windows: int = WINDOWS
+    target_spread: float = DEFAULT_TARGET_SPREAD
+    max_windows: int | None = None
+    budget_s: float | None = None
+    window_s: float | None = None
+
+    def __post_init__(self):
+        check_int("warmup", self.warmup, 0)
+        check_int("timed", self.timed, 1)
+        check_int("windows", self.windows, 1)
+        check_int("max_windows", self.most_windows, self.windows)
+        if isinstance(self.target_spread, bool) or not 0 < float(self.target_spread) < 1:
+            raise ValueError(f"target_spread={self.target_spread!r} must be a fraction in (0, 1)")
+        if self.window_s is not None and (isinstance(self.window_s, bool)
+                                          or not isinstance(self.window_s, (int, float))
+                                          or not self.window_s > 0):
+            raise ValueError(f"window_s={self.window_s!r} must be a number of seconds > 0, or None")
+
+    @property
+    def most_windows(self) -> int:
+        """``max_windows``, or when None, ``max(MIN_MAX_WINDOWS, 3 x windows)``."""
+        return max(MIN_MAX_WINDOWS, 3 * self.windows) if self.max_windows is None else self.max_windows
+
+    @classmethod
+    def of(cls, config, batch_size: int, **changes) -> WindowSettings:
+        """A ``LadderConfig``'s settings for a step of ``batch_size`` rows (its warm-up and
+        window steps scale with the batch), with ``changes`` on top."""
+        return cls(**{**dict(warmup=config.warmup_steps(batch_size), timed=config.timed_steps(batch_size),
+                             windows=config.windows, target_spread=config.target_spread,
+                             max_windows=config.max_windows, budget_s=config.timing_budget_s,
+                             window_s=config.window_s), **changes})
+
+
+def window_settings(settings: WindowSettings | None = None, **changes) -> WindowSettings:
+    """``settings`` (default: ``WindowSettings()``) with ``changes`` (field names) on top: what
+    each side's ``throughput`` makes of its caller's arguments."""
+    names = [f.name for f in fields(WindowSettings)]
+    bad = sorted(set(changes) - set(names))
+    if bad:
+        raise TypeError(f"{', '.join(bad)}: not a window setting; valid: {', '.join(names)}")
+    return replace(settings or WindowSettings(), **changes)
+
+
+def measure(step: Callable, stream: Iterator, hooks: TimerHooks,
+            settings: WindowSettings = WindowSettings()) -> Throughput:
+    """Time ``step(X, Y)`` over batches drawn from ``stream`` with the framework's ``hooks`` and
+    the window ``settings``; see the module docstring.
+
+    ``settings.budget_s``: wall seconds of timed windows after which no new window is opened
+    once ``windows`` have run (a measurement that has not settled by then is reported
+    unsettled): what bounds a rung's time when its windows wander. ``settings.window_s``: the
+    longest a window should take (step 2 of the module docstring); the pilot's price is in
+    ``extra['pilot']``."""
+    warmup, timed, windows = settings.warmup, settings.timed, settings.windows
+    max_windows, target_spread = settings.most_windows, settings.target_spread
+    budget_s, window_s = settings.budget_s, settings.window_s
+    sync, compile_count, ready = hooks.sync, hooks.compile_count, hooks.ready
+    num_tokens, shape_of, fingerprint = hooks.num_tokens, hooks.shape_of, hooks.fingerprint
 
     prev, prev_pos, prev_print = None, None, None
     before_prev = None                     # the batch drawn before ``prev``: the last check

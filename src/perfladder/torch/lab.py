@@ -22,6 +22,7 @@ from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for, supports_bf16
 from perfladder.kernels.accounting import of_run
 from perfladder.ladder.fit import GIB, check_fit, memory_cap_gib
+from perfladder.ladder.lab import Measured
 from perfladder.ladder.support import Kernels, check_card
 from perfladder.measure.evidence import (
     PEAK_RESERVED,
@@ -30,7 +31,7 @@ from perfladder.measure.evidence import (
     ProfileSummary,
     Receipt,
 )
-from perfladder.measure.timing import Stopwatch, measure_settled, phase
+from perfladder.measure.timing import Stopwatch, WindowSettings, measure_settled, phase
 from perfladder.results.record import LadderResult
 from perfladder.torch.compiler import fast_cpu_compiles, guard_compile_cache
 from perfladder.torch.device import (
@@ -226,19 +227,16 @@ class TorchLab:
             torch.cuda.reset_peak_memory_stats()
 
     def measure(self, step, batch_size: int, *, timed: int | None = None, warmup: int | None = None,
-                windows: int | None = None):
-        """``(Throughput, remeasured, Memory)``: timed until the windows settle, once more if
-        they did not, with the peak device memory of the measurement."""
+                windows: int | None = None) -> Measured:
+        """Timed until the windows settle, once more if they did not, with the peak device
+        memory of the measurement (``perfladder.ladder.lab.Measured``)."""
         c = self.config
-        timed = c.timed_steps(batch_size) if timed is None else timed
-        warmup = c.warmup_steps(batch_size) if warmup is None else warmup
+        given = {k: v for k, v in dict(timed=timed, warmup=warmup, windows=windows).items() if v is not None}
+        settings = WindowSettings.of(c, batch_size, **given)
 
         def once():
             self.reset_memory()
-            return throughput(step, self.stream(batch_size), warmup=warmup,
-                              timed=timed, windows=c.windows if windows is None else windows,
-                              target_spread=c.target_spread, max_windows=c.max_windows,
-                              budget_s=c.timing_budget_s, window_s=c.window_s)
+            return throughput(step, self.stream(batch_size), settings)
 
         t, again = measure_settled(once, budget_s=c.timing_budget_s)
         if self.on_gpu:
@@ -249,7 +247,7 @@ class TorchLab:
                          allocated=int(torch.cuda.max_memory_allocated()))
         else:
             mem = Memory(None, "n/a", "no device memory on CPU")
-        return t, again, mem
+        return Measured(t, again, mem)
 
     def profile(self, step, batch_size: int) -> ProfileSummary:
         """Where one step's time goes (``perfladder.torch.profile``, outside any timed window)."""

@@ -1,4 +1,5 @@
-"""PyTorch's side of the timer: the sync and the compile counter (what we run on: ``device``)."""
+"""PyTorch's side of the timer: the sync and the compile counter, as the timer's ``HOOKS``
+(what we run on: ``device``)."""
 from __future__ import annotations
 
 import contextlib
@@ -6,11 +7,19 @@ import logging
 
 import torch
 
-from perfladder.checks import check_int
-from perfladder.measure.timing import Throughput, measure
+from perfladder.measure.timing import (
+    TIMED,
+    WARMUP,
+    WINDOWS,
+    Throughput,
+    TimerHooks,
+    WindowSettings,
+    measure,
+    window_settings,
+)
 
-# Full-config defaults; the rungs pass their LadderConfig's numbers explicitly.
-WARMUP, TIMED, WINDOWS = 30, 40, 3
+__all__ = ["HOOKS", "WARMUP", "TIMED", "WINDOWS", "throughput", "sync", "ready", "compile_count",
+           "cache_events", "loaded", "fingerprint"]
 
 
 def sync(_out=None) -> None:
@@ -107,17 +116,23 @@ def fingerprint(X) -> bytes:
     return X[:2].detach().cpu().numpy().tobytes()
 
 
-def throughput(step, stream, warmup: int = WARMUP, timed: int = TIMED,
-               windows: int = WINDOWS, **settle) -> Throughput:
-    """End-to-end tokens/s of ``step(X, Y)`` over batches from ``stream``.
+def num_tokens(X) -> int:
+    return X.numel()
 
-    ``perfladder.measure.timing.measure`` with CUDA sync closing every window (and the stream
-    asked, right after, whether it is done: ``SyncError`` if not) and dynamo's counters as the
-    recompile guard (a compile inside a window raises ``RecompileError``).
-    ``settle``: ``target_spread`` / ``max_windows`` of ``perfladder.measure.timing.measure``.
-    """
-    warmup, timed, windows = (check_int("warmup", warmup, 0), check_int("timed", timed, 1),
-                              check_int("windows", windows, 1))
-    return measure(step, stream, warmup=warmup, timed=timed, windows=windows,
-                   sync=sync, ready=ready, compile_count=compile_count, fingerprint=fingerprint,
-                   num_tokens=lambda X: X.numel(), shape_of=lambda X: tuple(X.shape), **settle)
+
+def shape_of(X) -> tuple:
+    return tuple(X.shape)
+
+
+# CUDA sync closing every window (and the stream asked, right after, whether it is done:
+# ``SyncError`` if not), dynamo's counters as the recompile guard
+HOOKS = TimerHooks(sync=sync, compile_count=compile_count, num_tokens=num_tokens, shape_of=shape_of,
+                   fingerprint=fingerprint, ready=ready)
+
+
+def throughput(step, stream, settings: WindowSettings | None = None, **changes) -> Throughput:
+    """End-to-end tokens/s of ``step(X, Y)`` over batches from ``stream``:
+    ``perfladder.measure.timing.measure`` with PyTorch's ``HOOKS`` (a compile inside a window
+    raises ``RecompileError``) and ``settings`` (default: ``WindowSettings()``), ``changes``
+    (``warmup=``, ``timed=``, ``windows=``, ``target_spread=``, ...) on top."""
+    return measure(step, stream, HOOKS, window_settings(settings, **changes))

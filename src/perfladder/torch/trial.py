@@ -15,7 +15,8 @@ compiles on its first call, wherever that call happens; the step times that call
 the compile time is recorded where it is paid. Every phase's seconds go into the evidence
 (``details['seconds']``): where a rung's time went, outside its timed windows.
 
-Also here: the loss gate. Each rung's own equivalence checks: ``perfladder.torch.checks``.
+Also here: the loss gate's steps (its rule: ``perfladder.measure.gates.loss_gate``, the same in
+both frameworks). Each rung's own equivalence checks: ``perfladder.torch.checks``.
 """
 from __future__ import annotations
 
@@ -26,24 +27,24 @@ import torch
 from perfladder.ladder.rung import Evidence, Given
 from perfladder.measure.counts import check_tokens
 from perfladder.measure.evidence import Compile, Gate, Timing
-from perfladder.measure.gates import GATE_STEPS, LOSS_ATOL
+from perfladder.measure.gates import GATE_STEPS, LOSS_RTOL, LossGateError
+from perfladder.measure.gates import loss_gate as loss_rule
 from perfladder.measure.timing import Stopwatch, phase
-from perfladder.torch.gates import GateError, model_gate, optimizer_gate
+from perfladder.torch.gates import model_gate, optimizer_gate
+from perfladder.torch.lab import TorchLab
 from perfladder.torch.program import arithmetic
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.stream import batches
 from perfladder.torch.timer import cache_events, compile_count, loaded
 
-__all__ = ["trial", "loss_gate", "gate_batches", "LOSS_ATOL"]
+__all__ = ["trial", "loss_gate", "gate_batches", "LOSS_TOL", "LossGateError"]
 GATE_SEED_OFFSET = 10_000  # the gate's batches come from their own shuffle seed
 GATE_ROWS = 8              # rows of each fixed batch the optimizer gate's reference runs on
+LOSS_TOL = LOSS_RTOL       # the loss gate's tolerance: perfladder.measure.gates says why
+REFERENCE = "the reference recipe, eager bf16"
 
 
-class LossGateError(GateError):
-    """A configuration's first losses differ from the reference recipe's on the same batches."""
-
-
-def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: bool = True,
+def trial(lab: TorchLab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: bool = True,
           loss_gate_: bool = False, checks: tuple[Callable, ...] = (), profile: bool = True,
           details: dict | None = None, notes=()) -> Evidence:
     """Gate, time and profile ``recipe`` (default: the one the rung was given); see the module
@@ -76,20 +77,20 @@ def trial(lab, given: Given, *, recipe: Recipe | None = None, optimizer_gate_: b
         arith = arithmetic(step, X[:GATE_ROWS], Y[:GATE_ROWS])   # dtypes do not depend on B
         receipt = lab.receipt(step, recipe, arith)
     with watch("time"):
-        t, again, mem = lab.measure(step, B)
-    check_tokens(t, f"{given.rung.name}'s timed step")
+        measured = lab.measure(step, B)
+    check_tokens(measured.throughput, f"{given.rung.name}'s timed step")
     lab.receipt(step, recipe)                       # the timed calls computed the same way
     with watch("profile"):
         prof = lab.profile(step, B) if profile else None
-    return Evidence(timing=Timing.of(t, again), recipe=recipe, gates=gates, receipt=receipt,
-                    compile=compiled, memory=mem, profile=prof,
+    return Evidence(timing=Timing.of(measured.throughput, measured.remeasured), recipe=recipe,
+                    gates=gates, receipt=receipt, compile=compiled, memory=measured.memory, profile=prof,
                     details={**(details or {}), "arithmetic": arith, "seconds": watch.seconds,
                              **({"compile_cache": caches} if caches else {})},
                     notes=list(notes))
 
 
 # -- the gates run before timing -------------------------------------------------------------------
-def gate_batches(lab, batch_size: int) -> list:
+def gate_batches(lab: TorchLab, batch_size: int) -> list:
     """``GATE_STEPS`` fixed (X, Y) batches of ``batch_size``, the same for every configuration."""
     cache = lab.memo.setdefault("gate_batches", {})
     if batch_size not in cache:
@@ -98,7 +99,7 @@ def gate_batches(lab, batch_size: int) -> list:
     return cache[batch_size]
 
 
-def model_gates(lab, step, recipe: Recipe, optimizer: bool = True,
+def model_gates(lab: TorchLab, step, recipe: Recipe, optimizer: bool = True,
                 watch: Stopwatch | None = None) -> list[Gate]:
     """The first line: ``step`` computes the plain model's logits, loss and every parameter's
     gradient (``perfladder.torch.gates.model_gate``) against the eager fp32 model of the same
@@ -127,7 +128,7 @@ def gate_losses(step, fixed) -> list[float]:
     return torch.stack([step(X, Y) for X, Y in fixed]).float().cpu().tolist()
 
 
-def reference_losses(lab, batch_size: int) -> list[float]:
+def reference_losses(lab: TorchLab, batch_size: int) -> list[float]:
     """The reference recipe (eager, bf16 autocast, the library's own code) from the initial
     weights over ``gate_batches``."""
     cache = lab.memo.setdefault("reference_losses", {})
@@ -139,17 +140,8 @@ def reference_losses(lab, batch_size: int) -> list[float]:
     return cache[batch_size]
 
 
-def loss_gate(lab, step, batch_size: int, atol: float = LOSS_ATOL) -> Gate:
-    """``step``'s losses over the fixed batches against the eager bf16 reference's.
-    ``LossGateError`` past ``atol``."""
+def loss_gate(lab: TorchLab, step, batch_size: int, rtol: float = LOSS_TOL) -> Gate:
+    """``step``'s losses over the fixed batches against the eager bf16 reference's
+    (``perfladder.measure.gates.loss_gate``: ``LossGateError`` past ``rtol``)."""
     ref = reference_losses(lab, batch_size)
-    losses = gate_losses(step, gate_batches(lab, batch_size))
-    diff = max(abs(a - b) for a, b in zip(losses, ref))
-    if not diff <= atol:                                   # NaN fails too
-        raise LossGateError(
-            f"losses over the first {GATE_STEPS} steps {[round(x, 5) for x in losses]} differ "
-            f"from the eager bf16 reference's {[round(x, 5) for x in ref]} by {diff:.3g} > "
-            f"atol={atol}: not timing a configuration that trains a different model")
-    return Gate(name="loss over steps", passed=True, values={"max_abs_diff": diff},
-                tolerances={"atol": atol}, reference="the reference recipe, eager bf16",
-                detail={"steps": GATE_STEPS, "losses": losses, "reference_losses": ref})
+    return loss_rule(gate_losses(step, gate_batches(lab, batch_size)), ref, REFERENCE, rtol)

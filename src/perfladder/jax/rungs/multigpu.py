@@ -44,8 +44,7 @@ def single_device_rate(lab: JaxLab, recipe: Recipe, base: str | None):
         return baseline_of(ran.timing), base
     step = lab.build_step(recipe)
     lab.first_call(step, *next(lab.stream(recipe.batch_size)))
-    t, _ = lab.measure(step, recipe.batch_size)
-    return baseline_of(t), "measured here on one device"
+    return baseline_of(lab.measure(step, recipe.batch_size).throughput), "measured here on one device"
 
 
 def predict(lab: JaxLab, recipe: Recipe, base: str | None, label: str) -> tuple[Prediction, object]:

@@ -1,6 +1,6 @@
-"""perfladder.book.ahead: the book build's stage that compiles both ladders' programs before
+"""perfladder.ahead.book: the book build's stage that compiles both ladders' programs before
 the notebooks (its failure path runs through the script in tests/book/test_build_script.py;
-each framework's compile-ahead in tests/torch/test_ahead.py and tests/jax/test_ahead.py)."""
+each framework's compile-ahead in tests/ahead/test_torch.py and tests/ahead/test_jax.py)."""
 from __future__ import annotations
 
 import json
@@ -9,20 +9,20 @@ import types
 
 import pytest
 
-from perfladder.book import ahead
+from perfladder.ahead import book as ahead
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_one_framework_writes_its_report_whole(tmp_path, monkeypatch, framework):
-    """``one``: the framework's ``ahead_stage`` (found by name), its report written with the
+    """``one``: the framework side's ``stage`` (found by name), its report written with the
     framework and config, through a temporary file (never half-written)."""
     asked = {}
 
-    def ahead_stage(cfg, rungs, **kw):
+    def stage(cfg, rungs, **kw):
         asked.update(config=cfg.name, rungs=rungs, kw=kw)
         return {"steps": 1, "compiled": ["R2"], "seconds": 3.0, "failed": {}, "workers": 1}
-    monkeypatch.setitem(sys.modules, f"perfladder.{framework}.rungs",
-                        types.SimpleNamespace(ahead_stage=ahead_stage))
+    monkeypatch.setitem(sys.modules, f"perfladder.ahead.{framework}",
+                        types.SimpleNamespace(stage=stage))
     monkeypatch.setenv("PERFLADDER_CONFIG", "smoke")
     report = ahead.one(framework, tmp_path, ["R2"])
     written = json.loads((tmp_path / f"{framework}.json").read_text())

@@ -1,17 +1,17 @@
-"""perfladder.ladder.expected: the compiled steps a ladder is expected to build, guessed from
-the committed runs before it runs (on the PyTorch ladder, whose torch.ahead says which compile;
-the JAX ladder's guess in tests/jax/test_ahead.py)."""
+"""perfladder.ahead.expected: the compiled steps a ladder is expected to build, guessed from
+the committed runs before it runs (on the PyTorch ladder, whose ahead.torch says which compile;
+the JAX ladder's guess in tests/ahead/test_jax.py)."""
 from __future__ import annotations
 
 import copy
 
 import pytest
 
+from perfladder.ahead import expected as ahead
+from perfladder.ahead.torch import compiles
 from perfladder.config import get_config
 from perfladder.ladder import engine
-from perfladder.ladder import expected as ahead
 from perfladder.results.committed import read_run, reference_run
-from perfladder.torch.ahead import compiles
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs import RUNGS
@@ -109,39 +109,6 @@ def test_the_committed_runs_are_the_reference_and_every_readable_run_of_the_fram
     reference, history = ahead.committed_runs(full_lab)
     assert reference.framework == "torch" and reference.created in {r.created for r in history}
     assert len(history) > 1 and all(r.framework == "torch" for r in history)
-
-
-class _Lab:
-    """What take_ahead reads of a lab."""
-    framework = "torch"
-
-    def __init__(self, config="full"):
-        from types import SimpleNamespace
-        self.config = SimpleNamespace(name=config)
-        self.result = SimpleNamespace(ahead=None, notes=[])
-
-
-def test_a_book_builds_report_is_taken_and_nothing_compiles_here(tmp_path, monkeypatch, capsys):
-    import json
-    report = {"steps": 2, "compiled": ["R2", "B3"], "seconds": 80.0, "failed": {}, "config": "full"}
-    (tmp_path / "torch.json").write_text(json.dumps(report))
-    monkeypatch.setenv(ahead.AHEAD_DIR_ENV, str(tmp_path))
-    lab, here = _Lab(), []
-    ahead.take_ahead(lab, None, True, lambda: here.append(1), lambda r: f"{len(r['compiled'])} steps")
-    assert here == [] and lab.result.ahead["compiled"] == ["R2", "B3"]
-    assert lab.result.notes == [f"2 steps; compiled {lab.result.ahead['by']}"]
-    assert "by the book build" in lab.result.ahead["by"] and "2 steps" in capsys.readouterr().out
-    # another config's report, or none at all: the ladder's own default decides
-    for lab, folder in [(_Lab("smoke"), tmp_path), (_Lab(), tmp_path / "absent")]:
-        monkeypatch.setenv(ahead.AHEAD_DIR_ENV, str(folder))
-        ahead.take_ahead(lab, None, True, lambda: {"mine": True}, lambda r: "here")
-        assert lab.result.ahead == {"mine": True} and lab.result.notes == ["here"]
-    lab = _Lab()
-    ahead.take_ahead(lab, None, False, lambda: here.append(1), str)     # default off: nothing
-    assert here == [] and lab.result.ahead is None
-    monkeypatch.setenv(ahead.AHEAD_DIR_ENV, str(tmp_path))
-    ahead.take_ahead(lab, False, True, lambda: here.append(1), str)     # off: not even the build's
-    assert here == [] and lab.result.ahead is None
 
 
 def test_the_summary_line_says_what_compiled_where_and_what_failed():

@@ -1,97 +1,8 @@
-"""perfladder.jax.ahead: a rung's gate programs compiled in a helper thread while its step
-compiles; perfladder.jax.step.TrainStep.compile_ahead: the first call then compiles nothing."""
-import threading
-
+"""perfladder.ahead.jax: the JAX ladder's expected programs compiled in threads before its first
+rung, into JAX's persistent compilation cache, and loaded from it by the rungs' own compiles."""
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from _jax_gate_helpers import fixed, model
 
-from perfladder.jax.beside import Beside
-from perfladder.jax.step import TrainStep, make_optimizer
-from perfladder.jax.timer import compile_count
-
-
-def test_jobs_run_in_threads_of_their_own_and_their_compiles_are_counted_there():
-    names = []
-    f = jax.jit(lambda x: x * 3 + 1)
-    x = jnp.arange(5.0)
-    main_before = compile_count(this_thread=True)
-    beside = Beside([lambda: names.append(threading.current_thread().name),
-                     lambda: f.lower(x).compile()])
-    report = beside.join()
-    assert names == ["perfladder-compile-beside-0"] and report["jobs"] == 2
-    assert report["compilations"] == 1 and "error" not in report and report["seconds"] >= 0
-    assert compile_count(this_thread=True) == main_before     # none of it on this thread
-    before = compile_count()
-    assert np.asarray(f(x))[1] == 4.0 and compile_count() == before   # the call found it compiled
-
-
-def test_a_failing_job_is_reported_not_raised_and_the_others_still_run():
-    ran = []
-
-    def bad():
-        raise ValueError("no such program")
-    report = Beside([bad, lambda: ran.append(1)]).join()
-    assert report["error"] == "ValueError: no such program" and ran == [1]
-    assert Beside([]).join() == {"jobs": 0, "seconds": 0.0, "compilations": 0}
-
-
-@pytest.mark.parametrize("jit", ["nnx", "split"])
-def test_a_step_compiled_ahead_records_its_receipt_and_its_first_call_compiles_nothing(jit):
-    X, Y = fixed(4)[0]
-    m = model()
-    step = TrainStep(m, make_optimizer(m), jit=jit)
-    # this thread's compiles: a helper thread elsewhere in the process may be compiling too
-    before = compile_count(this_thread=True)
-    seconds = step.compile_ahead(X, Y)
-    assert compile_count(this_thread=True) == before + 1 and seconds == step.compiled_ahead_s > 0
-    assert step.observed.get("loss") == "float32"           # written while it was traced
-    before = compile_count(this_thread=True)
-    step(X, Y)
-    assert compile_count(this_thread=True) == before and step.first_call_s is not None
-    with pytest.raises(ValueError, match="has not run yet"):
-        step.compile_ahead(X, Y)
-
-
-def test_an_unjitted_step_has_nothing_to_compile_ahead():
-    X, Y = fixed(4)[0]
-    m = model()
-    with pytest.raises(ValueError, match="no compiled program"):
-        TrainStep(m, make_optimizer(m), jit="none").compile_ahead(X, Y)
-
-
-def test_a_step_that_fails_to_compile_leaves_no_gate_program_compiling(monkeypatch):
-    """A rung whose step fails to compile waits for the gate programs compiling beside it
-    before it raises: none runs on into the next rung's compile and timing."""
-    import time
-
-    import perfladder.jax.trial as trial_module
-    from perfladder.config import get_config
-    from perfladder.jax.lab import JaxLab
-    from perfladder.jax.recipe import Recipe
-    from perfladder.ladder.rung import Given, Rung
-
-    done = []
-
-    def gate_program():                   # a gate program still compiling when the step fails
-        time.sleep(0.5)
-        done.append(1)
-
-    def fails(self, X, Y):
-        raise RuntimeError("no kernel for this shape")
-    monkeypatch.setattr(trial_module, "gate_programs", lambda *args: [gate_program])
-    monkeypatch.setattr(TrainStep, "compile_ahead", fails)
-    lab = JaxLab(get_config("smoke"))
-    given = Given(rung=Rung("R1", "compile", "jit", lambda lab, given: None), recipe=Recipe(batch_size=8))
-    with pytest.raises(RuntimeError, match="no kernel"):
-        trial_module.trial(lab, given)
-    assert done == [1]
-    assert not [t for t in threading.enumerate() if t.name.startswith("perfladder-compile-beside")]
-
-
-# -- compile_ahead: the ladder's expected programs, before its first rung -----------------------
 _LOADS = r'''
 import json, sys
 from functools import partial
@@ -108,7 +19,7 @@ else:
     fast_cpu_compiles(cache_dir=sys.argv[1])
 from flax import nnx
 from perfladder.config import get_config
-from perfladder.jax import ahead
+from perfladder.ahead import jax as ahead
 from perfladder.jax.lab import JaxLab
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import loss_fn
@@ -187,15 +98,16 @@ def test_a_failing_job_is_reported_and_the_others_still_compile():
 
 
 def ahead_mod():
-    from perfladder.jax import ahead
+    from perfladder.ahead import jax as ahead
     return ahead
 
 
 def test_the_jax_guess_is_the_reference_runs_jitted_steps_without_r1():
+    from perfladder.ahead import expected
     from perfladder.config import get_config
     from perfladder.jax.lab import JaxLab
     from perfladder.jax.rungs import RUNGS
-    from perfladder.ladder import engine, expected
+    from perfladder.ladder import engine
     lab = JaxLab(get_config("full"), probe=False)
     reference, history = expected.committed_runs(lab)
     assert reference is not None and reference.framework == "jax"
@@ -247,3 +159,27 @@ def test_once_enough_no_job_starts_and_none_is_waited_for():
     assert ran == ["first"]
     assert report["failed"] == {"first": "not compiled: the stage had done enough",
                                 "second": "not compiled: the stage had done enough"}
+
+
+def test_the_jax_ladder_compiles_ahead_only_when_asked(monkeypatch):
+    """``ahead=None``: nothing compiles ahead in a notebook (``by_default``); ``ahead=True``:
+    the guess's programs (R1 left out) in threads, said in the result's notes and report."""
+    from perfladder import ahead as door
+    from perfladder.config import get_config
+    from perfladder.jax import rungs as jax_rungs
+    from perfladder.ladder import engine
+    calls = []
+
+    def fake(jobs, **kw):
+        calls.append(sorted(jobs))
+        return {"steps": len(jobs), "workers": 1, "seconds": 1.0, "compiled": sorted(jobs), "failed": {}}
+    monkeypatch.setattr(ahead_mod(), "compile_ahead", fake)
+    run = jax_rungs.Ladder(get_config("smoke"), ahead=True)
+    assert calls and "R2" in calls[0] and not any(k.startswith("R1") for k in calls[0])
+    assert run.result.ahead["compiled"] == calls[0]
+    assert any(n.startswith(f"compiled ahead: {len(calls[0])} of {len(calls[0])} expected programs")
+               for n in run.result.notes)
+    run.lab.result.ahead = None
+    door.before_first_rung(run.lab, jax_rungs.RUNGS, engine.check_rungs(jax_rungs.RUNGS, None), None)
+    assert len(calls) == 1 and run.lab.result.ahead is None          # not by default
+

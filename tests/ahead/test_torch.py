@@ -1,4 +1,4 @@
-"""perfladder.torch.ahead: the ladder's compiled steps compiled in helper processes, loaded
+"""perfladder.ahead.torch: the ladder's compiled steps compiled in helper processes, loaded
 from the compiler's cache by the rungs' own first calls."""
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import textwrap
 
 import pytest
 
+from perfladder import ahead as door
+from perfladder.ahead import torch as ahead
 from perfladder.config import get_config
 from perfladder.ladder import engine
-from perfladder.torch import ahead
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs import RUNGS
@@ -33,7 +34,7 @@ def test_a_step_compiled_ahead_is_loaded_by_the_rungs_first_call(tmp_path):
     script = textwrap.dedent("""
         import json
         from perfladder.config import get_config
-        from perfladder.torch import ahead
+        from perfladder.ahead import torch as ahead
         from perfladder.torch.lab import TorchLab
         from perfladder.torch.recipe import Recipe
         from perfladder.torch.timer import cache_events, loaded
@@ -97,12 +98,12 @@ def test_the_ladder_compiles_ahead_for_the_full_config_on_a_gpu_or_when_asked(mo
     assert calls and "R2" in calls[0][0] and "R1" not in calls[0][0]
     assert any(n.startswith("compiled ahead") for n in run.result.notes)
     calls.clear()
-    torch_rungs._ahead(full_lab, NAMES, None)              # the full config, on a CPU: not asked
+    door.before_first_rung(full_lab, RUNGS, NAMES, None)              # the full config, on a CPU: not asked
     assert calls == []
     monkeypatch.setattr(full_lab, "on_gpu", True)           # ... on a GPU: by default
-    torch_rungs._ahead(full_lab, NAMES, False)
+    door.before_first_rung(full_lab, RUNGS, NAMES, False)
     assert calls == []
-    torch_rungs._ahead(full_lab, NAMES, None)
+    door.before_first_rung(full_lab, RUNGS, NAMES, None)
     (names, kw), = calls
     assert "B14" in names and "R1" not in names
     assert kw["needs"]["B14"] > kw["needs"]["R2"] > 0       # the reference run's measured peaks
