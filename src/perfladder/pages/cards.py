@@ -1,7 +1,7 @@
 """What a page shows of one rung, and the kernel breakdown, as HTML and as text (framework-free).
 
 A rung is shown as one line of result (``result_line``: tokens/s, its verdict against the rung
-it builds on) over a compact table of its evidence (``compact_rows``: the windows that count,
+it builds on), visible, over a folded compact table of its evidence (``compact_rows``: the windows that count,
 the gates summarised, the receipt, compile, memory, the profile's largest shares, where the
 rung's own time went), with everything it recorded behind a toggle (``card_rows``, slot by
 slot: ``perfladder.measure.evidence``). Kernel names are shortened to what they are; the full
@@ -78,7 +78,8 @@ def short_name(name: str, limit: int = 56) -> str:
 
 def code_html(name: str) -> str:
     """A kernel or operator name, shortened; the full name is the hover text."""
-    return f'<code title="{esc(name)}">{esc(short_name(name))}</code>'
+    return (f'<code title="{esc(name)}" style="overflow-wrap: anywhere;">'
+            f'{esc(short_name(name))}</code>')
 
 
 def _num(v) -> str:
@@ -286,8 +287,9 @@ def time_spent(result: LadderResult) -> str:
 
 
 def rung_html(result: LadderResult, name: str, label: str = "") -> str:
-    """The rung as a page shows it: the result line, the compact table, all the evidence behind a
-    toggle (and the profile's top kernels, names shortened)."""
+    """The rung as a page shows it: the result line, visible; the compact table and all the
+    evidence folded under it (a reader opens them; the story reads past them), the profile's
+    top kernels with their names shortened."""
     r = result.rung(name)
     rows = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)] for k, v in compact_rows(result, r)]
     full = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)] for k, v in card_rows(result, r)]
@@ -297,11 +299,12 @@ def rung_html(result: LadderResult, name: str, label: str = "") -> str:
                             [[fmt(x.get("device_ms"), ".3f"), fmt(x.get("calls"), "g"), code_html(x["name"])]
                              for x in prof], numeric={0, 1}) if prof else ""
     return ('<div class="perfladder-card">'
-            + (f'<p class="perfladder-source">{esc(label)}</p>' if label else "")
             + f'<p class="perfladder-result"><strong>{esc(result_line(result, r))}</strong></p>'
+            + '<details class="perfladder-fold"><summary>its evidence</summary>'
+            + (f'<p class="perfladder-source">{esc(label)}</p>' if label else "")
             + (table_html(["", ""], rows, cls="perfladder-table perfladder-compact") if rows else "")
             + '<details><summary>everything this rung recorded</summary>'
-            + table_html(["evidence", "value"], full) + prof_table + "</details></div>")
+            + table_html(["evidence", "value"], full) + prof_table + "</details></details></div>")
 
 
 def rung_text(result: LadderResult, name: str, label: str = "") -> str:
