@@ -36,7 +36,7 @@ def test_smoke_page_runs_live_and_shows_the_reference(capsys, reference):
     page.run("R2")
     out = capsys.readouterr().out
     assert [r.name for r in page.live.rungs] == ["R0", "R1", "R2"]          # ran live, in order
-    assert "[smoke check of this cell's code on cpu] R2 (+bf16) ran" in out
+    assert "[this cell's code on cpu: smoke check, not a performance number] R2 (+bf16) ran" in out
     assert "receipt logits bfloat16 (matches bf16)" in out
     assert "Reference run: NVIDIA H200, 2026-11-29" in out
     assert "R2 +bf16: 555k tokens/s, 0.79x R1, slower" in out                 # the reference's result

@@ -97,7 +97,10 @@ def test_ladder_table_is_html_with_few_columns(h200):
 
 def test_rung_view_is_a_line_a_compact_table_and_the_record_behind_a_toggle(h200):
     view = cards.rung_html(h200["torch"], "R1")
-    assert view.index("perfladder-result") < view.index("perfladder-compact") < view.index("<details>")
+    fold = view.index('<details class="perfladder-fold">')
+    assert view.index("perfladder-result") < fold < view.index("perfladder-compact") < view.index("<details>")
+    visible = re.sub(r"<details.*</details>", "", view, flags=re.S)
+    assert re.sub(r"<[^>]+>", "", visible) == cards.result_line(h200["torch"], h200["torch"].rung("R1"))
     compact = dict(cards.compact_rows(h200["torch"], h200["torch"].rung("R1")))
     for slot in ("windows", "gates", "first call", "memory", "profile", "rate"):
         assert slot in compact, slot

@@ -2,12 +2,13 @@
 
     page = LadderPage("torch")          # picks the configuration, builds the ladder, shows the header
     page.run("R1", compile_model=compile_model)   # runs R1 with the cell's code, shows its result
-    page.waterfall(); page.kernel_report(); page.learning_check(); page.glue(); page.save()
+    page.waterfall(); page.roofline(); page.memory(); page.timeline()
+    page.kernel_report(); page.learning_check(); page.glue(); page.save()
 
 Each rung's cell holds the code of its technique and passes it to ``run``, so a reader who
 edits the cell measures the edit. On a GPU the page runs the full ladder and shows this
-build's own numbers. Without one it runs the smoke ladder live, as a check of the code (a
-grey box per rung), and shows the committed reference run (``results.committed.reference_run()``)
+build's own numbers. Without one it runs the smoke ladder live, as a check of the code (one
+folded line per rung, labelled "smoke check, not a performance number"), and shows the committed reference run (``results.committed.reference_run()``)
 rung by rung, labelled with its device and date. ``page.shown`` is the ladder whose numbers
 the page shows; ``page.live`` the one this build ran. The prose between the cells is the
 authors'; ``glue`` inserts its numbers and the verdicts of its checked claims
@@ -23,8 +24,8 @@ from perfladder.config import pick_config
 from perfladder.pages import cards, kernel_report, multigpu, plot, report
 from perfladder.pages.chapter import checks_for, numbers_for
 from perfladder.pages.claims import is_smoke
-from perfladder.pages.narrative import learning_text, smoke_check
-from perfladder.pages.report import box_html, display_html, esc, paragraphs_html, run_label
+from perfladder.pages.narrative import SMOKE_LABEL, learning_text, smoke_check, smoke_summary
+from perfladder.pages.report import box_html, display_html, esc, fold_html, paragraphs_html, run_label
 from perfladder.pages.story import glue_values
 from perfladder.pages.words import rate
 from perfladder.results import ResultsError
@@ -124,8 +125,9 @@ class LadderPage:
             shows = (f"No committed reference run could be read ({self.reference_error}), so the page shows "
                      "the smoke run itself: its numbers are not performance results.")
         text = (f"This build runs the tiny smoke configuration on {device}. Each rung's cell below runs "
-                "its code live, as a check that the code runs and its gates pass; the grey boxes report "
-                f"that check, and their numbers are NOT performance results. {shows}")
+                "its code live, as a check that the code runs and its gates pass; each folded line "
+                f"marked '{SMOKE_LABEL}' reports that check, and its numbers are NOT performance "
+                f"results. {shows}")
         display_html(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
                               "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
 
@@ -150,7 +152,7 @@ class LadderPage:
                 self._committed_multi_gpu(name)
             return
         if res is not None:
-            self._smoke_box(f"smoke check of this cell's code on {self.live.device}", smoke_check(res))
+            self._smoke_box("this cell's code", smoke_check(res))
         ref = self._shown_rung(name)
         if ref is None:
             decl = self.fw.RUNGS.get(name)
@@ -177,12 +179,15 @@ class LadderPage:
         text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
                 f"(benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
                 "its launch:")
-        display_html(paragraphs_html([text]) + multigpu.table_html(rows),
+        display_html(paragraphs_html([text]) + fold_html("the measurements, each beside its prediction",
+                                                         multigpu.table_html(rows)),
                      text + "\n" + multigpu.table_text(rows))
 
-    def _smoke_box(self, title: str, text: str) -> None:
-        display_html(box_html(title, f'<p style="margin: 0; font-size: 0.9em;">{esc(text)}</p>', "smoke",
-                              cls="perfladder-smoke"), f"[{title}] {text}")
+    def _smoke_box(self, what: str, text: str) -> None:
+        """One folded line: what ran where, labelled as no result; the check behind it."""
+        summary = smoke_summary(what, self.live.device)
+        display_html(fold_html(summary, f'<p style="margin: 0; font-size: 0.9em; color: #555;">{esc(text)}</p>',
+                               "perfladder-smoke"), f"[{summary}] {text}")
 
     def table(self) -> None:
         """Every rung of the shown ladder, one row each."""
@@ -196,7 +201,7 @@ class LadderPage:
         """Profile the fastest configuration kernel by kernel (live), show the shown ladder's."""
         live = self.ladder.kernel_report()
         if self.config.is_smoke and self.reference is not None:
-            self._smoke_box(f"smoke check on {self.live.device}",
+            self._smoke_box("the kernel breakdown",
                             "the kernel breakdown ran: " + (f"{len(live.get('top', []))} top operators sorted"
                                                              if live else "it failed (see the notes)"))
         r = kernel_report.kernel_rung(self.shown)
@@ -207,26 +212,39 @@ class LadderPage:
             return
         title = f"{r.name} ({r.label}), the fastest configuration"
         tried = kernel_report.tried_against(self.shown, self.fw.RUNGS)
-        display_html(kernel_report.kernel_html(r.kernels, title, tried), kernel_report.kernel_text(r.kernels, title, tried))
+        display_html(fold_html(f"{title}: its kernels by kind and by name, and the roofline table",
+                               kernel_report.kernel_html(r.kernels, title, tried)),
+                     kernel_report.kernel_text(r.kernels, title, tried))
 
     def learning_check(self) -> None:
-        """Train the fastest configuration (live); show the shown ladder's check and loss curve."""
+        """Train the fastest configuration (live); show the shown ladder's check, its loss curve,
+        validation points and threshold."""
+        from perfladder.pages.figures import learning
         live = self.ladder.learning_check()
         if self.config.is_smoke and self.reference is not None:
-            self._smoke_box(f"smoke check on {self.live.device}", learning_text(live))
+            self._smoke_box("the learning check", learning_text(live))
         check = self.shown.learning
         display_html(paragraphs_html([learning_text(check)]), learning_text(check))
         if check is not None and check.losses:
-            import matplotlib.pyplot as plt
-            fig, ax = plt.subplots(figsize=(5.5, 2.6))
-            ax.plot(check.losses, linewidth=1)
-            ax.set_xlabel("step", fontsize=8)
-            ax.set_ylabel("training loss", fontsize=8)
-            ax.set_title(f"{self.shown.framework} on {self.shown.device}: {check.configuration or 'fastest'} "
-                         "configuration" + (" [SMOKE]" if is_smoke(self.shown) else ""), fontsize=9)
-            ax.spines[["top", "right"]].set_visible(False)
-            fig.tight_layout()
-            _show_figure(fig)
+            title = (f"{self.shown.framework} on {self.shown.device}: {check.configuration or 'fastest'} "
+                     "configuration" + (" [SMOKE]" if is_smoke(self.shown) else ""))
+            _show_figure(learning.figure(check, title))
+
+    # -- figures of the shown run ------------------------------------------------------------
+    def roofline(self) -> None:
+        """Every rung, and every kernel group of the fastest step, on the run's measured ceilings."""
+        from perfladder.pages.figures import roofline
+        _show_figure(roofline.figure(self.shown))
+
+    def memory(self) -> None:
+        """Per rung: weights, gradients, AdamW moments and activations computed, beside measured."""
+        from perfladder.pages.figures import memory
+        _show_figure(memory.figure(self.shown))
+
+    def timeline(self) -> None:
+        """One step, device and host, at the small batch, the big one and the fastest's."""
+        from perfladder.pages.figures import timeline
+        _show_figure(timeline.figure(self.shown))
 
     def glue(self) -> dict[str, str]:
         """Insert the prose's numbers and the verdicts of its checked claims, all computed from
@@ -245,7 +263,11 @@ class LadderPage:
         import matplotlib.pyplot as plt
         plt.close(plot.waterfall(self.live, png))
         best = self.live.fastest_rung() if self.live.waterfall() else None
-        print(f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s"
-                                            f"{', smoke' if self.config.is_smoke else ''})" if best else ""))
-        print(cards.time_spent(self.live))
+        line = f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s)"
+                                            if best else "")
+        if self.config.is_smoke:
+            self._smoke_box("this build's own ladder", f"{line}; {cards.time_spent(self.live)}")
+        else:
+            print(line)
+            print(cards.time_spent(self.live))
         return path, png
