@@ -67,6 +67,8 @@ def figure(result: LadderResult):
     """Two panels on the same roofs: the rungs (left) and the fastest step's kernel groups
     (right). A run without measured ceilings gets a figure that says so."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
     from perfladder.pages.claims import is_smoke
     roofs = roofs_of(result)
     fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH_IN, 4.2), layout="constrained", sharey=True)
@@ -106,7 +108,6 @@ def figure(result: LadderResult):
         ax.spines[["top", "right"]].set_visible(False)
     axes[0].set_ylabel("achieved TFLOP/s (log)", fontsize=8)
     axes[0].set_ylim(min(bottoms) / 2, roofs.matmul_flops_per_s / 1e12 * 2.5)
-    from matplotlib.lines import Line2D
     handles = [Line2D([], [], color=ROOF_COLOR, label=f"roof: copy {roofs.copy_bytes_per_s / 1e12:.1f} TB/s, "
                       f"bf16 matmul {roofs.matmul_flops_per_s / 1e12:.0f} TFLOP/s (this run's probe)"),
                Line2D([], [], color=RUNG_COLOR, marker="o", linestyle="none", label="rung (bf16)"),
