@@ -23,6 +23,7 @@ from perfladder.book.paths import build_results_dir
 from perfladder.config import pick_config
 from perfladder.pages import cards, kernel_report, multigpu, plot, report
 from perfladder.pages.chapter import checks_for, numbers_for
+from perfladder.pages.glossary import href, link_terms
 from perfladder.pages.claims import is_smoke
 from perfladder.pages.narrative import SMOKE_LABEL, learning_text, smoke_check, smoke_summary
 from perfladder.pages.report import box_html, display_html, esc, fold_html, paragraphs_html, run_label
@@ -84,6 +85,7 @@ class LadderPage:
             except (FileNotFoundError, ValueError, ResultsError) as e:
                 self.reference_error = str(e)
         self.glued: dict[str, str] = {}
+        self.linked: set[str] = set()      # glossary terms this page's outputs have linked
         if show_header:
             self.header()
 
@@ -128,7 +130,7 @@ class LadderPage:
                 "its code live, as a check that the code runs and its gates pass; each folded line "
                 f"marked '{SMOKE_LABEL}' reports that check, and its numbers are NOT performance "
                 f"results. {shows}")
-        display_html(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
+        self._display(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
                               "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
 
     def run(self, name: str, **code) -> None:
@@ -147,7 +149,7 @@ class LadderPage:
     def show(self, name: str, res=None) -> None:
         """The shown ladder's result for rung ``name`` (after the smoke check of ``res``)."""
         if not self.config.is_smoke or self.reference is None:
-            display_html(cards.rung_html(self.live, name), cards.rung_text(self.live, name))
+            self._display(cards.rung_html(self.live, name), cards.rung_text(self.live, name))
             if not self.live.rung(name).measured:
                 self._committed_multi_gpu(name)
             return
@@ -162,11 +164,11 @@ class LadderPage:
                 # a single-GPU ladder never measures R5; the committed multi-GPU run did
                 text = (f"The single-GPU reference ladder ({self.reference.device}, {self.reference.created[:10]}) "
                         "does not measure data parallelism; the committed multi-GPU run does.")
-            display_html(paragraphs_html([text]), text)
+            self._display(paragraphs_html([text]), text)
             self._committed_multi_gpu(name)
             return
         label = f"Reference run: {self.reference.device}, {self.reference.created[:10]}"
-        display_html(cards.rung_html(self.reference, ref.name, label),
+        self._display(cards.rung_html(self.reference, ref.name, label),
                      cards.rung_text(self.reference, ref.name, label))
         if not ref.measured:
             self._committed_multi_gpu(name)
@@ -179,19 +181,23 @@ class LadderPage:
         text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
                 f"(benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
                 "its launch:")
-        display_html(paragraphs_html([text]) + fold_html("the measurements, each beside its prediction",
+        self._display(paragraphs_html([text]) + fold_html("the measurements, each beside its prediction",
                                                          multigpu.table_html(rows)),
                      text + "\n" + multigpu.table_text(rows))
+
+    def _display(self, html_text: str, text: str) -> None:
+        """``display_html`` with the first mention of each glossary term on the page linked."""
+        display_html(link_terms(html_text, self.linked), text)
 
     def _smoke_box(self, what: str, text: str) -> None:
         """One folded line: what ran where, labelled as no result; the check behind it."""
         summary = smoke_summary(what, self.live.device)
-        display_html(fold_html(summary, f'<p style="margin: 0; font-size: 0.9em; color: #555;">{esc(text)}</p>',
+        self._display(fold_html(summary, f'<p style="margin: 0; font-size: 0.9em; color: #555;">{esc(text)}</p>',
                                "perfladder-smoke"), f"[{summary}] {text}")
 
     def table(self) -> None:
         """Every rung of the shown ladder, one row each."""
-        display_html(report.ladder_table_html(self.shown), report.text_table(self.shown))
+        self._display(report.ladder_table_html(self.shown), report.text_table(self.shown))
 
     def waterfall(self) -> None:
         """The shown ladder's waterfall."""
@@ -208,12 +214,15 @@ class LadderPage:
         if r is None:
             text = "No kernel breakdown was recorded in this ladder: " + "; ".join(
                 n for n in self.shown.notes if "kernel breakdown" in n)
-            display_html(paragraphs_html([text]), text)
+            self._display(paragraphs_html([text]), text)
             return
         title = f"{r.name} ({r.label}), the fastest configuration"
         tried = kernel_report.tried_against(self.shown, self.fw.RUNGS)
-        display_html(fold_html(f"{title}: its kernels by kind and by name, and the roofline table",
-                               kernel_report.kernel_html(r.kernels, title, tried)),
+        names = (f'<p style="font-size: 0.85em;">What the kernels\' names say (<code>nvjet</code>, '
+                 f'<code>splitK</code>, <code>triton_</code>, <code>fusion</code>): '
+                 f'<a href="{href("kernel names")}">the glossary</a>.</p>')
+        self._display(fold_html(f"{title}: its kernels by kind and by name, and the roofline table",
+                                names + kernel_report.kernel_html(r.kernels, title, tried)),
                      kernel_report.kernel_text(r.kernels, title, tried))
 
     def learning_check(self) -> None:
@@ -224,11 +233,23 @@ class LadderPage:
         if self.config.is_smoke and self.reference is not None:
             self._smoke_box("the learning check", learning_text(live))
         check = self.shown.learning
-        display_html(paragraphs_html([learning_text(check)]), learning_text(check))
+        self._display(paragraphs_html([learning_text(check)]), learning_text(check))
         if check is not None and check.losses:
             title = (f"{self.shown.framework} on {self.shown.device}: {check.configuration or 'fastest'} "
                      "configuration" + (" [SMOKE]" if is_smoke(self.shown) else ""))
             _show_figure(learning.figure(check, title))
+
+    def compiler_accounting(self, asked: dict, name: str) -> None:
+        """The compiled step's own FLOP and memory accounting (``asked``: see
+        ``perfladder.pages.compiler_view``) beside what the shown run recorded for rung ``name``
+        against its measured rate. On a smoke build ``asked`` is of the smoke model: labelled so."""
+        from perfladder.pages import compiler_view
+        where = f"{self.config.name} model on {self.live.device}"
+        label = (f"This build's compiled step ({where}; {SMOKE_LABEL})" if self.config.is_smoke
+                 else f"This build's compiled step ({where})")
+        shown = f"{name} as the run shown recorded it ({self.shown.device})"
+        self._display(compiler_view.html(asked, label, self.shown, name, shown),
+                      compiler_view.text(asked, label, self.shown, name, shown))
 
     # -- figures of the shown run ------------------------------------------------------------
     def roofline(self) -> None:
