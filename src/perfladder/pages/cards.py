@@ -21,6 +21,7 @@ from perfladder.pages.claims import (
     settled,
     short_reason,
     target,
+    unsettled_clause,
 )
 from perfladder.pages.report import MUTED, esc, table_html
 from perfladder.pages.words import gib, rate, tflops
@@ -189,11 +190,39 @@ def result_line(result: LadderResult, r: RungResult) -> str:
         if c.bound is not None:
             what = (f"{c.bound_text} {c.against}: every window above every window "
                     f"of {c.against} ({c.shaky})")
+    if c.word == "unsettled":
+        base = _base(result, r)
+        clause = unsettled_clause(*(x for x in (r, base) if x is not None))
+        what = f"no verdict on time against {c.against}" + (f" ({clause})" if clause else "")
     if r.kind == "control":
         what = "a control, not a step of the waterfall"
+    what += _memory_verdict(result, r)
     if is_smoke(result):
         what = "a smoke check, not a performance number"
     return head + f"{rate(r.tokens_per_s)} tokens/s, {what}"
+
+
+def _base(result: LadderResult, r: RungResult) -> RungResult | None:
+    try:
+        return result.rung(r.builds_on) if r.builds_on else None
+    except KeyError:
+        return None
+
+
+MEMORY_RUNGS = ("checkpoint",)   # techniques whose point is memory: their line says what it bought
+
+
+def _memory_verdict(result: LadderResult, r: RungResult) -> str:
+    """For a technique that trades time for memory, its memory against its base's, measured the
+    same way (a plan or a peak: exact, so no noise rule applies): '; memory 2.25 GiB against
+    R3's 10.0 GiB (planned temporaries), 0.22x'."""
+    base = _base(result, r)
+    if r.key not in MEMORY_RUNGS or base is None or r.memory is None or base.memory is None:
+        return ""
+    a, b = r.memory.bytes, base.memory.bytes
+    if not a or not b or r.memory.kind != base.memory.kind:
+        return ""
+    return f"; memory {gib(a)} against {base.name}'s {gib(b)} ({r.memory.kind}), {a / b:.2f}x"
 
 
 def _gates_summary(r: RungResult) -> str:
