@@ -10,7 +10,7 @@ terminal. A rung's result and the kernel breakdown come from ``perfladder.pages.
   regime, TFLOP/s and MFU, memory); ``text_table`` its text form (the CLI's ``table``);
 * ``comparison_html`` / ``comparison_markdown``: two ladders lined up by technique key;
 * ``sections_html``: rung -> technique -> chapter section, from the rung declarations;
-* ``run_label``: where and when a run was measured; ``box_html``, ``fold_html``, ``paragraphs_html``, ``bullets_html``: the page's building blocks.
+* ``run_label``: where and when a run was measured; ``box_html``, ``fold_html``, ``figure_html``, ``paragraphs_html``, ``bullets_html``: the page's building blocks.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from perfladder.results.record import LadderResult, RungResult
 
 __all__ = ["banner", "banner_html", "banner_text", "config_of", "text_table",
            "ladder_table_html", "comparison_html", "comparison_markdown", "sections_html",
-           "run_label", "box_html", "fold_html", "paragraphs_html", "bullets_html"]
+           "run_label", "box_html", "fold_html", "figure_html", "paragraphs_html", "bullets_html"]
 
 MUTED = "#666"
 # a table never grows past the text column; words wrap whole (a column is never narrower than
@@ -132,6 +132,16 @@ def fold_html(summary: str, body_html: str, cls: str = "perfladder-fold") -> str
     """``body_html`` folded under a one-line ``summary`` (a ``<details>``: one click opens it)."""
     return (f'<details class="{cls}"><summary>{html.escape(summary)}</summary>'
             f'<div style="margin: 0.3em 0 0.6em 0;">{body_html}</div></details>')
+
+
+def figure_html(fig, alt: str) -> str:
+    """A matplotlib figure as an inline PNG ``<img>`` (so it can sit inside a fold)."""
+    import base64
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" style="max-width: 100%;" src="data:image/png;base64,{data}">'
 
 
 def paragraphs_html(sentences: list[str], cls: str = "perfladder-text") -> str:
