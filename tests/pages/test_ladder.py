@@ -36,7 +36,7 @@ def test_smoke_page_runs_live_and_shows_the_reference(capsys, reference):
     page.run("R2")
     out = capsys.readouterr().out
     assert [r.name for r in page.live.rungs] == ["R0", "R1", "R2"]          # ran live, in order
-    assert "[this cell's code on cpu: smoke check, not a performance number] R2 (+bf16) ran" in out
+    assert "[smoke check, not a performance number (cpu)] R2 (+bf16) ran" in out
     assert "receipt logits bfloat16 (matches bf16)" in out
     assert "Reference run: NVIDIA H200, 2026-11-29" in out
     assert "R2 +bf16: 555k tokens/s, 0.79x R1, slower" in out                 # the reference's result
@@ -151,3 +151,28 @@ def test_notebook_runs_every_declared_rung_once(framework, notebook):
     if not all(isinstance(r, Rung) for r in getattr(fw, "RUNGS", {}).values()):
         pytest.skip(f"perfladder.{framework}.RUNGS is not yet a registry of perfladder.ladder.engine.Rung")
     assert _rung_cells(notebook) == [n for n, r in fw.RUNGS.items() if not r.optional]
+
+
+def test_a_smoke_rung_shows_its_result_line_and_one_labelled_folded_smoke_line(reference, monkeypatch):
+    """What a reader sees of a rung on a smoke build: the reference's result line, the summary of
+    its evidence, and one line saying the live check is no performance number; every smoke
+    number folded under that line."""
+    import perfladder.pages.ladder as ladder_mod
+    from perfladder.pages import cards
+    from perfladder.pages.narrative import SMOKE_LABEL
+    from perfladder.pages.visible import visible_text
+    shown: list[str] = []
+    monkeypatch.setattr(ladder_mod, "display_html", lambda html, text: shown.append(html))
+    page = smoke_page(reference)
+    shown.clear()
+    page.run("R0")
+    page.run("R1")
+    smoke = [h for h in shown if "perfladder-smoke" in h]
+    assert len(smoke) == 2
+    for h in smoke:
+        assert visible_text(f"<article>{h}</article>") == f"{SMOKE_LABEL} (cpu)"   # nothing else visible
+        assert "timed windows" in h                                               # ... but kept
+    cards_html = [h for h in shown if "perfladder-card" in h]
+    assert visible_text(f"<article>{cards_html[1]}</article>").startswith(
+        cards.result_line(reference, reference.rung("R1")))
+    assert sum(len(visible_text(f"<article>{h}</article>")) for h in shown) < 400

@@ -121,17 +121,20 @@ class LadderPage:
             report.banner(self.config, device)
             return
         if self.reference is not None:
-            shows = (f"Every number, table and figure shown for a rung, and every number in the prose, "
-                     f"comes from the committed reference run: {run_label(self.reference, self.reference_source)}.")
+            shows = ("Every other number, table and figure comes from the committed reference run ("
+                     f"{self.reference.device}, {self.reference.created[:10]}).")
         else:
             shows = (f"No committed reference run could be read ({self.reference_error}), so the page shows "
                      "the smoke run itself: its numbers are not performance results.")
-        text = (f"This build runs the tiny smoke configuration on {device}. Each rung's cell below runs "
-                "its code live, as a check that the code runs and its gates pass; each folded line "
-                f"marked '{SMOKE_LABEL}' reports that check, and its numbers are NOT performance "
-                f"results. {shows}")
-        self._display(box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
-                              "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
+        text = (f"This build runs the tiny smoke configuration on {device}: each cell runs its code live, "
+                f"as a check; those numbers are NOT performance results, each folded under a line "
+                f"'{SMOKE_LABEL}'. {shows}")
+        full = ("" if self.reference is None else
+                fold_html("the reference run in full", f'<p style="font-size: 0.85em;">'
+                          f'{esc(run_label(self.reference, self.reference_source))}</p>'))
+        self._display(box_html("Smoke run: not performance numbers",
+                               f'<p style="margin: 0;">{esc(text)}</p>{full}', "warning", cls="perfladder-banner"),
+                      "=" * 78 + "\n" + text + "\n" + "=" * 78)
 
     def run(self, name: str, **code) -> None:
         """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show
@@ -154,7 +157,7 @@ class LadderPage:
                 self._committed_multi_gpu(name)
             return
         if res is not None:
-            self._smoke_box("this cell's code", smoke_check(res))
+            self._smoke_box("", smoke_check(res))
         ref = self._shown_rung(name)
         if ref is None:
             decl = self.fw.RUNGS.get(name)
@@ -196,8 +199,9 @@ class LadderPage:
                                "perfladder-smoke"), f"[{summary}] {text}")
 
     def table(self) -> None:
-        """Every rung of the shown ladder, one row each."""
-        self._display(report.ladder_table_html(self.shown), report.text_table(self.shown))
+        """Every rung of the shown ladder, one row each (folded: the waterfall above draws it)."""
+        self._display(fold_html("every rung in one table: tokens/s, ratio to its base, regime, TFLOP/s, memory",
+                                report.ladder_table_html(self.shown)), report.text_table(self.shown))
 
     def waterfall(self) -> None:
         """The shown ladder's waterfall."""

@@ -37,8 +37,9 @@ SMOKE_LABEL = "smoke check, not a performance number"
 
 
 def smoke_summary(what: str, device: str) -> str:
-    """The one visible line of a folded smoke check: what ran, where, and that it is no result."""
-    return f"{what} on {device}: {SMOKE_LABEL}"
+    """The one visible line of a folded smoke check: what ran ("" for a rung's own cell), where,
+    and that it is no result."""
+    return f"{what + ': ' if what else ''}{SMOKE_LABEL} ({device})"
 
 
 def learning_text(check) -> str:
