@@ -46,6 +46,19 @@ def _show_figure(fig) -> None:
     plt.close(fig)
 
 
+def _glue_text(key: str, text: str) -> None:
+    """``myst_nb.glue`` of a plain string, not displayed: what another page pastes with
+    ``{glue:text}`../notebooks/<page>.ipynb::<key>:s``` (MyST-NB pastes only plain text across
+    pages); a no-op outside a notebook kernel."""
+    try:
+        from IPython import get_ipython
+        from myst_nb import glue
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        glue(key, text, display=False)
+
+
 def _glue(key: str, markdown: str) -> None:
     """``myst_nb.glue`` of a markdown value, not displayed; a no-op outside a notebook kernel."""
     try:
@@ -273,10 +286,12 @@ class LadderPage:
 
     def glue(self) -> dict[str, str]:
         """Insert the prose's numbers and the verdicts of its checked claims, all computed from
-        the shown ladder (``perfladder.pages.chapter``). Returns what was glued."""
+        the shown ladder (``perfladder.pages.chapter``); each also as plain text under
+        ``<framework>_<key>`` for other pages (the exercises' solutions). Returns what was glued."""
         self.glued = glue_values(self.shown, checks_for(self.framework), numbers_for(self.framework))
         for key, value in self.glued.items():
             _glue(key, value)
+            _glue_text(f"{self.framework}_{key}", value)    # the same, pastable from other pages
         return self.glued
 
     def save(self, folder: str | Path | None = None) -> tuple[Path, Path]:
