@@ -176,3 +176,19 @@ def test_a_smoke_rung_shows_its_result_line_and_one_labelled_folded_smoke_line(r
     assert visible_text(f"<article>{cards_html[1]}</article>").startswith(
         cards.result_line(reference, reference.rung("R1")))
     assert sum(len(visible_text(f"<article>{h}</article>")) for h in shown) < 400
+
+
+def test_what_a_smoke_run_prints_goes_into_its_folded_smoke_line(reference, monkeypatch, capsys):
+    """The engine's note on a rung this machine cannot run (stderr) is smoke output: it lands in
+    the rung's folded smoke line, not beside the reference's numbers."""
+    import perfladder.pages.ladder as ladder_mod
+    shown: list[str] = []
+    monkeypatch.setattr(ladder_mod, "display_html", lambda html, text: shown.append(html))
+    page = smoke_page(reference)
+    for name in ("R0", "R1", "R2", "R3c", "R3", "B1", "R5"):
+        page.run(name)
+    captured = capsys.readouterr()
+    assert not page.live.rung("R5").measured
+    assert "perfladder:" not in captured.err + captured.out
+    r5_smoke = [h for h in shown if "perfladder-smoke" in h and "R5 (data parallel) did not run here" in h]
+    assert len(r5_smoke) == 1 and "perfladder: " in r5_smoke[0]

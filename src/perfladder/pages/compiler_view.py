@@ -54,12 +54,13 @@ def recorded_rows(result: LadderResult, name: str) -> list[tuple[str, str]]:
     return out
 
 
-def html(asked: dict, asked_label: str, result: LadderResult | None, name: str, shown_label: str) -> str:
+def html(asked: dict | None, asked_label: str, result: LadderResult | None, name: str, shown_label: str) -> str:
     """Two small tables: what this build's compiled step said (``asked_label`` says which
-    model and where), and what the shown run recorded for ``name``."""
+    model and where; left out when ``asked`` is None), and what the shown run recorded for
+    ``name`` (left out when ``result`` is None)."""
     def tab(rows):
         return table_html(["", ""], [[esc(k), esc(v)] for k, v in rows], cls="perfladder-table perfladder-compact")
-    out = f"<p><strong>{esc(asked_label)}</strong></p>" + tab(asked_rows(asked))
+    out = "" if asked is None else f"<p><strong>{esc(asked_label)}</strong></p>" + tab(asked_rows(asked))
     if result is not None:
         out += f"<p><strong>{esc(shown_label)}</strong></p>" + tab(recorded_rows(result, name))
     return out

@@ -16,7 +16,9 @@ authors'; ``glue`` inserts its numbers and the verdicts of its checked claims
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 from pathlib import Path
 
 from perfladder.book.paths import build_results_dir
@@ -152,9 +154,10 @@ class LadderPage:
     def run(self, name: str, **code) -> None:
         """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show
         the shown ladder's result for it (this build's own is ``page.live.rung(name)``)."""
-        res = self.ladder.run(name, **code)
+        with self._quiet() as said:
+            res = self.ladder.run(name, **code)
         self._keep_partial()
-        self.show(name, res)
+        self.show(name, res, said.getvalue())
 
     def _keep_partial(self) -> None:
         """On a full build, the ladder so far in ``<framework>.partial.json`` after every rung: a
@@ -162,15 +165,28 @@ class LadderPage:
         if not self.config.is_smoke:
             self.live.write(build_results_dir() / f"{self.framework}.partial.json")
 
-    def show(self, name: str, res=None) -> None:
-        """The shown ladder's result for rung ``name`` (after the smoke check of ``res``)."""
+    @contextlib.contextmanager
+    def _quiet(self):
+        """On a smoke build, what the live run prints (the engine's notes on stderr, R5's
+        predictions for the CPU processes) is smoke output: kept for the folded smoke line
+        instead of printed beside the reference's numbers. A full build prints it as it comes."""
+        said = io.StringIO()
+        if not (self.config.is_smoke and self.reference is not None):
+            yield said
+            return
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            yield said
+
+    def show(self, name: str, res=None, said: str = "") -> None:
+        """The shown ladder's result for rung ``name`` (after the smoke check of ``res``, and
+        ``said``: what its live run printed)."""
         if not self.config.is_smoke or self.reference is None:
             self._display(cards.rung_html(self.live, name), cards.rung_text(self.live, name))
             if not self.live.rung(name).measured:
                 self._committed_multi_gpu(name)
             return
         if res is not None:
-            self._smoke_box("", smoke_check(res))
+            self._smoke_box("", smoke_check(res) + (f"\n{said.strip()}" if said.strip() else ""))
         ref = self._shown_rung(name)
         if ref is None:
             decl = self.fw.RUNGS.get(name)
@@ -208,8 +224,9 @@ class LadderPage:
     def _smoke_box(self, what: str, text: str) -> None:
         """One folded line: what ran where, labelled as no result; the check behind it."""
         summary = smoke_summary(what, self.live.device)
-        self._display(fold_html(summary, f'<p style="margin: 0; font-size: 0.9em; color: #555;">{esc(text)}</p>',
-                               "perfladder-smoke"), f"[{summary}] {text}")
+        body = "<br>".join(esc(line) for line in text.splitlines())
+        self._display(fold_html(summary, f'<p style="margin: 0; font-size: 0.9em; color: #555;">{body}</p>',
+                                "perfladder-smoke"), f"[{summary}] {text}")
 
     def table(self) -> None:
         """Every rung of the shown ladder, one row each (folded: the waterfall above draws it)."""
@@ -222,11 +239,13 @@ class LadderPage:
 
     def kernel_report(self) -> None:
         """Profile the fastest configuration kernel by kernel (live), show the shown ladder's."""
-        live = self.ladder.kernel_report()
+        with self._quiet() as said:
+            live = self.ladder.kernel_report()
         if self.config.is_smoke and self.reference is not None:
             self._smoke_box("the kernel breakdown",
                             "the kernel breakdown ran: " + (f"{len(live.get('top', []))} top operators sorted"
-                                                             if live else "it failed (see the notes)"))
+                                                             if live else "it failed (see the notes)")
+                            + (f"\n{said.getvalue().strip()}" if said.getvalue().strip() else ""))
         r = kernel_report.kernel_rung(self.shown)
         if r is None:
             text = "No kernel breakdown was recorded in this ladder: " + "; ".join(
@@ -246,9 +265,11 @@ class LadderPage:
         """Train the fastest configuration (live); show the shown ladder's check, its loss curve,
         validation points and threshold."""
         from perfladder.pages.figures import learning
-        live = self.ladder.learning_check()
+        with self._quiet() as said:
+            live = self.ladder.learning_check()
         if self.config.is_smoke and self.reference is not None:
-            self._smoke_box("the learning check", learning_text(live))
+            self._smoke_box("the learning check", learning_text(live)
+                            + (f"\n{said.getvalue().strip()}" if said.getvalue().strip() else ""))
         check = self.shown.learning
         self._display(paragraphs_html([learning_text(check)]), learning_text(check))
         if check is not None and check.losses:
@@ -265,6 +286,12 @@ class LadderPage:
         label = (f"This build's compiled step ({where}; {SMOKE_LABEL})" if self.config.is_smoke
                  else f"This build's compiled step ({where})")
         shown = f"{name} as the run shown recorded it ({self.shown.device})"
+        if self.config.is_smoke:
+            self._display(compiler_view.html(None, "", self.shown, name, shown)
+                          + fold_html(smoke_summary("this build's compiled step, asked", self.live.device),
+                                      compiler_view.html(asked, label, None, name, "")),
+                          compiler_view.text(asked, label, self.shown, name, shown))
+            return
         self._display(compiler_view.html(asked, label, self.shown, name, shown),
                       compiler_view.text(asked, label, self.shown, name, shown))
 
