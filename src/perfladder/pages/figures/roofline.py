@@ -71,7 +71,8 @@ def figure(result: LadderResult):
 
     from perfladder.pages.claims import is_smoke
     roofs = roofs_of(result)
-    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH_IN, 4.2), layout="constrained", sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH_IN, 4.6), layout="constrained", sharey=True,
+                             gridspec_kw={"width_ratios": [1.35, 1]})
     smoke = " [SMOKE: not performance numbers]" if is_smoke(result) else ""
     fig.suptitle(f"{result.framework} on {result.device}: roofline of every rung, and of the fastest "
                  f"step's kernels{smoke}", fontsize=9)
