@@ -192,3 +192,22 @@ def test_what_a_smoke_run_prints_goes_into_its_folded_smoke_line(reference, monk
     assert "perfladder:" not in captured.err + captured.out
     r5_smoke = [h for h in shown if "perfladder-smoke" in h and "R5 (data parallel) did not run here" in h]
     assert len(r5_smoke) == 1 and "perfladder: " in r5_smoke[0]
+
+
+def test_the_committed_multi_gpu_run_is_named_once_per_page(reference, monkeypatch):
+    """R5's cell names the two-GPU run; later multi-GPU rungs fold their table under a line that
+    says where it was measured, without the sentence again."""
+    import perfladder.pages.ladder as ladder_mod
+    from perfladder.pages.visible import visible_text
+    shown: list[str] = []
+    monkeypatch.setattr(ladder_mod, "display_html", lambda html, text: shown.append(html))
+    page = smoke_page(reference)
+    shown.clear()                                                # the header
+    page._committed_multi_gpu("R5")
+    page._committed_multi_gpu("R5")
+    if not shown:
+        pytest.skip("no committed multi-GPU run for torch R5 in this checkout")
+    first, second = (visible_text(f"<article>{h}</article>") for h in shown)
+    assert first.startswith("Measured on ") and "each prediction written before its launch" in first
+    assert not second.startswith("Measured on ") and "(measured on " in second
+    assert "<table" in shown[1]                                  # the numbers, one click away

@@ -101,6 +101,7 @@ class LadderPage:
                 self.reference_error = str(e)
         self.glued: dict[str, str] = {}
         self.linked: set[str] = set()      # glossary terms this page's outputs have linked
+        self.multi_gpu_said = False        # the committed multi-GPU run named once on the page
         if show_header:
             self.header()
 
@@ -210,12 +211,17 @@ class LadderPage:
         rows = multigpu.measurements(self.framework, name)
         if not rows:
             return
-        text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
-                f"(benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
+        where = f"{rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink"
+        text = (f"Measured on {where} (benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
                 "its launch:")
-        self._display(paragraphs_html([text]) + fold_html("the measurements, each beside its prediction",
-                                                         multigpu.table_html(rows)),
-                     text + "\n" + multigpu.table_text(rows))
+        summary = "the measurements, each beside its prediction"
+        if self.multi_gpu_said:          # the run was named at the first multi-GPU rung: only its table
+            self._display(fold_html(f"{summary} (measured on {where})", multigpu.table_html(rows)),
+                          text + "\n" + multigpu.table_text(rows))
+            return
+        self.multi_gpu_said = True
+        self._display(paragraphs_html([text]) + fold_html(summary, multigpu.table_html(rows)),
+                      text + "\n" + multigpu.table_text(rows))
 
     def _display(self, html_text: str, text: str) -> None:
         """``display_html`` with the first mention of each glossary term on the page linked."""
