@@ -76,3 +76,17 @@ def test_output_links_each_term_once_per_page_and_never_inside_code_or_a_summary
     again = link_terms("<p>host-bound, busy, spread</p>", seen)
     assert "<a" not in again                                       # once per page
     assert link_terms("<p>mfu</p>", set()) == "<p>mfu</p>"          # MFU is matched as written
+
+
+def test_the_thresholds_the_glossary_quotes_are_the_packages():
+    """The regime words' thresholds and the full configuration's spread target, as the glossary
+    states them, are the constants the pages classify with."""
+    from perfladder.config import get_config
+    from perfladder.measure import verdict
+    text = " ".join(GLOSSARY.read_text().split())
+    pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
+    assert f"take at least {pct(verdict.COMPUTE_SHARE)} of the kernel time" in text
+    assert f"{{term}}`busy` under {pct(verdict.HOST_BOUND)} of the step" in text
+    assert f"take at least {pct(verdict.MEMORY_SHARE)} of the kernel time" in text
+    assert verdict.COMPUTE_ROOF == 0.5 and "reach at least half the measured matmul roof" in text
+    assert f"asks {pct(get_config('full').target_spread)} of it" in text
