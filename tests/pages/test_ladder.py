@@ -211,3 +211,16 @@ def test_the_committed_multi_gpu_run_is_named_once_per_page(reference, monkeypat
     assert first.startswith("Measured on ") and "each prediction written before its launch" in first
     assert not second.startswith("Measured on ") and "(measured on " in second
     assert "<table" in shown[1]                                  # the numbers, one click away
+
+
+def test_glue_also_gives_other_pages_plain_text_under_the_framework(reference, monkeypatch):
+    """Each glued value is glued again as plain text, ``torch_<key>``: MyST-NB pastes only plain
+    text across pages (the exercises' solutions quote the ladder pages this way)."""
+    import perfladder.pages.ladder as ladder_mod
+    md, text = {}, {}
+    monkeypatch.setattr(ladder_mod, "_glue", lambda k, v: md.__setitem__(k, v))
+    monkeypatch.setattr(ladder_mod, "_glue_text", lambda k, v: text.__setitem__(k, v))
+    page = smoke_page(reference)
+    glued = page.glue()
+    assert glued and md == glued
+    assert text == {f"torch_{k}": v for k, v in glued.items()}
