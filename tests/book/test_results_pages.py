@@ -18,6 +18,7 @@ NOTEBOOKS = ROOT / "notebooks"
 GLUE_REF = re.compile(r"\{glue:text\}`\.\./notebooks/04_h200_reference\.ipynb::([a-z0-9_]+):s`")
 # the configuration's numbers the text pages paste from the PyTorch page (pages.chapter.texts_for)
 GLUE_TORCH = re.compile(r"\{glue:text\}`\.\./notebooks/01_pytorch_ladder\.ipynb::([a-z0-9_]+):s`")
+LADDER_REF = re.compile(r"\{glue:text\}`\.\./notebooks/0[12]_\w+_ladder\.ipynb::(\w+):s`")
 
 
 def execute(notebook: str, env: dict):
@@ -99,7 +100,8 @@ def test_every_claim_beside_the_committed_runs_holds(reference):
 def test_every_number_the_text_pages_paste_is_glued(reference):
     pages = [md.read_text() for md in (ROOT / "chapter13").glob("*.md")]
     # myst-nb reads "doc::key" only with a format after it: a bare "doc::key" is a missing key
-    assert sum(p.count("{glue:text}") for p in pages) == sum(len(GLUE_REF.findall(p)) + len(GLUE_TORCH.findall(p))
+    # (the exercises' solutions paste the ladder pages' values too: tests/book/test_exercise_solutions.py)
+    assert sum(p.count("{glue:text}") for p in pages) == sum(len(GLUE_REF.findall(p)) + len(LADDER_REF.findall(p))
                                                              for p in pages)
     from perfladder.pages.chapter import texts_for
     from perfladder.results.committed import read_run
@@ -138,7 +140,8 @@ def test_comparison_page_shows_the_reference_first_then_this_build(tmp_path, con
     story = text[text.index("## What the H200 shows"):text.index("## Reading the two waterfalls")]
     assert story.count('data-holds="') >= 6                       # the reference's six statements, decided
     if config == "smoke":
-        assert "Smoke run" in text and "tiny **smoke** configuration" in text
+        assert "Smoke run" in text and "tiny smoke configuration" in text
+        assert "smoke check, not a performance number" in text        # this build's run, folded
         assert "this build on" not in text                       # a smoke run is read for nothing
     else:                                                          # a full build is read as well
         assert "this build on NVIDIA H200" in story

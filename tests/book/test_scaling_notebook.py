@@ -90,3 +90,19 @@ def test_without_the_run_it_says_which_rates_it_uses(tmp_path):
     cells = predicted_cells(text)                                    # still predicted, every k
     assert {k for _, k in cells} == {2, 4, 8} and all("not measured" in c for c in cells.values())
     assert "No multi-GPU measurement is in this checkout" in text
+
+
+def test_the_chapters_measured_k4_stands_beside_our_prediction_for_its_box(committed):
+    """The chapter's printed R5 points (``comparison.CHAPTER``), as efficiencies against its own
+    single-GPU rates, each beside the cost model's prediction over its PCIe fabric."""
+    from perfladder.config import expected_num_params, get_config
+    from perfladder.multigpu import costmodel
+    from perfladder.pages.comparison import CHAPTER
+    text, _ = committed
+    full = get_config("full")
+    n = expected_num_params(full.gpt())
+    eff = CHAPTER["r5"]["torch"]["k4"] / (4 * CHAPTER["torch"]["R0"])
+    pred = costmodel.predict(4, 64, full.num_steps, CHAPTER["torch"]["R0"], n, "pcie-host-staged")
+    assert (f"| torch | eager, fp32, batch 64/GPU (its R0) | 4 | {100 * eff:.0f}% | "
+            f"{100 * pred.efficiency:.0f}% ") in text
+    assert f"| 4 | {100 * CHAPTER['r5']['jax']['fast_k4_efficiency']:.0f}% |" in text

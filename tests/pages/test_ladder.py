@@ -36,7 +36,7 @@ def test_smoke_page_runs_live_and_shows_the_reference(capsys, reference):
     page.run("R2")
     out = capsys.readouterr().out
     assert [r.name for r in page.live.rungs] == ["R0", "R1", "R2"]          # ran live, in order
-    assert "[smoke check of this cell's code on cpu] R2 (+bf16) ran" in out
+    assert "[smoke check, not a performance number (cpu)] R2 (+bf16) ran" in out
     assert "receipt logits bfloat16 (matches bf16)" in out
     assert "Reference run: NVIDIA H200, 2026-11-29" in out
     assert "R2 +bf16: 555k tokens/s, 0.79x R1, slower" in out                 # the reference's result
@@ -151,3 +151,76 @@ def test_notebook_runs_every_declared_rung_once(framework, notebook):
     if not all(isinstance(r, Rung) for r in getattr(fw, "RUNGS", {}).values()):
         pytest.skip(f"perfladder.{framework}.RUNGS is not yet a registry of perfladder.ladder.engine.Rung")
     assert _rung_cells(notebook) == [n for n, r in fw.RUNGS.items() if not r.optional]
+
+
+def test_a_smoke_rung_shows_its_result_line_and_one_labelled_folded_smoke_line(reference, monkeypatch):
+    """What a reader sees of a rung on a smoke build: the reference's result line, the summary of
+    its evidence, and one line saying the live check is no performance number; every smoke
+    number folded under that line."""
+    import perfladder.pages.ladder as ladder_mod
+    from perfladder.pages import cards
+    from perfladder.pages.narrative import SMOKE_LABEL
+    from perfladder.pages.visible import visible_text
+    shown: list[str] = []
+    monkeypatch.setattr(ladder_mod, "display_html", lambda html, text: shown.append(html))
+    page = smoke_page(reference)
+    shown.clear()
+    page.run("R0")
+    page.run("R1")
+    smoke = [h for h in shown if "perfladder-smoke" in h]
+    assert len(smoke) == 2
+    for h in smoke:
+        assert visible_text(f"<article>{h}</article>") == f"{SMOKE_LABEL} (cpu)"   # nothing else visible
+        assert "timed windows" in h                                               # ... but kept
+    cards_html = [h for h in shown if "perfladder-card" in h]
+    assert visible_text(f"<article>{cards_html[1]}</article>").startswith(
+        cards.result_line(reference, reference.rung("R1")))
+    assert sum(len(visible_text(f"<article>{h}</article>")) for h in shown) < 400
+
+
+def test_what_a_smoke_run_prints_goes_into_its_folded_smoke_line(reference, monkeypatch, capsys):
+    """The engine's note on a rung this machine cannot run (stderr) is smoke output: it lands in
+    the rung's folded smoke line, not beside the reference's numbers."""
+    import perfladder.pages.ladder as ladder_mod
+    shown: list[str] = []
+    monkeypatch.setattr(ladder_mod, "display_html", lambda html, text: shown.append(html))
+    page = smoke_page(reference)
+    for name in ("R0", "R1", "R2", "R3c", "R3", "B1", "R5"):
+        page.run(name)
+    captured = capsys.readouterr()
+    assert not page.live.rung("R5").measured
+    assert "perfladder:" not in captured.err + captured.out
+    r5_smoke = [h for h in shown if "perfladder-smoke" in h and "R5 (data parallel) did not run here" in h]
+    assert len(r5_smoke) == 1 and "perfladder: " in r5_smoke[0]
+
+
+def test_the_committed_multi_gpu_run_is_named_once_per_page(reference, monkeypatch):
+    """R5's cell names the two-GPU run; later multi-GPU rungs fold their table under a line that
+    says where it was measured, without the sentence again."""
+    import perfladder.pages.ladder as ladder_mod
+    from perfladder.pages.visible import visible_text
+    shown: list[str] = []
+    monkeypatch.setattr(ladder_mod, "display_html", lambda html, text: shown.append(html))
+    page = smoke_page(reference)
+    shown.clear()                                                # the header
+    page._committed_multi_gpu("R5")
+    page._committed_multi_gpu("R5")
+    if not shown:
+        pytest.skip("no committed multi-GPU run for torch R5 in this checkout")
+    first, second = (visible_text(f"<article>{h}</article>") for h in shown)
+    assert first.startswith("Measured on ") and "each prediction written before its launch" in first
+    assert not second.startswith("Measured on ") and "(measured on " in second
+    assert "<table" in shown[1]                                  # the numbers, one click away
+
+
+def test_glue_also_gives_other_pages_plain_text_under_the_framework(reference, monkeypatch):
+    """Each glued value is glued again as plain text, ``torch_<key>``: MyST-NB pastes only plain
+    text across pages (the exercises' solutions quote the ladder pages this way)."""
+    import perfladder.pages.ladder as ladder_mod
+    md, text = {}, {}
+    monkeypatch.setattr(ladder_mod, "_glue", lambda k, v: md.__setitem__(k, v))
+    monkeypatch.setattr(ladder_mod, "_glue_text", lambda k, v: text.__setitem__(k, v))
+    page = smoke_page(reference)
+    glued = page.glue()
+    assert glued and md == glued
+    assert text == {f"torch_{k}": v for k, v in glued.items()}

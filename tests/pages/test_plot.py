@@ -89,11 +89,32 @@ def test_labels_follow_the_verdicts():
     r = seed_ladder()
     ax = waterfall(r).axes[0]
     labels = texts(ax, "verdict")
-    assert labels == ["base", "2.00x", "0.75x", "4.01x", "0.83x", "did not\nsettle"]
-    # a rung that builds on a bar other than its left neighbour names it
+    assert labels == ["base", "2.00x\nover R0", "0.75x\nover R1", "4.01x\nover R2", "0.83x\nover R3",
+                      "did not\nsettle"]
+    # every label names its base in words; within the noise it says so, with no symbol
     skip = result([rung("R0", "eager", [1e5, 1e5, 1e5]), rung("B1", "cuda_graphs", [5e4, 5e4, 5e4], "R0"),
                    rung("B2", "batch_x2", [2e5, 2e5, 2e5], "R0"), rung("B3", "batch_x4", [2e5, 2.01e5, 2.02e5], "B2")])
-    assert texts(waterfall(skip).axes[0], "verdict") == ["base", "0.50x", "2.00x\nvs R0", "≈"]
+    assert texts(waterfall(skip).axes[0], "verdict") == ["base", "0.50x\nover R0", "2.00x\nover R0",
+                                                         "no gain\nover B2"]
+
+
+def test_dead_ends_are_outlines_and_the_kept_chain_is_solid():
+    """B1 (nothing builds on it) is an outline named in the legend; the fastest, B3, is solid."""
+    from perfladder.pages.plot import dead_ends
+    r = result([rung("R0", "eager", [1e5, 1e5, 1e5]),
+                rung("B1", "cuda_graphs", [0.9e5, 0.9e5, 0.9e5], "R0", stage="beyond"),
+                rung("B2", "batch_x2", [2e5, 2e5, 2e5], "R0", stage="beyond"),
+                rung("B3", "batch_x4", [3e5, 3e5, 3e5], "B2", stage="beyond")])
+    assert dead_ends(r) == {"B1"}
+    bars = list(bar_container(waterfall(r).axes[0]))
+    assert [b.get_gid() for b in bars] == [None, "dead-end", None, None]
+    assert to_hex(bars[1].get_facecolor()) == "#ffffff" and to_hex(bars[2].get_facecolor()) != "#ffffff"
+    assert any("dead end" in t for t in legend_texts(waterfall(r)))
+    seed = seed_ladder()                   # B1 builds on R3: R4 is the seed rung the ladder left
+    assert [x.builds_on for x in seed.waterfall()][-1] == "R3" and dead_ends(seed) == {"R4"}
+    only_seed = result([x for x in seed.rungs if x.stage != "beyond"])
+    assert dead_ends(only_seed) == set()   # a chain with nothing beyond it has no dead end
+    assert not any("dead end" in t for t in legend_texts(waterfall(only_seed)))
 
 
 def test_unsettled_bar_is_hatched_and_credited_with_nothing():
@@ -125,8 +146,8 @@ def test_ceiling_line_exactly_when_the_run_has_roofs():
     assert ceiling_lines(ax) == []
     assert any("no measured roofs" in t for t in legend_texts(ax.figure))
     roofed = seed_ladder(roofs=ROOFS)
-    assert waterfall(roofed).axes[0].get_yscale() == "log"      # 100k under a 6.8M ceiling
-    ax = waterfall(roofed, scale="linear").axes[0]
+    assert waterfall(roofed, scale="auto").axes[0].get_yscale() == "log"   # 100k under a 6.8M ceiling
+    ax = waterfall(roofed).axes[0]
     lines = ceiling_lines(ax)
     expected = ceiling(roofed)["tokens_per_s"]
     assert expected == pytest.approx(800e12 / 118_296_576)
@@ -218,16 +239,17 @@ def test_legend_names_each_colour_drawn_and_only_those():
     assert "range of the settled windows" in legend
 
 
-def test_a_floor_far_below_the_top_gets_a_log_axis():
+def test_a_floor_far_below_the_top_gets_a_log_axis_only_when_asked():
     r = jax_like()
-    ax = waterfall(r).axes[0]
+    assert waterfall(r).axes[0].get_yscale() == "linear"        # both pages: the same linear axis
+    ax = waterfall(r, scale="auto").axes[0]
     assert ax.get_yscale() == "log" and "log scale" in ax.get_ylabel()
     bars = list(bar_container(ax))
     floor = bars[0].get_y()
     assert 0 < floor < 6.9e3                                    # R0 stands above the axis floor
     assert [b.get_y() + b.get_height() for b in bars] == pytest.approx([x.tokens_per_s for x in r.waterfall()])
     assert "7.00k" in texts(ax, "value") + texts(ax, "verdict")
-    assert waterfall(seed_ladder()).axes[0].get_yscale() == "linear"   # 9x: linear stays
+    assert waterfall(seed_ladder(), scale="auto").axes[0].get_yscale() == "linear"   # 9x: linear stays
     assert waterfall(r, scale="linear").axes[0].get_yscale() == "linear"
     assert compare([r]).axes[0].get_xscale() == "linear"        # the comparison: linear unless asked
     assert compare([r], scale="log").axes[0].get_xscale() == "log"

@@ -6,6 +6,7 @@ is computed from.
 """
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -13,7 +14,7 @@ from _ladders import H200, ROOT, result, rung, seed_ladder
 
 from perfladder.config import get_config
 from perfladder.measure.evidence import Prediction
-from perfladder.pages import cards, kernel_report, report
+from perfladder.pages import cards, kernel_report, report, words
 from perfladder.pages.claims import call, short_reason
 from perfladder.results.committed import read_run
 from perfladder.results.record import LadderResult
@@ -36,9 +37,22 @@ def test_unsettled_rung_is_never_credited():
     c = call(r, b1)
     assert c.word == "unsettled" and c.ratio is None and c.label == "" and not c.credited
     line = cards.result_line(r, b1)
-    assert "unsettled" in line and f"{b1.tokens_per_s / r.rung('R3').tokens_per_s:.2f}" not in line
+    assert "no verdict on time against R3 (B1's windows did not settle" in line
+    assert f"{b1.tokens_per_s / r.rung('R3').tokens_per_s:.2f}" not in line
     row = next(x for x in report.ladder_rows(r) if ">B1<" in x[0])
     assert row[2].startswith("–") and "unsettled" in row[2] and "did not settle" in row[1]
+
+
+def test_a_memory_technique_says_what_it_bought_against_its_base():
+    """R4's line: its memory against R3's, measured alike, even where time has no verdict."""
+    for fw in ("torch", "jax"):
+        from perfladder.results.committed import read_run, reference_run
+        res = read_run(reference_run(framework=fw) / f"{fw}.json")
+        r4, r3 = res.rung("R4"), res.rung("R3")
+        line = cards.result_line(res, r4)
+        assert f"memory {words.gib(r4.memory.bytes)} against R3's {words.gib(r3.memory.bytes)}" in line
+        assert f"{r4.memory.bytes / r3.memory.bytes:.2f}x" in line
+        assert "memory" not in cards.result_line(res, r3).split("tokens/s", 1)[1]   # only the memory rungs
 
 
 def test_loss_against_an_unsettled_base_is_still_a_loss():
@@ -100,7 +114,10 @@ def test_ladder_table_is_html_with_few_columns(h200):
 
 def test_rung_view_is_a_line_a_compact_table_and_the_record_behind_a_toggle(h200):
     view = cards.rung_html(h200["torch"], "R1")
-    assert view.index("perfladder-result") < view.index("perfladder-compact") < view.index("<details>")
+    fold = view.index('<details class="perfladder-fold">')
+    assert view.index("perfladder-result") < fold < view.index("perfladder-compact") < view.index("<details>")
+    visible = re.sub(r"<details.*</details>", "", view, flags=re.S)
+    assert html.unescape(re.sub(r"<[^>]+>", "", visible)) == cards.result_line(h200["torch"], h200["torch"].rung("R1"))
     compact = dict(cards.compact_rows(h200["torch"], h200["torch"].rung("R1")))
     for slot in ("windows", "gates", "first call", "memory", "profile", "rate"):
         assert slot in compact, slot

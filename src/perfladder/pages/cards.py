@@ -1,7 +1,7 @@
 """What a page shows of one rung, and the kernel breakdown, as HTML and as text (framework-free).
 
 A rung is shown as one line of result (``result_line``: tokens/s, its verdict against the rung
-it builds on) over a compact table of its evidence (``compact_rows``: the windows that count,
+it builds on), visible, over a folded compact table of its evidence (``compact_rows``: the windows that count,
 the gates summarised, the receipt, compile, memory, the profile's largest shares, where the
 rung's own time went), with everything it recorded behind a toggle (``card_rows``, slot by
 slot: ``perfladder.measure.evidence``). Kernel names are shortened to what they are; the full
@@ -22,6 +22,7 @@ from perfladder.pages.claims import (
     settled,
     short_reason,
     target,
+    unsettled_clause,
 )
 from perfladder.pages.multigpu import shown_prediction
 from perfladder.pages.report import MUTED, esc, table_html
@@ -80,7 +81,8 @@ def short_name(name: str, limit: int = 56) -> str:
 
 def code_html(name: str) -> str:
     """A kernel or operator name, shortened; the full name is the hover text."""
-    return f'<code title="{esc(name)}">{esc(short_name(name))}</code>'
+    return (f'<code title="{esc(name)}" style="overflow-wrap: anywhere;">'
+            f'{esc(short_name(name))}</code>')
 
 
 def _num(v) -> str:
@@ -198,11 +200,39 @@ def result_line(result: LadderResult, r: RungResult) -> str:
         if c.bound is not None:
             what = (f"{c.bound_text} {c.against}: every window above every window "
                     f"of {c.against} ({c.shaky})")
+    if c.word == "unsettled":
+        base = _base(result, r)
+        clause = unsettled_clause(*(x for x in (r, base) if x is not None))
+        what = f"no verdict on time against {c.against}" + (f" ({clause})" if clause else "")
     if r.kind == "control":
         what = "a control, not a step of the waterfall"
+    what += _memory_verdict(result, r)
     if is_smoke(result):
         what = "a smoke check, not a performance number"
     return head + f"{rate(r.tokens_per_s)} tokens/s, {what}" + rerun.line_note(r)
+
+
+def _base(result: LadderResult, r: RungResult) -> RungResult | None:
+    try:
+        return result.rung(r.builds_on) if r.builds_on else None
+    except KeyError:
+        return None
+
+
+MEMORY_RUNGS = ("checkpoint",)   # techniques whose point is memory: their line says what it bought
+
+
+def _memory_verdict(result: LadderResult, r: RungResult) -> str:
+    """For a technique that trades time for memory, its memory against its base's, measured the
+    same way (a plan or a peak: exact, so no noise rule applies): '; memory 2.25 GiB against
+    R3's 10.0 GiB (planned temporaries), 0.22x'."""
+    base = _base(result, r)
+    if r.key not in MEMORY_RUNGS or base is None or r.memory is None or base.memory is None:
+        return ""
+    a, b = r.memory.bytes, base.memory.bytes
+    if not a or not b or r.memory.kind != base.memory.kind:
+        return ""
+    return f"; memory {gib(a)} against {base.name}'s {gib(b)} ({r.memory.kind}), {a / b:.2f}x"
 
 
 def _gates_summary(r: RungResult) -> str:
@@ -297,8 +327,9 @@ def time_spent(result: LadderResult) -> str:
 
 
 def rung_html(result: LadderResult, name: str, label: str = "") -> str:
-    """The rung as a page shows it: the result line, the compact table, all the evidence behind a
-    toggle (and the profile's top kernels, names shortened)."""
+    """The rung as a page shows it: the result line, visible; the compact table and all the
+    evidence folded under it (a reader opens them; the story reads past them), the profile's
+    top kernels with their names shortened."""
     r = result.rung(name)
     rows = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)] for k, v in compact_rows(result, r)]
     full = [[f'<span style="color: {MUTED};">{esc(k)}</span>', esc(v)] for k, v in card_rows(result, r)]
@@ -308,11 +339,12 @@ def rung_html(result: LadderResult, name: str, label: str = "") -> str:
                             [[fmt(x.get("device_ms"), ".3f"), fmt(x.get("calls"), "g"), code_html(x["name"])]
                              for x in prof], numeric={0, 1}) if prof else ""
     return ('<div class="perfladder-card">'
-            + (f'<p class="perfladder-source">{esc(label)}</p>' if label else "")
             + f'<p class="perfladder-result"><strong>{esc(result_line(result, r))}</strong></p>'
+            + '<details class="perfladder-fold"><summary>its evidence</summary>'
+            + (f'<p class="perfladder-source">{esc(label)}</p>' if label else "")
             + (table_html(["", ""], rows, cls="perfladder-table perfladder-compact") if rows else "")
             + '<details><summary>everything this rung recorded</summary>'
-            + table_html(["evidence", "value"], full) + prof_table + "</details></div>")
+            + table_html(["evidence", "value"], full) + prof_table + "</details></details></div>")
 
 
 def rung_text(result: LadderResult, name: str, label: str = "") -> str:

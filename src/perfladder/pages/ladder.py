@@ -2,12 +2,13 @@
 
     page = LadderPage("torch")          # picks the configuration, builds the ladder, shows the header
     page.run("R1", compile_model=compile_model)   # runs R1 with the cell's code, shows its result
-    page.waterfall(); page.kernel_report(); page.learning_check(); page.glue(); page.save()
+    page.waterfall(); page.roofline(); page.memory(); page.timeline()
+    page.kernel_report(); page.learning_check(); page.glue(); page.save()
 
 Each rung's cell holds the code of its technique and passes it to ``run``, so a reader who
 edits the cell measures the edit. On a GPU the page runs the full ladder and shows this
-build's own numbers. Without one it runs the smoke ladder live, as a check of the code (a
-grey box per rung), and shows the committed reference run (``results.committed.reference_run()``)
+build's own numbers. Without one it runs the smoke ladder live, as a check of the code (one
+folded line per rung, labelled "smoke check, not a performance number"), and shows the committed reference run (``results.committed.reference_run()``)
 rung by rung, labelled with its device and date. ``page.shown`` is the ladder whose numbers
 the page shows; ``page.live`` the one this build ran. The prose between the cells is the
 authors'; ``glue`` inserts its numbers and the verdicts of its checked claims
@@ -21,7 +22,9 @@ interrupted cell leaves the ladder as it was before the cell.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 from pathlib import Path
 
 from perfladder.book.paths import build_results_dir
@@ -29,8 +32,9 @@ from perfladder.config import pick_config
 from perfladder.pages import cards, kernel_report, multigpu, plot, report, rerun
 from perfladder.pages.chapter import checks_for, numbers_for, texts_for
 from perfladder.pages.claims import is_smoke
-from perfladder.pages.narrative import learning_text, smoke_check
-from perfladder.pages.report import box_html, display_html, esc, paragraphs_html, run_label
+from perfladder.pages.glossary import href, link_terms
+from perfladder.pages.narrative import SMOKE_LABEL, learning_text, smoke_check, smoke_summary
+from perfladder.pages.report import box_html, display_html, esc, fold_html, paragraphs_html, run_label
 from perfladder.pages.story import glue_values
 from perfladder.pages.words import rate
 from perfladder.results import ResultsError
@@ -107,6 +111,8 @@ class LadderPage:
         self.glued: dict[str, str] = {}
         self._header: tuple[str, str] | None = None      # (html, text) as first shown
         self._header_note = ""
+        self.linked: set[str] = set()      # glossary terms this page's outputs have linked
+        self.multi_gpu_said = False        # the committed multi-GPU run named once on the page
         if show_header:
             self.header()
 
@@ -146,17 +152,21 @@ class LadderPage:
             plain = report.banner_text(self.config, device).replace("**", "").replace("`", "")
             return report.banner_html(self.config, device), plain
         if self.reference is not None:
-            shows = (f"Every number, table and figure shown for a rung, and every number in the prose, "
-                     f"comes from the committed reference run: {run_label(self.reference, self.reference_source)}.")
+            shows = ("Every other number, table and figure comes from the committed reference run ("
+                     f"{self.reference.device}, {self.reference.created[:10]}).")
         else:
             shows = (f"No committed reference run could be read ({self.reference_error}), so the page shows "
                      "the smoke run itself: its numbers are not performance results.")
-        text = (f"This build runs the tiny smoke configuration on {device}. Each rung's cell below runs "
-                "its code live, as a check that the code runs and its gates pass; the grey boxes report "
-                f"that check, and their numbers are NOT performance results. {shows}")
-        return (box_html("Smoke run: not performance numbers", f'<p style="margin: 0;">{esc(text)}</p>',
-                         "warning", cls="perfladder-banner"), "=" * 78 + "\n" + text + "\n" + "=" * 78)
-
+        text = (f"This build runs the tiny smoke configuration on {device}: each cell runs its code live, "
+                f"as a check; those numbers are NOT performance results, each folded under a line "
+                f"'{SMOKE_LABEL}'. {shows}")
+        full = ("" if self.reference is None else
+                fold_html("the reference run in full", f'<p style="font-size: 0.85em;">'
+                          f'{esc(run_label(self.reference, self.reference_source))}</p>'))
+        return (link_terms(box_html("Smoke run: not performance numbers",
+                                    f'<p style="margin: 0;">{esc(text)}</p>{full}', "warning",
+                                    cls="perfladder-banner"), self.linked),
+                "=" * 78 + "\n" + text + "\n" + "=" * 78)
     def _note_in_header(self) -> None:
         """Once a cell has run again, the header at the top of the page says which rungs were run
         again and which stand on an earlier version (updated in place in a kernel)."""
@@ -174,9 +184,10 @@ class LadderPage:
     def run(self, name: str, **code) -> None:
         """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show
         the shown ladder's result for it (this build's own is ``page.live.rung(name)``)."""
-        res = self.ladder.run(name, **code)
+        with self._quiet() as said:
+            res = self.ladder.run(name, **code)
         self._keep_partial()
-        self.show(name, res)
+        self.show(name, res, said.getvalue())
         self._note_in_header()
 
     def _keep_partial(self) -> None:
@@ -185,16 +196,29 @@ class LadderPage:
         if not self.config.is_smoke:
             self.live.write(build_results_dir() / f"{self.framework}.partial.json")
 
-    def show(self, name: str, res=None) -> None:
-        """The shown ladder's result for rung ``name`` (after the smoke check of ``res``)."""
+    @contextlib.contextmanager
+    def _quiet(self):
+        """On a smoke build, what the live run prints (the engine's notes on stderr, R5's
+        predictions for the CPU processes) is smoke output: kept for the folded smoke line
+        instead of printed beside the reference's numbers. A full build prints it as it comes."""
+        said = io.StringIO()
+        if not (self.config.is_smoke and self.reference is not None):
+            yield said
+            return
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            yield said
+
+    def show(self, name: str, res=None, said: str = "") -> None:
+        """The shown ladder's result for rung ``name`` (after the smoke check of ``res``, and
+        ``said``: what its live run printed)."""
         if not self.config.is_smoke or self.reference is None:
-            display_html(cards.rung_html(self.live, name), cards.rung_text(self.live, name))
+            self._display(cards.rung_html(self.live, name), cards.rung_text(self.live, name))
             if not self.live.rung(name).measured:
                 self._committed_multi_gpu(name)
             return
         if res is not None:
-            self._smoke_box(f"smoke check of this cell's code on {self.live.device}",
-                            ". ".join(t for t in (smoke_check(res), self._rerun_text(res)) if t))
+            self._smoke_box("", "\n".join(t for t in (smoke_check(res), self._rerun_text(res),
+                                                      said.strip()) if t))
         ref = self._shown_rung(name)
         if ref is None:
             decl = self.fw.RUNGS.get(name)
@@ -204,11 +228,11 @@ class LadderPage:
                 # a single-GPU ladder never measures R5; the committed multi-GPU run did
                 text = (f"The single-GPU reference ladder ({self.reference.device}, {self.reference.created[:10]}) "
                         "does not measure data parallelism; the committed multi-GPU run does.")
-            display_html(paragraphs_html([text]), text)
+            self._display(paragraphs_html([text]), text)
             self._committed_multi_gpu(name)
             return
         label = f"Reference run: {self.reference.device}, {self.reference.created[:10]}"
-        display_html(cards.rung_html(self.reference, ref.name, label),
+        self._display(cards.rung_html(self.reference, ref.name, label),
                      cards.rung_text(self.reference, ref.name, label))
         if not ref.measured:
             self._committed_multi_gpu(name)
@@ -226,7 +250,7 @@ class LadderPage:
         earlier version of one (nothing when every rung ran once); the words shown."""
         text = rerun.ladder_note(self.live)
         if text and self.config.is_smoke and self.reference is not None:
-            self._smoke_box(f"this session's smoke run on {self.live.device}", text)
+            self._smoke_box("the cells run again in this session", text)
         elif text:
             display_html(box_html("Rungs run again", f'<p style="margin: 0;">{esc(text)}</p>', "warning",
                                   cls="perfladder-rerun"), text)
@@ -237,19 +261,33 @@ class LadderPage:
         rows = multigpu.measurements(self.framework, name)
         if not rows:
             return
-        text = (f"Measured on {rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink "
-                f"(benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
+        where = f"{rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink"
+        text = (f"Measured on {where} (benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
                 "its launch:")
-        display_html(paragraphs_html([text]) + multigpu.table_html(rows),
-                     text + "\n" + multigpu.table_text(rows))
+        summary = "the measurements, each beside its prediction"
+        if self.multi_gpu_said:          # the run was named at the first multi-GPU rung: only its table
+            self._display(fold_html(f"{summary} (measured on {where})", multigpu.table_html(rows)),
+                          text + "\n" + multigpu.table_text(rows))
+            return
+        self.multi_gpu_said = True
+        self._display(paragraphs_html([text]) + fold_html(summary, multigpu.table_html(rows)),
+                      text + "\n" + multigpu.table_text(rows))
 
-    def _smoke_box(self, title: str, text: str) -> None:
-        display_html(box_html(title, f'<p style="margin: 0; font-size: 0.9em;">{esc(text)}</p>', "smoke",
-                              cls="perfladder-smoke"), f"[{title}] {text}")
+    def _display(self, html_text: str, text: str) -> None:
+        """``display_html`` with the first mention of each glossary term on the page linked."""
+        display_html(link_terms(html_text, self.linked), text)
+
+    def _smoke_box(self, what: str, text: str) -> None:
+        """One folded line: what ran where, labelled as no result; the check behind it."""
+        summary = smoke_summary(what, self.live.device)
+        body = "<br>".join(esc(line) for line in text.splitlines())
+        self._display(fold_html(summary, f'<p style="margin: 0; font-size: 0.9em; color: #555;">{body}</p>',
+                                "perfladder-smoke"), f"[{summary}] {text}")
 
     def table(self) -> None:
-        """Every rung of the shown ladder, one row each."""
-        display_html(report.ladder_table_html(self.shown), report.text_table(self.shown))
+        """Every rung of the shown ladder, one row each (folded: the waterfall above draws it)."""
+        self._display(fold_html("every rung in one table: tokens/s, ratio to its base, regime, TFLOP/s, memory",
+                                report.ladder_table_html(self.shown)), report.text_table(self.shown))
         self.rerun_note()
 
     def waterfall(self) -> None:
@@ -259,46 +297,86 @@ class LadderPage:
 
     def kernel_report(self) -> None:
         """Profile the fastest configuration kernel by kernel (live), show the shown ladder's."""
-        live = self.ladder.kernel_report()
+        with self._quiet() as said:
+            live = self.ladder.kernel_report()
         if self.config.is_smoke and self.reference is not None:
-            self._smoke_box(f"smoke check on {self.live.device}",
+            self._smoke_box("the kernel breakdown",
                             "the kernel breakdown ran: " + (f"{len(live.get('top', []))} top operators sorted"
-                                                             if live else "it failed (see the notes)"))
+                                                             if live else "it failed (see the notes)")
+                            + (f"\n{said.getvalue().strip()}" if said.getvalue().strip() else ""))
         r = kernel_report.kernel_rung(self.shown)
         if r is None:
             text = "No kernel breakdown was recorded in this ladder: " + "; ".join(
                 n for n in self.shown.notes if "kernel breakdown" in n)
-            display_html(paragraphs_html([text]), text)
+            self._display(paragraphs_html([text]), text)
             return
         title = f"{r.name} ({r.label}), the fastest configuration"
         tried = kernel_report.tried_against(self.shown, self.fw.RUNGS)
-        display_html(kernel_report.kernel_html(r.kernels, title, tried), kernel_report.kernel_text(r.kernels, title, tried))
+        names = (f'<p style="font-size: 0.85em;">What the kernels\' names say (<code>nvjet</code>, '
+                 f'<code>splitK</code>, <code>triton_</code>, <code>fusion</code>): '
+                 f'<a href="{href("kernel names")}">the glossary</a>.</p>')
+        self._display(fold_html(f"{title}: its kernels by kind and by name, and the roofline table",
+                                names + kernel_report.kernel_html(r.kernels, title, tried)),
+                     kernel_report.kernel_text(r.kernels, title, tried))
 
     def learning_check(self) -> None:
-        """Train the fastest configuration (live); show the shown ladder's check and loss curve."""
-        live = self.ladder.learning_check()
+        """Train the fastest configuration (live); show the shown ladder's check, its loss curve,
+        validation points and threshold."""
+        from perfladder.pages.figures import learning
+        with self._quiet() as said:
+            live = self.ladder.learning_check()
         if self.config.is_smoke and self.reference is not None:
-            self._smoke_box(f"smoke check on {self.live.device}", learning_text(live))
+            self._smoke_box("the learning check", learning_text(live)
+                            + (f"\n{said.getvalue().strip()}" if said.getvalue().strip() else ""))
         check = self.shown.learning
-        display_html(paragraphs_html([learning_text(check)]), learning_text(check))
+        self._display(paragraphs_html([learning_text(check)]), learning_text(check))
         if check is not None and check.losses:
-            import matplotlib.pyplot as plt
-            fig, ax = plt.subplots(figsize=(5.5, 2.6))
-            ax.plot(check.losses, linewidth=1)
-            ax.set_xlabel("step", fontsize=8)
-            ax.set_ylabel("training loss", fontsize=8)
-            ax.set_title(f"{self.shown.framework} on {self.shown.device}: {check.configuration or 'fastest'} "
-                         "configuration" + (" [SMOKE]" if is_smoke(self.shown) else ""), fontsize=9)
-            ax.spines[["top", "right"]].set_visible(False)
-            fig.tight_layout()
-            _show_figure(fig)
+            title = (f"{self.shown.framework} on {self.shown.device}: {check.configuration or 'fastest'} "
+                     "configuration" + (" [SMOKE]" if is_smoke(self.shown) else ""))
+            _show_figure(learning.figure(check, title))
+
+    def compiler_accounting(self, asked: dict, name: str) -> None:
+        """The compiled step's own FLOP and memory accounting (``asked``: see
+        ``perfladder.pages.compiler_view``) beside what the shown run recorded for rung ``name``
+        against its measured rate. On a smoke build ``asked`` is of the smoke model: labelled so."""
+        from perfladder.pages import compiler_view
+        where = f"{self.config.name} model on {self.live.device}"
+        label = (f"This build's compiled step ({where}; {SMOKE_LABEL})" if self.config.is_smoke
+                 else f"This build's compiled step ({where})")
+        shown = f"{name} as the run shown recorded it ({self.shown.device})"
+        if self.config.is_smoke:
+            self._display(compiler_view.html(None, "", self.shown, name, shown)
+                          + fold_html(smoke_summary("this build's compiled step, asked", self.live.device),
+                                      compiler_view.html(asked, label, None, name, "")),
+                          compiler_view.text(asked, label, self.shown, name, shown))
+            return
+        self._display(compiler_view.html(asked, label, self.shown, name, shown),
+                      compiler_view.text(asked, label, self.shown, name, shown))
+
+    # -- figures of the shown run ------------------------------------------------------------
+    def roofline(self) -> None:
+        """Every rung, and every kernel group of the fastest step, on the run's measured ceilings."""
+        from perfladder.pages.figures import roofline
+        _show_figure(roofline.figure(self.shown))
+
+    def memory(self) -> None:
+        """Per rung: weights, gradients, AdamW moments and activations computed, beside measured."""
+        from perfladder.pages.figures import memory
+        _show_figure(memory.figure(self.shown))
+
+    def timeline(self) -> None:
+        """One step, device and host, at the small batch, the big one and the fastest's."""
+        from perfladder.pages.figures import timeline
+        _show_figure(timeline.figure(self.shown))
 
     def glue(self) -> dict[str, str]:
         """Insert the prose's numbers and the verdicts of its checked claims, all computed from
-        the shown ladder (``perfladder.pages.chapter``). Returns what was glued."""
+        the shown ladder (``perfladder.pages.chapter``); each also as plain text under
+        ``<framework>_<key>`` for other pages (the exercises' solutions). Returns what was glued."""
         self.glued = glue_values(self.shown, checks_for(self.framework), numbers_for(self.framework))
         for key, value in self.glued.items():
             _glue(key, value)
+            _glue(f"{self.framework}_{key}", value, as_text=True)   # pastable from other pages
         self.rerun_note()
         for key, value in texts_for(self.framework, self.shown).items():   # pasted by the text pages
             _glue(key, value, as_text=True)
@@ -313,9 +391,11 @@ class LadderPage:
         import matplotlib.pyplot as plt
         plt.close(plot.waterfall(self.live, png))
         best = self.live.fastest_rung() if self.live.waterfall() else None
-        print(f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s"
-                                            f"{', smoke' if self.config.is_smoke else ''})" if best else ""))
-        print(cards.time_spent(self.live))
-        if rerun.ladder_note(self.live):
-            print(rerun.ladder_note(self.live))
+        line = f"wrote {path} and {png}" + (f" (fastest: {best.name}, {rate(best.tokens_per_s)} tokens/s)"
+                                            if best else "")
+        said = "; ".join(t for t in (line, cards.time_spent(self.live), rerun.ladder_note(self.live)) if t)
+        if self.config.is_smoke:
+            self._smoke_box("this build's own ladder", said)
+        else:
+            print(said)
         return path, png

@@ -3,7 +3,8 @@ used, because they only restate what was recorded (framework-free).
 
 * ``smoke_check(rung)``: what a live smoke run of a rung did (it ran, its gates, receipt,
   compile, windows) -- a check of the code, never a number to read;
-* ``learning_text(check)``: a learning check's numbers and whether it passed.
+* ``learning_text(check)``: a learning check's numbers and whether it passed;
+* ``smoke_summary(what, device)``: the one line a folded smoke check shows, labelled as no result.
 
 Every other sentence of the pages is the authors' prose, with numbers inserted and claims
 checked against the run shown (``perfladder.pages.story``).
@@ -30,6 +31,15 @@ def smoke_check(r: RungResult) -> str:
     if r.timing is not None:
         parts.append(f"{len(r.timing.windows)} timed windows")
     return ", ".join(parts)
+
+
+SMOKE_LABEL = "smoke check, not a performance number"
+
+
+def smoke_summary(what: str, device: str) -> str:
+    """The one visible line of a folded smoke check: what ran ("" for a rung's own cell), where,
+    and that it is no result."""
+    return f"{what + ': ' if what else ''}{SMOKE_LABEL} ({device})"
 
 
 def learning_text(check) -> str:

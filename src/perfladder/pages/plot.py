@@ -5,12 +5,15 @@ A bar whose own windows did not settle is hatched, labelled so, and never given 
 other labels follow ``perfladder.pages.claims.call`` (a ratio where the verdict is beyond the
 noise, '≈' within it). A legend names every colour drawn.
 
-The axis is linear unless the bars span more than ``LOG_SPAN``: then it is logarithmic. JAX's
-un-jitted floor (7k tokens/s) beside a 3M top would be a sliver on a linear axis; a broken
-axis rescues a bar that is too tall, not one that is too short, and an inset would draw the
-floor twice at two scales. On a log axis every bar stays readable, and a rung's ratio to its
-neighbour is the same vertical step wherever it sits on the ladder, which is how a cumulative
-ladder of multiplying rungs reads. The axis label says which scale was used.
+The waterfall's axis is linear for both frameworks (``scale='linear'``, the default): a log
+axis flattens the climb a reader compares between the pages, and a floor too short to see
+still reads from its value, printed over it. ``scale='auto'`` picks log when the bars span more
+than ``LOG_SPAN``; the axis label says which scale was used.
+
+A rung that nothing later builds on (a dead end: a technique the ladder tried and left) is
+drawn as an outline, so the kept chain reads as the solid bars (``dead_ends``). Each label
+says what a reader needs: its speed-up over the rung it builds on ("1.08x over B5"), or "no
+gain over B1" within the noise.
 
 Where a run measured its device's matmul rate (``LadderResult.roofs``), a dashed line marks
 the model's ceiling, one per run, each at its own probe (``perfladder.kernels.ceiling``, the
@@ -108,9 +111,23 @@ def bar_colors(result: LadderResult) -> list[str]:
     return colors
 
 
+def dead_ends(result: LadderResult) -> set[str]:
+    """The waterfall rungs the ladder tried and left: a beyond rung recorded as not kept, and a
+    rung nothing later builds on that is neither the fastest nor the last bar (a seed rung the
+    beyond rungs skip). A ladder with nothing beyond its seed rungs has none."""
+    bars = result.waterfall()
+    if not bars or not any(b.stage == "beyond" for b in bars):
+        return set()
+    built_on = {r.builds_on for r in result.rungs if r.builds_on}
+    fastest = result.fastest_rung().name
+    return {r.name for r in bars if r.kept is False
+            or (r.kept is None and r.name not in built_on and r.name not in (fastest, bars[-1].name))}
+
+
 def bar_label(result: LadderResult, r: RungResult, left: RungResult | None = None) -> str:
-    """The text over a bar: 'did not settle' (no ratio), a ratio, '≈' within the noise,
-    'no credit' against a base that did not settle; the base's name when it is not ``left``."""
+    """The text over a bar, in words: 'did not settle' (no ratio), '1.23x over R0', 'no gain
+    over B1' within the noise, 'no credit' against a base that did not settle. The base is
+    always named (``left`` is kept for callers; every bar names its own base)."""
     if settled(r) is False:
         return "did not\nsettle"
     c = call(result, r)
@@ -118,12 +135,13 @@ def bar_label(result: LadderResult, r: RungResult, left: RungResult | None = Non
         return "base" if r.name == result.baseline else rerun.bar_mark(r)
     if c.word == "unsettled":
         return "no\ncredit"
-    text = "≈" if c.word == "within noise" else c.label
-    if not text:              # nothing may be read (a smoke run): no base to name either
+    if c.word == "within noise":
+        return f"no gain\nover {c.against}"
+    if not c.label:           # nothing may be read (a smoke run): no base to name either
         return "base" if r.name == result.baseline else ""
-    if left is None or c.against != left.name:
-        text += f"\nvs {c.against}"
-    return text
+    if c.bound is not None:
+        return f"{c.bound_text}\nover {c.against}"
+    return f"{c.label}\nover {c.against}"
 
 
 def _ceiling_handle(c: dict) -> Line2D:
@@ -197,12 +215,13 @@ def _save(fig, path):
 
 
 def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, title: str | None = None,
-              unit: str | None = None, scale: str = "auto"):
+              unit: str | None = None, scale: str = "linear"):
     """Cumulative bars of the ladder with window whiskers, values, verdict labels, a colour
     legend and the ceiling.
 
     ``unit`` (``'k'`` or ``'M'`` tokens/s, linear axis) is picked from the tallest bar unless
-    given; ``scale``: 'auto' (see the module), 'linear' or 'log'. Returns the figure; saves it
+    given; ``scale``: 'linear' (both pages), 'auto' (see the module) or 'log'. Dead ends
+    (``dead_ends``) are outlines. Returns the figure; saves it
     when ``path`` is given.
     """
     bars = result.waterfall()
@@ -230,8 +249,14 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
     ymax = top / s * (2.5 if which == "log" else 1.2)
     ax.set_ylim(floor if which == "log" else 0, ymax)
     hatched = False
+    dead = dead_ends(result)
     for i, (b, r) in enumerate(zip(drawn, bars)):
         hatched = _shade(b, r) or hatched
+        if r.name in dead:
+            b.set_facecolor("white")
+            b.set_edgecolor(colors[i])
+            b.set_linewidth(1.4)
+            b.set_gid("dead-end")
         x = b.get_x() + b.get_width() / 2
         label = bar_label(result, r, bars[i - 1] if i else None)
         short = (math.log10(heights[i] / floor) / math.log10(ymax / floor) if which == "log"
@@ -241,7 +266,7 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
         else:
             inside = floor * (heights[i] / floor) ** 0.04 if which == "log" else 0.012 * ymax
             ax.text(x, inside, rate(r.tokens_per_s), ha="center", va="bottom", fontsize=6,
-                    color="#222222" if colors[i] in DARK_TEXT else "white", gid="value")
+                    color="#222222" if colors[i] in DARK_TEXT or r.name in dead else "white", gid="value")
         ax.text(x, highs[i] / s, label, ha="center", va="bottom", fontsize=7, linespacing=0.95,
                 gid="verdict")
     for c in ceilings:
@@ -257,8 +282,12 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
     ax.tick_params(axis="y", labelsize=7)
     smoke = " [SMOKE: not performance numbers]" if is_smoke(result) else ""
     ax.set_title(title or f"{result.framework} on {result.device}: cumulative waterfall{smoke}\n"
-                 "over each bar: x the rung it builds on, where the verdict allows", fontsize=9)
+                 "over each bar: its speed-up over the rung it builds on, where the verdict allows",
+                 fontsize=9)
     handles = _legend_handles(colors, hatched, ceilings)
+    if dead:
+        handles.append(Patch(facecolor="white", edgecolor="#555", linewidth=1.4,
+                             label="outline: a dead end (nothing later builds on it)"))
     if own_figure:
         fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     else:

@@ -10,7 +10,7 @@ terminal. A rung's result and the kernel breakdown come from ``perfladder.pages.
   regime, TFLOP/s and MFU, memory); ``text_table`` its text form (the CLI's ``table``);
 * ``comparison_html`` / ``comparison_markdown``: two ladders lined up by technique key;
 * ``sections_html``: rung -> technique -> chapter section, from the rung declarations;
-* ``run_label``: where and when a run was measured; ``box_html``, ``paragraphs_html``, ``bullets_html``: the page's building blocks.
+* ``run_label``: where and when a run was measured; ``box_html``, ``fold_html``, ``figure_html``, ``paragraphs_html``, ``bullets_html``: the page's building blocks.
 """
 from __future__ import annotations
 
@@ -32,15 +32,16 @@ from perfladder.results.record import LadderResult, RungResult
 
 __all__ = ["banner", "banner_html", "banner_text", "config_of", "text_table",
            "ladder_table_html", "comparison_html", "comparison_markdown", "sections_html",
-           "run_label", "box_html", "paragraphs_html", "bullets_html"]
+           "run_label", "box_html", "fold_html", "figure_html", "paragraphs_html", "bullets_html"]
 
 MUTED = "#666"
-# a table never grows past the text column: fixed to its width, long words (kernel names,
-# recipes) wrap inside their cells instead of pushing the column out
+# a table never grows past the text column; words wrap whole (a column is never narrower than
+# its longest word: no "comput e"), and only a code name (a kernel, a recipe) may break
+# anywhere (``cards.code_html``)
 TABLE_STYLE = ("border-collapse: collapse; width: 100%; max-width: 100%; font-size: 0.85em; "
                "margin: 0.4em 0 0.8em 0;")
 CELL_STYLE = ("padding: 0.25em 0.45em; vertical-align: top; border-bottom: 1px solid #e4e4e4; "
-              "overflow-wrap: anywhere;")
+              "overflow-wrap: break-word; word-break: normal; hyphens: none;")
 HEAD_STYLE = "padding: 0.25em 0.45em; text-align: left; border-bottom: 1px solid #999;"
 BOXES = {"note": ("#1f77b4", "#eef5fb"), "warning": ("#e67e22", "#fff6e5"),
          "smoke": ("#7f7f7f", "#f4f4f4")}
@@ -126,6 +127,22 @@ def table_html(head: list[str], rows: list[list[str]], numeric: set[int] = froze
            + "".join(cell("th", i, h, HEAD_STYLE) for i, h in enumerate(head)) + "</tr></thead><tbody>"]
     out += ["<tr>" + "".join(cell("td", i, c, CELL_STYLE) for i, c in enumerate(r)) + "</tr>" for r in rows]
     return "".join(out) + "</tbody></table>"
+
+
+def fold_html(summary: str, body_html: str, cls: str = "perfladder-fold") -> str:
+    """``body_html`` folded under a one-line ``summary`` (a ``<details>``: one click opens it)."""
+    return (f'<details class="{cls}"><summary>{html.escape(summary)}</summary>'
+            f'<div style="margin: 0.3em 0 0.6em 0;">{body_html}</div></details>')
+
+
+def figure_html(fig, alt: str) -> str:
+    """A matplotlib figure as an inline PNG ``<img>`` (so it can sit inside a fold)."""
+    import base64
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" style="max-width: 100%;" src="data:image/png;base64,{data}">'
 
 
 def paragraphs_html(sentences: list[str], cls: str = "perfladder-text") -> str:
