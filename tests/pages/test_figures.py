@@ -101,7 +101,10 @@ def test_a_measured_figure_far_under_the_computed_is_marked(runs):
 # -- timeline ---------------------------------------------------------------------------------
 def test_timeline_shows_the_small_batch_the_big_one_and_the_fastest(runs):
     assert [r.name for r in timeline.steps_shown(runs["torch"])] == ["R0", "R3", "B14"]
-    assert [r.name for r in timeline.steps_shown(runs["jax"])] == ["R1", "R3", "B8"]   # JAX R0: not profiled
+    # JAX R0: not profiled; R3's kernels add up past its step, so its busy fraction is flagged
+    # (perfladder.kernels.accounting) and the big batch is drawn from the next rung with one
+    assert runs["jax"].rung("R3").regime.get("busy") is None
+    assert [r.name for r in timeline.steps_shown(runs["jax"])] == ["R1", "B1", "B8"]
     for fw in ("torch", "jax"):
         for r in timeline.steps_shown(runs[fw]):
             ln = timeline.lanes(r)

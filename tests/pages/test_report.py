@@ -75,7 +75,7 @@ def test_a_rung_above_every_window_of_an_unsettled_base_is_credited_nothing():
     c = call(r, r.rung("R2"))
     assert c.word == "unsettled" and not c.credited and c.ratio is None and c.bound is None
     line = cards.result_line(r, r.rung("R2"))
-    assert "unsettled" in line and "at least" not in line and "1.50x" not in line
+    assert "no verdict on time" in line and "at least" not in line and "1.50x" not in line
 
 
 def test_prediction_beside_measurement():
@@ -319,7 +319,7 @@ def test_the_comparison_cell_credits_what_the_card_credits():
     assert j.rung("R0").stable is False
     c = call(j, j.rung("R1"))
     assert c.word == "unsettled" and c.ratio is None and c.bound is None and c.label == ""
-    assert "unsettled" in cards.result_line(j, j.rung("R1"))
+    assert "no verdict on time" in cards.result_line(j, j.rung("R1"))
     row = next(line for line in report.comparison_markdown([j]).splitlines() if line.startswith("| compile"))
     assert "unsettled" in row and "≥" not in row and "faster" not in row
 
