@@ -34,7 +34,15 @@ from perfladder.pages.chapter import checks_for, numbers_for, texts_for
 from perfladder.pages.claims import is_smoke
 from perfladder.pages.glossary import href, link_terms
 from perfladder.pages.narrative import SMOKE_LABEL, learning_text, smoke_check, smoke_summary
-from perfladder.pages.report import box_html, display_html, esc, fold_html, paragraphs_html, run_label
+from perfladder.pages.report import (
+    box_html,
+    display_html,
+    esc,
+    fold_html,
+    header_display,
+    paragraphs_html,
+    run_label,
+)
 from perfladder.pages.story import glue_values
 from perfladder.pages.words import rate
 from perfladder.results import ResultsError
@@ -52,21 +60,6 @@ def _show_figure(fig) -> None:
     if get_ipython is not None and get_ipython() is not None:
         display(fig)
     plt.close(fig)
-
-
-def _header_display(html_text: str, text: str, display_id: str, update: bool = False) -> None:
-    """The page's header, under ``display_id`` in a kernel so that a later cell can update it in
-    place (``update``); outside a kernel the text is printed once, never updated."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import display, update_display
-    except ImportError:
-        get_ipython = None
-    if get_ipython is not None and get_ipython() is not None:
-        (update_display if update else display)({"text/html": html_text, "text/plain": text}, raw=True,
-                                                 display_id=display_id)
-    elif not update:
-        print(text)
 
 
 def _glue(key: str, markdown: str, as_text: bool = False) -> None:
@@ -144,7 +137,7 @@ class LadderPage:
     # -- cells -------------------------------------------------------------------------------
     def header(self) -> None:
         self._header = self._header_box()
-        _header_display(*self._header, display_id=f"perfladder-header-{id(self)}")
+        header_display(*self._header, display_id=f"perfladder-header-{id(self)}")
 
     def _header_box(self) -> tuple[str, str]:
         device = self.live.device
@@ -179,7 +172,7 @@ class LadderPage:
             html_text += box_html("Rungs run again in this session", f'<p style="margin: 0;">{esc(note)}</p>',
                                   "warning", cls="perfladder-rerun")
             text += "\n" + note
-        _header_display(html_text, text, display_id=f"perfladder-header-{id(self)}", update=True)
+        header_display(html_text, text, display_id=f"perfladder-header-{id(self)}", update=True)
 
     def run(self, name: str, **code) -> None:
         """Run rung ``name`` live with the cell's ``code`` (technique functions by name), then show

@@ -316,3 +316,18 @@ def sections_text(rungs) -> str:
 
 
 # -- a rung's sentences --------------------------------------------------------------------------
+
+
+def header_display(html_text: str, text: str, display_id: str, update: bool = False) -> None:
+    """The page's header, under ``display_id`` in a kernel so that a later cell can update it in
+    place (``update``); outside a kernel the text is printed once, never updated."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display, update_display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        (update_display if update else display)({"text/html": html_text, "text/plain": text}, raw=True,
+                                                 display_id=display_id)
+    elif not update:
+        print(text)

@@ -1,0 +1,44 @@
+"""What a page says of the fastest configuration's roofline table (``perfladder.pages.kernel_report``):
+the check that one group stands furthest above its floor, and the glue values of its rows."""
+from __future__ import annotations
+
+from typing import Callable
+
+from perfladder.pages.kernel_report import fastest_roofline
+from perfladder.pages.words import ms as words_ms
+from perfladder.results.record import LadderResult
+
+Test = Callable[[LadderResult], tuple[bool, str]]
+
+
+def _ms(milliseconds: float | None) -> str:
+    return words_ms(None if milliseconds is None else milliseconds / 1e3, 1)
+
+
+def _roofline_rows(result: LadderResult) -> dict[str, dict]:
+    return {row["group"]: row for row in fastest_roofline(result)["rows"]}
+
+
+def largest_gap(group: str) -> Test:
+    """In the fastest configuration's roofline, ``group`` stands furthest above its floor."""
+    def test(result):
+        rows = _roofline_rows(result)
+        top = max(rows.values(), key=lambda row: row.get("above_ms") or 0.0)
+        return top["group"] == group, (f"the group furthest above its floor is {top['group']} "
+                                       f"({top['above_ms']:.2f} ms above)")
+    return test
+
+
+def roofline_of(group: str | None, field: str) -> Callable[[LadderResult], str]:
+    """The glue value of one roofline row's ``field`` (time_ms, floor_ms, above_ms) in the
+    fastest configuration's kernel report; ``group`` None: the whole step's."""
+    return lambda result: _ms((fastest_roofline(result) if group is None else _roofline_rows(result)[group])[field])
+
+
+def roofline_numbers() -> dict[str, Callable[[LadderResult], str]]:
+    """The glue values a page's reading of its roofline table uses: the step's kernels, the
+    attention and matmul groups, each with its floor."""
+    return {"kernels_ms": roofline_of(None, "time_ms"), "kernels_floor_ms": roofline_of(None, "floor_ms"),
+            **{f"{short}_{k}": roofline_of(group, field) for short, group in (("attn", "attention"),
+                                                                            ("matmul", "matmul"))
+               for k, field in (("kernel_ms", "time_ms"), ("floor_ms", "floor_ms"))}}
