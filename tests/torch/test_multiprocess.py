@@ -75,7 +75,7 @@ def test_fast_form_runs_the_recipe_it_is_given(parallel, tmp_path, monkeypatch):
 @pytest.mark.parametrize("rdzv", ["static", "c10d"])
 def test_two_nodes_meet_at_one_endpoint(tmp_path, rdzv):
     """Two torchrun invocations, one per "node", meeting at one endpoint: the command a
-    user types on two machines (README, "Several machines"), here on one. 'static' fixes
+    user types on two machines (docs/running.md, "Several machines"), here on one. 'static' fixes
     each node's rank (--node-rank); 'c10d' lets the rendezvous assign them."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
