@@ -505,3 +505,21 @@ def test_every_entry_says_what_became_of_it_and_only_failures_are_not_final():
     old = RungResult(name="R3", key="batch", label="b", kind="skipped", error="x")      # before outcomes
     assert [r.final for r in (measured, broke, card, old)] == [True, False, True, False]
     assert RungResult.from_dict(card.to_dict()).outcome == "does_not_fit"
+
+
+def test_a_rung_that_runs_out_of_device_memory_does_not_fit_in_one_line(capsys):
+    """A real out-of-memory error the prediction let through (seen on a GPU capped to 24 GiB) is
+    a property of the card: outcome does_not_fit, one line, no traceback kept; later rungs go on."""
+    class OutOfMemoryError(RuntimeError):     # torch.OutOfMemoryError, told apart by its name
+        pass
+    message = ("CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has a total capacity of "
+               "79.18 GiB of which 30.30 GiB is free.\nIncluding non-PyTorch memory, ...")
+    lab, res, _ = ladder(plan={"B1": OutOfMemoryError(message), "B4": FAST}, kernels=False)
+    b1 = res.rung("B1")
+    assert (b1.outcome, b1.kind, b1.final, b1.kept) == ("does_not_fit", "skipped", True, False)
+    assert b1.error == ("does not fit: ran out of device memory (CUDA out of memory); "
+                        "no prediction refused it first")
+    assert "traceback" not in b1.details and b1.details["message"].startswith("CUDA out of memory.")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "B1 (+fused) not measured: does not fit" in err
+    assert res.rung("B4").measured and res.rung("B4").builds_on == "R2"     # built on what was kept

@@ -121,3 +121,14 @@ def test_multi_gpu_run_is_the_committed_r5_or_nothing(tmp_path):
     assert multi_gpu_run(tmp_path) is None
     (tmp_path / "r5.json").write_text("{not json")
     assert multi_gpu_run(tmp_path) is None
+
+
+def test_a_run_held_to_a_memory_cap_is_no_evidence_of_speed():
+    """A committed run under a memory cap (which rungs fit a 24 GiB card, its GPU shared with the
+    other ladder) is a results file like any other, but not among the runs the claims are
+    checked against and the strips drawn from."""
+    capped = [p for p in (ROOT / "benchmarks" / "results").glob("*/torch.json")
+              if json.loads(p.read_text()).get("memory_cap_gib") is not None]
+    assert capped                                              # there is one to leave out
+    paths = {run.path for run in committed_runs(ROOT, "torch")}
+    assert paths and not paths & set(capped)

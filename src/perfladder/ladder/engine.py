@@ -181,8 +181,12 @@ def run_rung(rung: Rung, lab, chain: Chain) -> RungResult:
                      prediction=e.prediction, loud=False, outcome=e.outcome)
     except Exception as e:     # the ladder goes on; the entry says what happened ...
         reraise_if_interrupt(e)    # ... unless the user stopped it: an interrupt is never a skip
-        res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc(),
-                     **(out_of_memory_failure(e) or environment_failure(e)))
+        oom = out_of_memory_failure(e, getattr(recipe, "batch_size", None))
+        if oom:        # a property of the card: one line, no traceback kept
+            res = failed(rung, lab, base, recipe, oom.pop("error"), **oom)
+        else:
+            res = failed(rung, lab, base, recipe, f"{type(e).__name__}: {e}", traceback.format_exc(),
+                         **environment_failure(e))
     finally:
         lab.free()
     # a rung that failed says where its time went up to the failure, as a measured one does

@@ -229,11 +229,16 @@ def out_of_memory(error: BaseException) -> bool:
     return bool(names & {"XlaRuntimeError", "JaxRuntimeError"}) and "RESOURCE_EXHAUSTED" in str(error)
 
 
-def out_of_memory_failure(error: BaseException) -> dict:
+def out_of_memory_failure(error: BaseException, batch_size: int | None = None) -> dict:
     """What the engine records for a rung that ran out of device memory after all (the prediction
     let it through, or there was nothing to predict from): a property of the card, not an error
-    of its code; else nothing."""
+    of its code, said in one line (the framework's message to its first sentence, no traceback:
+    ``details.cause`` keeps the message whole); else nothing."""
     if not out_of_memory(error):
         return {}
-    return {"outcome": "does_not_fit",
-            "details": {"cause": "ran out of device memory (no prediction refused it first)"}}
+    message = " ".join(str(error).split())
+    first = message.split(". ")[0].rstrip(".")
+    at = f" at batch {batch_size}" if batch_size else ""
+    return {"error": f"does not fit: ran out of device memory{at} ({first}); no prediction refused it first",
+            "outcome": "does_not_fit",
+            "details": {"cause": "out of device memory", "message": message[:2000]}}

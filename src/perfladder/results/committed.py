@@ -114,8 +114,8 @@ class CommittedRun:
 
 def committed_runs(root: str | Path | None = None, framework: str = "torch") -> list[CommittedRun]:
     """Every committed full-configuration run of ``framework`` written with today's results
-    schema (``SCHEMA_VERSION``), oldest first: the evidence the pages' claims are checked
-    against and the dots of ``perfladder.pages.spread``."""
+    schema (``SCHEMA_VERSION``) and not held to a memory cap, oldest first: the evidence the
+    pages' claims are checked against and the dots of ``perfladder.pages.spread``."""
     _framework(framework)
     out = []
     for path in sorted((_book_root(root) / RESULTS).glob(f"*/{framework}.json")):
@@ -124,7 +124,10 @@ def committed_runs(root: str | Path | None = None, framework: str = "torch") -> 
         except (OSError, json.JSONDecodeError):
             continue
         full = (data.get("config") or {}).get("name") == FULL_CONFIG
-        if data.get("schema_version") != SCHEMA_VERSION or not full:
+        # a run held to a memory cap tests which rungs fit a smaller card; its card was shared
+        # or held back, so its timings are no sample of the card's speed
+        capped = data.get("memory_cap_gib") is not None
+        if data.get("schema_version") != SCHEMA_VERSION or not full or capped:
             continue
         out.append(CommittedRun(path, data.get("created") or "",
                                 tuple((r.get("name"), r.get("key")) for r in data.get("rungs") or []),
