@@ -114,22 +114,27 @@ def test_a_small_disk_turns_the_cache_off_before_the_first_compile(tmp_path, mon
     import shutil
     from collections import namedtuple
 
-    import torch._inductor.config as inductor_config
+    import torch.compiler.config as compiler_config
 
     from perfladder import compile_cache
     from perfladder.torch.compiler import CACHE_ENV, guard_compile_cache
     small = tmp_path / "small"
     monkeypatch.setenv(CACHE_ENV, str(small))
-    monkeypatch.setattr(inductor_config, "force_disable_caches", False)
     usage, real = namedtuple("usage", "total used free"), shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage",
                         lambda p: usage(2**20, 0, 2**20) if str(p).startswith(str(small)) else real(p))
+    # torch's config flags are set and put back by hand: monkeypatch's undo leaves the flag
+    # undefined for every later compile in the process
+    was, compiler_config.force_disable_caches = compiler_config.force_disable_caches, False
     notes = []
-    guard_compile_cache()
-    compile_cache.listen(notes.append)
-    compile_cache.listen(None)
-    instead = Path(os.environ[CACHE_ENV])
-    assert instead != small and instead.is_dir() and inductor_config.force_disable_caches
+    try:
+        guard_compile_cache()
+        compile_cache.listen(notes.append)
+        compile_cache.listen(None)
+        instead = Path(os.environ[CACHE_ENV])
+        assert instead != small and instead.is_dir() and compiler_config.force_disable_caches
+    finally:
+        compiler_config.force_disable_caches = was
     assert len(notes) == 1 and f"{small} cannot be written" in notes[0] and "1.0 MiB free" in notes[0]
     assert str(instead) in notes[0] and notes[0] in capsys.readouterr().err
     shutil.rmtree(instead)

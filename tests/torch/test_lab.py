@@ -361,6 +361,6 @@ def test_memory_is_the_peak_the_allocator_reserved_cuda_graph_pools_included(mon
     for name, fn in cuda.items():
         monkeypatch.setattr(torch.cuda, name, fn)
     monkeypatch.setattr(lab_module, "measure_settled", lambda once, budget_s: ("timed", False))
-    _, _, mem = lab.measure(None, CFG.batch_size)
+    mem = lab.measure(None, CFG.batch_size).memory
     assert mem.bytes == 7 << 30 and mem.kind == PEAK_RESERVED and mem.allocated == 1 << 30
     assert "CUDA graph" in mem.note

@@ -127,7 +127,7 @@ def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys,
     monkeypatch.setattr(mg.dataparallel, "data_parallel_tokens", launch_once)
     lab = TorchLab(CFG)
     _planted_base(lab, windows=windows)
-    lab.on_gpu = True                                   # pretend: two devices ...
+    lab.on_gpu, lab.capability = True, (9, 0)           # pretend: two H200-class devices ...
     monkeypatch.setattr(mg.torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(lab, "reset_memory", lambda: None)
     real, launched = mg.dataparallel.measure, []

@@ -80,7 +80,7 @@ def guard_compile_cache() -> None:
 def turn_off(folder: Path, why: str) -> bool:
     """Inductor's caches off for this process, its kernels in a temporary folder (removed at
     exit), said in one line; False when no temporary folder can take them either."""
-    import torch._inductor.config as inductor_config
+    import torch.compiler.config as compiler_config
     try:
         instead = Path(tempfile.mkdtemp(prefix="perfladder-inductor-"))
     except OSError as e:
@@ -96,7 +96,7 @@ def turn_off(folder: Path, why: str) -> bool:
         return False
     atexit.register(shutil.rmtree, instead, ignore_errors=True)
     os.environ[CACHE_ENV] = str(instead)
-    inductor_config.force_disable_caches = True
+    compiler_config.force_disable_caches = True     # inductor's flag of the same name is an alias
     _clear_caches()
     compile_cache.tell(compile_cache.turned_off_line(
         OWNER, folder, why, f" (its kernels go to {instead}, removed at exit)"), key=("off", folder))
@@ -129,8 +129,8 @@ def recover(e: BaseException) -> bool:
 
 
 def _turned_off() -> bool:
-    import torch._inductor.config as inductor_config
-    return bool(inductor_config.force_disable_caches)
+    import torch.compiler.config as compiler_config
+    return bool(compiler_config.force_disable_caches)
 
 
 def _first_line(e: BaseException) -> str:
