@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from perfladder.measure.verdict import above_unsettled_base
+from perfladder.measure.verdict import above_unsettled_base, certain_gain
 from perfladder.pages.claims import against, call, config_of, regime_of, settled
 from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
 from perfladder.pages.words import rate
@@ -86,18 +86,22 @@ def _kernel_ms(r: RungResult) -> float | None:
 
 
 def torch_bf16_small_batch(t: LadderResult | None) -> Claim:
-    """PyTorch R2 (bf16, batch 64) against R1: slower, kernels about halved, the step longer and
-    its device mostly idle."""
-    statement = ("At batch 64, bf16 made PyTorch's compiled step slower, not faster: its kernels "
-                 "finished in about half the time, but the step as a whole grew, and the GPU spent "
-                 "most of it waiting on the host.")
+    """PyTorch R2 (bf16, batch 64) against R1, told as the run's evidence has it: where R2 lost,
+    the host-paced story (kernels about halved, the step longer, its device mostly idle); else
+    the device-paced one (the kernels' time fell and the step did not lose)."""
+    host_story = ("At batch 64, bf16 made PyTorch's compiled step slower, not faster: its kernels "
+                  "finished in about half the time, but the step as a whole grew, and the GPU spent "
+                  "most of it waiting on the host.")
+    device_story = ("At batch 64, bf16 cut the time of PyTorch's kernels and did not make the "
+                    "compiled step slower: the host kept up with the device.")
     ch = CHAPTER["torch"]
     chapter = (f"On {CHAPTER['device']} the same rung paid {_x(ch['R2'] / ch['R1'])} "
                f"({rate(ch['R2'])} against {rate(ch['R1'])} tokens/s).")
     r1, r2 = _rung(t, "R1"), _rung(t, "R2")
     if r1 is None or r2 is None:
-        return _missing("torch_bf16_small_batch", statement, t, "R1 and R2", chapter)
+        return _missing("torch_bf16_small_batch", host_story, t, "R1 and R2", chapter)
     c = call(t, r2)
+    statement = host_story if c.word == "slower" else device_story
     k1, k2, s1, s2 = _kernel_ms(r1), _kernel_ms(r2), _step_ms(r1), _step_ms(r2)
     b1, b2 = _busy(r1), _busy(r2)
     if None in (k1, k2, s1, s2, b1, b2):
@@ -107,7 +111,12 @@ def torch_bf16_small_batch(t: LadderResult | None) -> Claim:
                 f"({c.label or c.word}, {c.word}); kernel time per step {k1:.2f} -> {k2:.2f} ms "
                 f"({_x(k2 / k1)}), the step {s1:.1f} -> {s2:.1f} ms; kernels busy "
                 f"{b1:.0%} -> {b2:.0%} of it (R2 {regime_of(r2)}).")
-    holds = c.word == "slower" and k2 / k1 <= ABOUT_HALF and s2 > s1 and b2 < MOSTLY_WAITING
+    if c.word == "unsettled":   # the windows decide neither story
+        holds = None
+    elif statement is host_story:
+        holds = k2 / k1 <= ABOUT_HALF and s2 > s1 and b2 < MOSTLY_WAITING
+    else:       # a loss the windows cannot establish is no "did not make it slower" either
+        holds = k2 < k1 and c.word in ("faster", "within noise")
     return Claim("torch_bf16_small_batch", statement, evidence, holds, chapter)
 
 
@@ -173,26 +182,30 @@ def jax_jit_cliff(j: LadderResult | None) -> Claim:
 
 
 def torch_batch_biggest(t: LadderResult | None) -> Claim:
-    """Of PyTorch's credited chapter rungs the batch rung is the biggest step, and bf16 before
-    it (at batch 64) loses."""
-    statement = ("On the H200 PyTorch's ladder is not three modest steps multiplying: the batch "
-                 "rung is its biggest single step, and bf16 without it loses.")
+    """Of PyTorch's chapter rungs the batch rung is the biggest step (the largest ratio of medians
+    among the gains every window establishes, ``verdict.certain_gain``, credited or not), and
+    bf16 before it (at batch 64) loses where the host sets the pace, or does not where it does
+    not: the statement the run's R2 supports."""
+    lead = "On the H200 PyTorch's ladder is not three modest steps multiplying: the batch rung is its biggest single step"
+    host_story = lead + ", and bf16 without it loses."
+    device_story = lead + "; bf16 before it, at batch 64, does not lose here."
     ch = CHAPTER["torch"]
     chapter = (f"On {CHAPTER['device']} compile, bf16 and the batch paid "
                f"{_x(ch['R1'] / ch['R0'])}, {_x(ch['R2'] / ch['R1'])} and {_x(ch['R3'] / ch['R2'])}.")
     rungs = [r for r in (_rung(t, n) for n in ("R1", "R2", "R3")) if r is not None]
     if len(rungs) < 3:
-        return _missing("torch_batch_biggest", statement, t, "R1, R2 and R3", chapter)
+        return _missing("torch_batch_biggest", host_story, t, "R1, R2 and R3", chapter)
     calls = {r.name: call(t, r) for r in rungs}
     small = [r for r in rungs if r.name in ("R1", "R2")]
     evidence = ("; ".join(f"{r.name} {r.label}: {calls[r.name].label or '-'} {calls[r.name].against} "
                           f"({calls[r.name].word})" for r in rungs)
                 + "; at batch 64 " + " and ".join(f"{r.name} is {regime_of(r)}" for r in small) + ".")
-    # credited gains only (``verdict.credit``): the batch rung is the biggest only if its
-    # credited ratio beats every other credited one
-    gains = {n: c.ratio for n, c in calls.items() if c.credited}
-    holds = ("R3" in gains and all(gains["R3"] >= x for n, x in gains.items() if n != "R3")
-             and calls["R2"].word == "slower")
+    gains = {r.name: r.ratio_prev for r in rungs if r.ratio_prev is not None
+             and (calls[r.name].word == "faster" or certain_gain(r, t.rung(r.builds_on)))}
+    biggest = "R3" in gains and all(gains["R3"] >= x for n, x in gains.items() if n != "R3")
+    loses = calls["R2"].word == "slower"
+    statement = host_story if loses else device_story
+    holds = None if calls["R2"].word == "unsettled" else biggest     # unsettled: neither story
     return Claim("torch_batch_biggest", statement, evidence, holds, chapter)
 
 
