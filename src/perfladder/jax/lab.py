@@ -39,9 +39,9 @@ from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import compile_count, throughput
 from perfladder.kernels.accounting import of_run
-from perfladder.ladder.fit import GIB, check_fit, memory_cap_gib
+from perfladder.ladder.fit import admit, memory_cap_gib
 from perfladder.ladder.lab import Measured
-from perfladder.ladder.support import Kernels, check_card
+from perfladder.ladder.support import Kernels
 from perfladder.measure.evidence import (
     PLANNED,
     Compile,
@@ -280,17 +280,9 @@ class JaxLab:
         """The engine's check before a rung runs: ``NotSupported`` (bf16 on a card without bf16
         tensor cores), ``NotApplicable`` (Pallas or cuDNN kernels it cannot run), ``DoesNotFit``
         (its predicted memory, ``perfladder.ladder.fit``, over what there is)."""
-        recipe = given.recipe
         self.memory_prediction = None
-        check_card(self.device_name, self.capability, self.precision(recipe), self.kernels(recipe))
-        if rung.stage == "multi-gpu":      # its ranks hold their share of the batch, each on its own GPU
-            return
-        cap = None if self.memory_cap_gib is None else int(self.memory_cap_gib * GIB)
-        self.memory_prediction = check_fit(
-            rung.name, recipe.to_dict(), self.result.rungs, fixed_bytes=self.fixed_bytes,
-            held_bytes=self.held_bytes, available_bytes=memory_room(cap),
-            must_match=("dtype", "checkpoint"), cap_bytes=cap,
-            base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None).needed
+        self.memory_prediction = admit(self, rung, given, basis=self.result.rungs, must_match=("dtype", "checkpoint"),
+                                       room=memory_room, held_bytes=self.held_bytes)
 
     @property
     def held_bytes(self) -> int:

@@ -218,6 +218,24 @@ def check_fit(name: str, recipe: dict, rungs: Iterable, **kw) -> Fit:
     return fit
 
 
+def admit(lab, rung, given, *, basis: Iterable, must_match: tuple[str, ...], room,
+          held_bytes: int = 0):
+    """The check both labs run before a rung (``lab.admit``): ``NotSupported`` or
+    ``NotApplicable`` for what the card cannot run (``perfladder.ladder.support.check_card``),
+    then ``DoesNotFit`` when the memory predicted from ``basis`` (the measured rungs the
+    framework trusts) is over ``room(cap_bytes)``, the bytes there are. The prediction, or None
+    for a multi-GPU rung (its ranks hold their share of the batch, each on its own GPU)."""
+    from perfladder.ladder.support import check_card
+    recipe = given.recipe
+    check_card(lab.device_name, lab.capability, lab.precision(recipe), lab.kernels(recipe))
+    if rung.stage == "multi-gpu":
+        return None
+    cap = None if lab.memory_cap_gib is None else int(lab.memory_cap_gib * GIB)
+    return check_fit(rung.name, recipe.to_dict(), basis, fixed_bytes=lab.fixed_bytes, held_bytes=held_bytes,
+                     available_bytes=room(cap), must_match=must_match, cap_bytes=cap, base=given.base_name,
+                     builds_on=given.base_name if rung.stage == "beyond" else None).needed
+
+
 def out_of_memory(error: BaseException) -> bool:
     """Is ``error`` a framework's out-of-memory error (what a rung the prediction let through,
     or one with nothing to predict from, raises on a card too small for it)? PyTorch's

@@ -21,9 +21,9 @@ from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for, supports_bf16
 from perfladder.kernels.accounting import of_run
-from perfladder.ladder.fit import GIB, check_fit, memory_cap_gib
+from perfladder.ladder.fit import admit, memory_cap_gib
 from perfladder.ladder.lab import Measured
-from perfladder.ladder.support import Kernels, check_card
+from perfladder.ladder.support import Kernels
 from perfladder.measure.evidence import (
     PEAK_RESERVED,
     RESERVED_NOTE,
@@ -186,20 +186,12 @@ class TorchLab:
         """The engine's check before a rung runs: ``NotSupported`` (bf16 on a card without bf16
         tensor cores), ``NotApplicable`` (Triton kernels it cannot run), ``DoesNotFit`` (its
         predicted memory, ``perfladder.ladder.fit``, over what there is)."""
-        recipe = given.recipe
         self.memory_prediction = None
-        check_card(self.device_name, self.capability, self.precision(recipe), self.kernels(recipe))
-        if rung.stage == "multi-gpu":      # its ranks hold their share of the batch, each on its own GPU
-            return
-        cap = None if self.memory_cap_gib is None else int(self.memory_cap_gib * GIB)
         # a CUDA-graphed step's peak leaves out the graphs' private pool, which holds its
         # activations (B3 measured 0.35 GiB on the H200 where B1 measured 8.2): never a basis
         measured = [r for r in self.result.rungs if not r.recipe.get("cudagraphs")]
-        self.memory_prediction = check_fit(
-            rung.name, recipe.to_dict(), measured, fixed_bytes=self.fixed_bytes,
-            available_bytes=memory_room(cap) if self.on_gpu else cap,
-            must_match=("bf16", "checkpoint"), cap_bytes=cap,
-            base=given.base_name, builds_on=given.base_name if rung.stage == "beyond" else None).needed
+        self.memory_prediction = admit(self, rung, given, basis=measured, must_match=("bf16", "checkpoint"),
+                                       room=lambda cap: memory_room(cap) if self.on_gpu else cap)
 
     @property
     def fixed_bytes(self) -> int:
