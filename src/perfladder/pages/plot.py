@@ -339,9 +339,9 @@ def compare(results: list[LadderResult], path: str | Path | None = None, title: 
                           error_kw={"elinewidth": 0.8, "capsize": 1.5})[0]
             hatched = _shade(bar, r) or hatched
             ax.text(hi / s, y, f" {r.name} {rate(r.tokens_per_s)}", va="center", fontsize=7.5)
-    for c in ceilings:
+    for i, c in enumerate(ceilings):     # one label a row, so that close ceilings stay legible
         ax.axvline(c["tokens_per_s"] / s, color=CEILING_COLOR, linestyle="--", linewidth=1)
-        ax.text(c["tokens_per_s"] / s, -0.7, f"{c['framework']} ceiling {rate(c['tokens_per_s'])} ",
+        ax.text(c["tokens_per_s"] / s, -0.7 + 0.9 * i, f"{c['framework']} ceiling {rate(c['tokens_per_s'])} ",
                 ha="right", va="center", fontsize=6.5, color=CEILING_COLOR, gid="ceiling")
     xlabel = _set_scale(ax.set_xscale, ax.xaxis, which, unit, "throughput")
     ax.set_yticks(range(len(keys)))
