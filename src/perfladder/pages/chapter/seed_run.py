@@ -3,7 +3,7 @@
 
 The chapter printed its rates (transcribed once, with their source, in
 ``perfladder.pages.comparison.CHAPTER``) and said in words what set the pace of its batch-64
-steps; those words are transcribed here (``SEED_PACE``), each with the sentence it rests on.
+steps; those readings are paraphrased here (``SEED_PACE``), each with what it rests on.
 ``seed_shaped_run(template)`` is a committed run (``template``) with the chapter's rates put on
 its seed rungs, its batch-64 profiles set to the chapter's pace, and every rung the chapter did
 not run left unmeasured, so that a test can render
@@ -19,20 +19,19 @@ from perfladder.pages.comparison import CHAPTER
 from perfladder.results.record import LadderResult
 
 HOST, DEVICE = "host", "device"
-# what set the pace of the chapter's batch-64 steps, in its own words (the seed text of
-# section 13.7, /work/shared/seeds/000_*.txt)
+# what set the pace of the chapter's batch-64 steps, as its section 13.7 reads them (paraphrased;
+# the seed text of the chapter is the source)
 SEED_PACE = {
     "torch": {
-        "R0": (DEVICE, "compile pays ~1.3x 'from a model that is not overhead-bound in the "
-                       "Section 13.1 sense'"),
-        "R1": (DEVICE, "'the elementwise chains between matmuls fuse into a handful of generated kernels'; "
-                       "the re-profile shows the bottleneck moved to the matmuls"),
-        "R2": (DEVICE, "'Bf16 paid about 1.4x on top, the tensor cores earning their silicon'"),
+        "R0": (DEVICE, "compile pays about 1.3x, which the chapter reads as a model not bound by overhead"),
+        "R1": (DEVICE, "fusion turns the elementwise chains into a few generated kernels, and its "
+                       "re-profile finds the matmuls on top"),
+        "R2": (DEVICE, "bf16 pays about 1.4x more, the chapter crediting the tensor cores"),
     },
     "jax": {
-        "R1": (HOST, "'this model's kernels are chunky enough to partly hide the dispatch'"),
+        "R1": (HOST, "jit's kernels only partly hide the dispatch, in the chapter's reading"),
         "R2a": (HOST, "the naive cast runs the fp32 program at the same batch"),
-        "R2": (HOST, "'At batch 64 this step is overhead-bound in exactly Section 13.1's sense'"),
+        "R2": (HOST, "the chapter calls its bf16 step at batch 64 overhead-bound, as in Section 13.1"),
     },
 }
 BUSY = {HOST: 0.35, DEVICE: 0.95}        # kernels' share of the step a profile of each pace shows
