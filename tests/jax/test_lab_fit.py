@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from _fit_replay import replay as fit_replay
 from _ladders import ROOT
 
 from perfladder.config import get_config
@@ -26,23 +27,7 @@ H200_RUN = ROOT / "benchmarks" / "results" / "h200-book-stage-2026-12-04" / "jax
 
 
 def replay(lab, run, cap_gib) -> dict:
-    """Each rung of ``run`` admitted (or not) as if the ladder had measured what ran before it,
-    on a card of ``cap_gib``: ``{name: DoesNotFit or None}``."""
-    lab.memory_cap_gib, out = cap_gib, {}
-    try:
-        for i, r in enumerate(run.rungs):
-            if not r.recipe or r.stage == "multi-gpu":
-                continue
-            lab.result.rungs = run.rungs[:i]
-            rung = RUNGS[r.name]
-            try:
-                lab.admit(rung, Given(rung=rung, recipe=Recipe.from_dict(r.recipe), base_name=r.builds_on))
-                out[r.name] = None
-            except DoesNotFit as e:
-                out[r.name] = e
-    finally:
-        lab.memory_cap_gib = None
-    return out
+    return fit_replay(lab, run, cap_gib, RUNGS, Recipe)
 
 
 def needed(lab, run, name) -> int:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from _fit_replay import replay as fit_replay
 from _ladders import ROOT
 
 from perfladder.config import get_config
@@ -32,22 +33,8 @@ def h200():
     return LadderResult.read(H200_RUN)
 
 
-def replay(lab, run, cap_gib):
-    """Each rung of ``run`` admitted (or not) as if the ladder had measured what ran before it,
-    on a card of ``cap_gib``: ``{name: exception or None}``."""
-    lab.memory_cap_gib, out = cap_gib, {}
-    for i, r in enumerate(run.rungs):
-        if not r.recipe or r.stage == "multi-gpu":
-            continue
-        lab.result.rungs = run.rungs[:i]
-        rung = RUNGS[r.name]
-        try:
-            lab.admit(rung, Given(rung=rung, recipe=Recipe.from_dict(r.recipe), base_name=r.builds_on))
-            out[r.name] = None
-        except DoesNotFit as e:
-            out[r.name] = e
-    lab.memory_cap_gib = None
-    return out
+def replay(lab, run, cap_gib) -> dict:
+    return fit_replay(lab, run, cap_gib, RUNGS, Recipe)
 
 
 def test_on_a_24_gib_card_the_measured_peaks_stop_the_ladder_at_b6(lab, h200):

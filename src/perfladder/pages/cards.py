@@ -197,9 +197,6 @@ def result_line(result: LadderResult, r: RungResult) -> str:
             "skipped": "not measured"}.get(c.word)
     if what is None:
         what = (f"{c.label} {c.against}, " if c.label else "") + c.word
-        if c.bound is not None:
-            what = (f"{c.bound_text} {c.against}: every window above every window "
-                    f"of {c.against} ({c.shaky})")
     if c.word == "unsettled":
         base = _base(result, r)
         clause = unsettled_clause(*(x for x in (r, base) if x is not None))

@@ -113,22 +113,15 @@ class Call:
     ratio: float | None = None        # printed only when not None
     credited: bool = False            # a speedup the page may credit
     shaky: str = ""                   # a loss called against windows that did not settle
-    bound: float | None = None        # an unsettled gain credited as "at least this"
-    most: float | None = None         # ... and the most its windows allow (with ``bound``)
+    bound: float | None = None        # always None: the credit rule (verdict.credit) gives an
+                                      # unsettled gain no bound, whatever its windows show
 
     @property
     def label(self) -> str:
         """Short ratio text for a bar or a table cell ("" when nothing may be printed)."""
-        if self.bound is not None:
-            return "≥" + (f"{self.bound:.0f}x" if self.bound >= 10 else ratio(self.bound))
         if self.ratio is None:
             return ""
         return ratio(self.ratio) if self.word != "within noise" else f"≈{ratio(self.ratio)}"
-
-    @property
-    def bound_text(self) -> str:
-        """A bound in words ("at least 42x"); "" when the call has none."""
-        return "" if self.bound is None else "at least " + self.label.lstrip("≥")
 
 
 def call_of(v: dict | None, r: RungResult, before: RungResult | None) -> Call:

@@ -139,8 +139,6 @@ def bar_label(result: LadderResult, r: RungResult, left: RungResult | None = Non
         return f"no gain\nover {c.against}"
     if not c.label:           # nothing may be read (a smoke run): no base to name either
         return "base" if r.name == result.baseline else ""
-    if c.bound is not None:
-        return f"{c.bound_text}\nover {c.against}"
     return f"{c.label}\nover {c.against}"
 
 

@@ -237,7 +237,7 @@ def text_table(result: LadderResult) -> str:
     for r in result.rungs:
         c = call(result, r)
         lines.append(f"{r.name:<5} {r.key[:18]:<18} {r.label[:22]:<22} {rate(r.tokens_per_s):>12} "
-                     f"{percent(r.spread, 1):>7} {(c.label if c.bound else ratio(c.ratio)):>7} "
+                     f"{percent(r.spread, 1):>7} {ratio(c.ratio):>7} "
                      f"{c.word if c.word not in ('start', 'skipped') else '-':<13} {tflops(r.tflops):>8} "
                      f"{percent(r.mfu, 1):>6}" + rerun.line_note(r))
     if result.learning is not None:

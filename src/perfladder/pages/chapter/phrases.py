@@ -52,8 +52,6 @@ def verdict_phrase(name: str) -> Number:
         if not r.measured:
             return f"was not measured in this run ({r.error or r.result_kind})"
         c = call(result, r)
-        if c.bound is not None:
-            return f"pays, {c.bound_text} {c.against}"
         if c.word not in VERDICT_PHRASES:
             return c.word
         r_text = c.label or ratio(r.ratio_prev) if r.ratio_prev is not None else "–"
