@@ -364,3 +364,20 @@ def test_memory_is_the_peak_the_allocator_reserved_cuda_graph_pools_included(mon
     mem = lab.measure(None, CFG.batch_size).memory
     assert mem.bytes == 7 << 30 and mem.kind == PEAK_RESERVED and mem.allocated == 1 << 30
     assert "CUDA graph" in mem.note
+
+
+def test_the_model_gates_fp32_reference_runs_in_slices_of_the_seed_batch(ladder_run):
+    """A batch rung's model gate runs its fp32 reference on seed-batch slices, so that the gate
+    holds no more than the rung's own step does (a whole fp32 reference at batch 1024 is what
+    ran a 24 GB card out of memory at B5)."""
+    res = ladder_run.result
+    seed = CFG.batch_size
+    seen = set()
+    for r in measured(res):
+        gate = next((g for g in r.gates if g.name == "model gate"), None)
+        if gate is None:
+            continue
+        want = r.batch_size // seed if r.batch_size > seed else 1
+        assert gate.detail["reference_chunks"] == want, (r.name, r.batch_size)
+        seen.add(want)
+    assert 1 in seen and max(seen) > 1, seen

@@ -37,7 +37,7 @@ from perfladder.torch.recipe import Recipe
 from perfladder.torch.stream import batches
 from perfladder.torch.timer import cache_events, compile_count, loaded
 
-__all__ = ["trial", "loss_gate", "gate_batches", "LOSS_TOL", "LossGateError"]
+__all__ = ["trial", "loss_gate", "gate_batches", "reference_chunks", "LOSS_TOL", "LossGateError"]
 GATE_SEED_OFFSET = 10_000  # the gate's batches come from their own shuffle seed
 GATE_ROWS = 8              # rows of each fixed batch the optimizer gate's reference runs on
 LOSS_TOL = LOSS_RTOL       # the loss gate's tolerance: perfladder.measure.gates says why
@@ -114,13 +114,23 @@ def model_gates(lab: TorchLab, step, recipe: Recipe, optimizer: bool = True,
         return []
     fixed = gate_batches(lab, recipe.batch_size)
     with phase(watch, "gates/model"):
-        out = [model_gate(lab.build_step(plain, plain_code=True), step, fixed[:1]).evidence()]
+        out = [model_gate(lab.build_step(plain, plain_code=True), step, fixed[:1],
+                          reference_chunks=reference_chunks(lab, recipe.batch_size)).evidence()]
     if optimizer:
         rows = [(X[:GATE_ROWS], Y[:GATE_ROWS]) for X, Y in fixed]
         with phase(watch, "gates/optimizer"):
             out.append(optimizer_gate(lab.build_step(plain, plain_code=True), step, rows).evidence())
     lab.free(graphs=False)
     return out
+
+
+def reference_chunks(lab: TorchLab, batch_size: int) -> int:
+    """How many slices the model gate's fp32 reference takes a batch in: slices of the seed's
+    batch, so that the reference's activations stay those of R0's step. Run whole, an fp32
+    reference at a doubled batch holds about twice R3c's memory beside the candidate (15 GiB
+    per 512 rows): the gate, not the rung, would decide what fits on a 24 GB card."""
+    seed = lab.config.batch_size
+    return batch_size // seed if batch_size > seed and batch_size % seed == 0 else 1
 
 
 def gate_losses(step, fixed) -> list[float]:
