@@ -197,3 +197,19 @@ def test_the_cap_holds_jax_allocator():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 1.8 * GIB <= int(out.stdout.split()[-1]) <= 2.05 * GIB
+
+
+def test_a_rung_whose_compiled_plan_does_not_fit_is_refused_before_it_runs():
+    """Nothing before R1 to predict it from, so the prediction lets it through; its compiled
+    program's plan (read after compiling, before the first call) is over the emulated card's
+    memory: recorded as not fitting, in one line naming the plan, and the chain stays on R0."""
+    from perfladder.ladder.engine import LadderRun
+    from perfladder.pages.cards import result_line
+    lab = JaxLab(get_config("smoke"), probe=False)
+    lab.memory_cap_gib = 1024 / GIB                 # 1 KiB: less than any program plans
+    got = LadderRun(lab, RUNGS).run("R1")
+    assert (got.outcome, got.kind, got.measured) == ("does_not_fit", "skipped", False)
+    assert got.error.startswith("does not fit: its compiled program plans ")
+    assert got.details["fit"]["source"] == "the compiled program's plan"
+    assert got.details["memory_needed_bytes"] > got.details["memory_available_bytes"]
+    assert "traceback" not in got.details and "compiled program plans" in result_line(lab.result, got)

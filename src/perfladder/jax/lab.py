@@ -39,7 +39,7 @@ from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import compile_count, throughput
 from perfladder.kernels.accounting import of_run
-from perfladder.ladder.fit import admit, memory_cap_gib
+from perfladder.ladder.fit import GIB, admit, check_plan, memory_cap_gib
 from perfladder.ladder.lab import Measured
 from perfladder.ladder.support import Kernels
 from perfladder.measure.evidence import (
@@ -283,6 +283,19 @@ class JaxLab:
         self.memory_prediction = None
         self.memory_prediction = admit(self, rung, given, basis=self.result.rungs, must_match=("dtype", "checkpoint"),
                                        room=memory_room, held_bytes=self.held_bytes)
+
+    def admit_plan(self, rung_name: str, step: TrainStep, batch_size: int) -> None:
+        """After the step compiled, before it runs: its compiled plan against the memory there
+        is (``perfladder.ladder.fit.check_plan``: ``DoesNotFit``). On a CPU without a cap there
+        is no limit to check against."""
+        if step.compiled is None:
+            return
+        cap = None if self.memory_cap_gib is None else int(self.memory_cap_gib * GIB)
+        room = memory_room(cap)
+        if room is None:
+            return
+        check_plan(rung_name, planned_temp_bytes(step.compiled), self.held_bytes, batch_size, room,
+                   cap, self.memory_prediction)
 
     @property
     def held_bytes(self) -> int:

@@ -317,6 +317,7 @@ class TrainStep:
         self.observed: dict[str, str] = {}
         self.first_call_s: float | None = None
         self.compiled_ahead_s: float | None = None       # ``compile_ahead``'s seconds
+        self.compiled = None      # what ``compile_ahead`` compiled (its plan: ``memory_analysis``)
         self._split = None
         step_fn = code["train_step"]
 
@@ -369,7 +370,7 @@ class TrainStep:
             raise ValueError("compile_ahead is for a step that has not run yet: this one has")
         t0 = time.perf_counter()
         with observing(self.observed):
-            self.lower(X, Y).compile()
+            self.compiled = self.lower(X, Y).compile()
         self.compiled_ahead_s = time.perf_counter() - t0
         return self.compiled_ahead_s
 

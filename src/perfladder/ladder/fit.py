@@ -218,6 +218,33 @@ def check_fit(name: str, recipe: dict, rungs: Iterable, **kw) -> Fit:
     return fit
 
 
+def check_plan(name: str, planned_bytes: int | None, held_bytes: int, batch: int,
+               available_bytes: int | None, cap_bytes: int | None = None,
+               predicted: Estimate | None = None) -> None:
+    """After compiling, before running (JAX): the compiled program's own plan, its temporaries
+    with the state the step holds beside them, against the memory there is. A prediction from
+    another rung cannot see what a rung's kernels change in the plan (hand-written kernels
+    that keep more for the backward); the compiler's plan can, at no cost but the compile the
+    rung pays anyway. ``DoesNotFit`` (one line, its numbers in the details) when it does not fit."""
+    if planned_bytes is None or available_bytes is None:
+        return
+    needed = int(planned_bytes) + int(held_bytes)
+    if fits(needed, available_bytes):
+        return
+    cap = f" (capped at {gib(cap_bytes)})" if cap_bytes is not None else ""
+    line = (f"does not fit: its compiled program plans {gib(planned_bytes)} of temporaries at batch "
+            f"{batch} beside {gib(held_bytes)} of parameters and optimizer state, there is "
+            f"{gib(available_bytes)}{cap}")
+    if predicted is not None:
+        line += f"; predicted before compiling: about {gib(predicted.bytes)}, from {predicted.basis.name}"
+    raise DoesNotFit(line, details={
+        "memory_needed_bytes": needed, "memory_available_bytes": available_bytes,
+        "memory_cap_bytes": cap_bytes,
+        "fit": {"planned_temp_bytes": int(planned_bytes), "held_bytes": int(held_bytes),
+                "needed": None if predicted is None else predicted.to_dict(), "headroom": HEADROOM,
+                "source": "the compiled program's plan"}})
+
+
 def admit(lab, rung, given, *, basis: Iterable, must_match: tuple[str, ...], room,
           held_bytes: int = 0):
     """The check both labs run before a rung (``lab.admit``): ``NotSupported`` or
