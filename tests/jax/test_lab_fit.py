@@ -213,3 +213,21 @@ def test_a_rung_whose_compiled_plan_does_not_fit_is_refused_before_it_runs():
     assert got.details["fit"]["source"] == "the compiled program's plan"
     assert got.details["memory_needed_bytes"] > got.details["memory_available_bytes"]
     assert "traceback" not in got.details and "compiled program plans" in result_line(lab.result, got)
+
+
+def test_the_loss_gates_reference_plans_less_memory_than_the_plain_step_it_stands_for():
+    """The beyond rungs' loss reference (``reference_recipe``) recomputes its blocks: at the same
+    batch its compiled plan holds less than the plain bf16 step's, so the gate never needs more
+    memory than the rungs it checks (un-checkpointed, it ran a 24 GiB card out of memory at
+    batch 1024 where the rungs themselves fit)."""
+    from perfladder.jax.program import planned_temp_bytes
+    from perfladder.jax.trial import gate_batches, reference_recipe
+    lab = JaxLab(get_config("smoke"), probe=False)
+    B = 2 * lab.config.big_batch
+    X, Y = gate_batches(lab, B)[0]
+    ref = reference_recipe(B)
+    plain = ref.replace(checkpoint=False)
+    assert ref.dtype == plain.dtype == "bfloat16"
+    planned = {r.checkpoint: planned_temp_bytes(lab.build_step(r, plain_code=True).lower(X, Y).compile())
+               for r in (ref, plain)}
+    assert planned[True] < planned[False], planned        # (the smoke model: a few blocks, small)

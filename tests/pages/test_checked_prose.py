@@ -335,3 +335,26 @@ def test_the_page_says_which_run_it_shows_and_why():
     own = copy.deepcopy(ref)
     own.created = "2030-01-01T00:00:00Z"                  # a GPU build's own run, not committed
     assert shown_rule("torch")(own).startswith("this build's own run")
+
+
+CAPPED = ROOT / "benchmarks/results/h100-capped-24gib-book-2026-12-06"
+
+
+@pytest.mark.parametrize("framework", PAGES)
+def test_a_capped_cards_pages_say_which_rungs_it_could_not_run_not_that_they_contradict(framework):
+    """On a card that could not hold some rungs (the committed run capped to 24 GiB), each claim
+    about such a rung says it was not checked on this card and why, in a line, never the warning
+    of a contradicted claim; the claims about the rungs it ran are judged as on any run."""
+    from perfladder.pages.story import CARD_OUTCOMES, NOT_ON_THIS_CARD
+    run = read_run(CAPPED / f"{framework}.json")
+    off_card = {r.name for r in run.rungs if r.outcome in CARD_OUTCOMES}
+    assert "B6" in off_card
+    page = rendered(framework, run)
+    marked = [c for c in checks_for(framework) if c.marker(run).startswith(f" *[{NOT_ON_THIS_CARD}")]
+    assert all(c.marker(run) in page for c in marked)
+    assert marked or framework == "torch"     # JAX's page has claims about B7 and B8, which did not fit
+    for c in marked:
+        assert any(f"{name} did not run here (does not fit" in c.marker(run) for name in off_card), c.key
+    for line in page.split("\n\n"):
+        if NOT_SUPPORTED in line:
+            assert not any(f"{name} was not measured" in line for name in off_card), line

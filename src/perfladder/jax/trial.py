@@ -160,8 +160,11 @@ def gate_batches(lab: JaxLab, batch_size: int) -> list:
 
 def reference_recipe(batch_size: int) -> Recipe:
     """What every beyond rung's losses are held against: the plain model computing in bf16 under
-    ``nnx.jit``, built from the library's code (as PyTorch's eager bf16 reference)."""
-    return Recipe(batch_size=batch_size, dtype="bfloat16")
+    ``nnx.jit``, built from the library's code (as PyTorch's eager bf16 reference), its blocks
+    recomputed in the backward (R4's checkpointing: the same arithmetic in a fraction of the
+    memory). Without it the reference's XLA attention plans about 20 GiB at batch 1024, beside
+    the candidate it checks: the gate, not the rung, would decide what fits on a 24 GB card."""
+    return Recipe(batch_size=batch_size, dtype="bfloat16", checkpoint=True)
 
 
 def reference_losses(lab: JaxLab, batch_size: int) -> list[float]:

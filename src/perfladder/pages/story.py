@@ -30,6 +30,15 @@ from perfladder.results.record import LadderResult, RungResult
 
 Test = Callable[[LadderResult], tuple[bool, str]]
 NOT_SUPPORTED = "⚠ not supported by the run shown"
+# a claim about a rung this card could not run (``CARD_OUTCOMES``): said as such, not as a
+# contradiction; the sentence is about the technique, and this run has no number for it
+NOT_ON_THIS_CARD = "not checked on this card"
+CARD_OUTCOMES = ("does_not_fit", "not_supported", "not_applicable")
+
+
+class NotOnThisCard(ValueError):
+    """A claim's rung that the card could not run (it did not fit, or its precision or kernels
+    are not supported here)."""
 HOST = "host-bound"                                              # the regimes a claim may name
 DEVICE = ("memory-bound", "compute-bound", "mixed", "device-bound")  # the device sets the pace
 
@@ -44,18 +53,27 @@ class Check:
     def judge(self, result: LadderResult) -> tuple[bool, str]:
         try:
             return self.test(result)
+        except NotOnThisCard as e:
+            return False, f"{NOT_ON_THIS_CARD}: {e}"
         except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:   # absent
             return False, f"cannot be judged on this run ({type(e).__name__}: {e})"
 
     def marker(self, result: LadderResult) -> str:
         """What the page prints after the sentence: nothing, or the warning with the evidence."""
         holds, evidence = self.judge(result)
-        return "" if holds else f" **[{NOT_SUPPORTED}: {evidence}]**"
+        if holds:
+            return ""
+        if evidence.startswith(NOT_ON_THIS_CARD):
+            return f" *[{evidence}]*"
+        return f" **[{NOT_SUPPORTED}: {evidence}]**"
 
 
 def _rung(result: LadderResult, name: str) -> RungResult:
     r = result.rung(name)
     if not r.measured:
+        if r.outcome in CARD_OUTCOMES:       # its reason's first clause: what the card lacked
+            reason = (r.error or r.outcome).split(";")[0].split(" (")[0]
+            raise NotOnThisCard(f"{name} did not run here ({reason})")
         raise ValueError(f"{name} was not measured ({r.error or 'no reason recorded'})")
     return r
 
