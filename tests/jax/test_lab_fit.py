@@ -144,6 +144,8 @@ def test_the_cap_becomes_jax_allocator_fraction(settings, monkeypatch):
     env = {MEMORY_CAP_VARIABLE: "12"}
     lines = settings.memory_settings(env)
     assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.2500"          # 12 of 48 GiB
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"             # taken as one pool
+    assert lines[0] == "XLA_PYTHON_CLIENT_PREALLOCATE=true (the cap, taken as one pool)"
     assert "device memory capped to 12 GiB of 48.0 GiB" in lines[-1]
     env = {MEMORY_CAP_VARIABLE: "12", "XLA_CLIENT_MEM_FRACTION": "0.5"}   # the user's wins
     settings.memory_settings(env)

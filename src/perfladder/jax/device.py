@@ -150,19 +150,22 @@ def memory_settings(environ=None) -> list[str]:
       it (the PyTorch ladder of a book build, another notebook) keeps the rest;
     * with a memory cap (``PERFLADDER_MEMORY_CAP_GIB``), the allocator's limit:
       ``XLA_PYTHON_CLIENT_MEM_FRACTION`` = the cap over the card's memory, read from
-      ``nvidia-smi`` (JAX cannot be asked before it starts).
+      ``nvidia-smi`` (JAX cannot be asked before it starts), and that much taken at once
+      (``PREALLOCATE=true``): one pool, as a card of that size is. Grown region by region up
+      to a cap, the pool fragments: on an H100 capped at 24 GiB, B7's 15.7 GiB of temporaries
+      at batch 1024 found no piece that large with most of the cap free.
 
     Returns the lines a result keeps: what is in effect, and a cap that could not be set."""
     env = os.environ if environ is None else environ
     started = backend_started()
     lines = []
+    cap = memory_cap_gib(env)
     if PREALLOCATE not in env and not started:
         env[PREALLOCATE] = "false"
         _SET_HERE.add(PREALLOCATE)
     theirs = PREALLOCATE in env and PREALLOCATE not in _SET_HERE
     lines.append(f"{PREALLOCATE}={env.get(PREALLOCATE, '(unset: JAX preallocates 75% of the card)')}"
                  + (" (set before perfladder.jax)" if theirs else ""))
-    cap = memory_cap_gib(env)
     user = [v for v in FRACTIONS if v in env]
     if user and set(user) <= _SET_HERE:
         lines.append(f"device memory capped by {', '.join(f'{v}={env[v]}' for v in user)} "
@@ -180,6 +183,9 @@ def memory_settings(environ=None) -> list[str]:
         else:
             env[FRACTION] = f"{min(1.0, cap * 2 ** 30 / total):.4f}"
             _SET_HERE.add(FRACTION)
+            if PREALLOCATE in _SET_HERE:       # the capped amount as one pool (above)
+                env[PREALLOCATE] = "true"
+                lines[0] = f"{PREALLOCATE}=true (the cap, taken as one pool)"
             lines.append(f"device memory capped to {cap:g} GiB of {total / 2 ** 30:.1f} GiB "
                          f"({FRACTION}={env[FRACTION]})")
     elif user:
