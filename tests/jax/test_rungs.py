@@ -152,6 +152,8 @@ def test_checkpoint_rung_gated_and_its_recomputation_counted(run):
     res = run.result
     r3, r4 = res.rung("R3"), res.rung("R4")
     assert r4.gate("checkpoint mirror").values["rel_diff"] <= 1e-2
+    saved = r4.gate("checkpoint gate")        # and it dropped activations: fewer residuals saved
+    assert saved.passed and saved.values["saved_ratio"] <= saved.tolerances["saved_ratio"] < 1
     assert r4.recipe == {**r3.recipe, "checkpoint": True}
     ratio = r4.details["traced_flops_per_step"] / r3.details["traced_flops_per_step"]
     assert 1.2 < ratio < 1.34                                # the backward pass recomputes
