@@ -174,6 +174,8 @@ def measure_mesh(k: int, config: LadderConfig, form: str = "fast", recipe=None, 
     if k > 1:
         from perfladder.jax.checks import distinct_devices
         distinct_devices(next(stream)[0])        # every device its own rows (CountError if not)
+        from perfladder.jax.parallel.allreduce import allreduce_at_start
+        allreduce_at_start(rep, config, len(data.vocab), *next(stream))   # the mean, or refused
     bw = allreduce_bus_bw(mesh, n) if k > 1 else None
     t = throughput(rep.step, stream, **_timing(config, warmup, timed, windows))
     devices = list(mesh.devices.flat)
