@@ -171,6 +171,8 @@ def test_learning_check_and_progress(run, small_run):
     assert "plain fp32" in check.evaluated_with and check.configuration in RUNGS
     assert set(check.phases) == {"data", "build", "val before", "train", "val after"}
     assert sum(check.phases.values()) <= check.seconds and check.phases["train"] > 0
+    n = CFG.learn_num_train                              # held out: the windows after training's
+    assert check.rows == {"train": [0, n], "val": [n, n + CFG.num_val]}
     small, events = small_run
     assert [n for e, n, _ in events if e == "start"] == ["R3", "B4", "R5", "learning"]   # ladder order
     assert [(e, n) for e, n, _ in events] == [(e, n) for n in ["R3", "B4", "R5", "learning"]

@@ -273,6 +273,8 @@ def test_learning_check(ladder_run):
     assert lc.configuration == kept[-1]
     assert set(lc.phases) == {"data", "build", "val before", "train", "val after"}
     assert sum(lc.phases.values()) <= lc.seconds and lc.phases["train"] > 0
+    n = CFG.learn_num_train                              # held out: the windows after training's
+    assert lc.rows == {"train": [0, n], "val": [n, n + CFG.num_val]}
 
 
 def test_json_round_trip(ladder_run, small_run, tmp_path):

@@ -88,13 +88,8 @@ def check_allreduce(model, X, Y, reference: Callable[[], object], *, precision: 
     return compare(mesh_grads(model, X, Y), want, precision=precision, ranks=k)
 
 
-def allreduce_at_start(rep, config, vocab_size: int, X, Y) -> list[dict]:
+def allreduce_at_start(rep, X, Y) -> list[dict]:
     """The gate for a launch's ``Replica`` ``rep`` (laid out, not yet stepped) on the global
-    batch ``(X, Y)``: a fresh ``Replica`` of ``config`` (a ``LadderConfig`` or its dict) is
-    the reference. Each local device's evidence, as dicts."""
-    from perfladder.config import LadderConfig
-    from perfladder.jax.parallel.measure import Replica
-    cfg = config if isinstance(config, LadderConfig) else LadderConfig(**config)
-    return [g.to_dict() for g in check_allreduce(
-        rep.model, X, Y, lambda: Replica(cfg, rep.recipe, vocab_size).model,
-        precision=precision_of(rep.recipe))]
+    batch ``(X, Y)``, against ``rep.fresh_model()``: each local device's evidence, as dicts."""
+    return [g.to_dict() for g in check_allreduce(rep.model, X, Y, rep.fresh_model,
+                                                 precision=precision_of(rep.recipe))]

@@ -152,7 +152,7 @@ def run(spec: dict, out: Path) -> dict:
         return _check(spec, rep, data, mesh, out)
     stream = local_batches(data, recipe.batch_size, mesh, seed=cfg.seed + 300)
     digests = distinct_devices(next(stream)[0]) if k > 1 else []
-    reduced = allreduce_at_start(rep, cfg, len(data.vocab), *next(stream)) if k > 1 else []
+    reduced = allreduce_at_start(rep, *next(stream)) if k > 1 else []
     bw = allreduce_bus_bw(mesh, n) if k > 1 else 0.0
     # every process times the same number of windows: one that stopped early (its windows
     # settled) would leave the others waiting in the step's all-reduce
@@ -203,7 +203,7 @@ def _check(spec: dict, rep, data, mesh, out: Path) -> dict:
         Xg = jax.make_array_from_callback(X.shape, sharding, lambda idx, X=X: X[idx])
         Yg = jax.make_array_from_callback(Y.shape, sharding, lambda idx, Y=Y: Y[idx])
         if k > 1 and not losses:              # before the first step: the initial weights
-            reduced = allreduce_at_start(rep, spec["config"], len(data.vocab), Xg, Yg)
+            reduced = allreduce_at_start(rep, Xg, Yg)
         losses.append(float(rep.step(Xg, Yg)))
     summary = {"k": k, "num_processes": jax.process_count(), "losses": losses, "spec": spec,
                "allreduce_gate": reduced}
