@@ -141,6 +141,26 @@ class TimeMachine:
         s = slice(self.num_train, self.num_train + self.num_val)
         return self.X[s], self.Y[s]
 
+    def rows_of(self, X) -> list[int]:
+        """``[start, stop)``: the windows ``X`` holds, read off where it lies in the corpus --
+        what a split's arrays are, not what they were called. ``X`` must be consecutive rows of
+        ``self.X`` (a slice of it, as ``train_arrays`` and ``val_arrays`` give); a copy cannot
+        say where it came from and is refused."""
+        base = self.X
+        X = X if isinstance(X, np.ndarray) else None
+        if (X is None or X.ndim != 2 or X.shape[1:] != base.shape[1:]
+                or X.strides != base.strides or not np.may_share_memory(X, base)):
+            raise ValueError(f"{'an array' if X is None else f'an array of shape {X.shape}'} that "
+                             "is not a slice of this corpus' windows (TimeMachine.X): which rows "
+                             "it holds cannot be told; pass train_arrays() / val_arrays() or a "
+                             "slice of them")
+        offset = X.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        start, rem = divmod(offset, base.strides[0])
+        if rem or start < 0 or start + len(X) > len(base):
+            raise ValueError(f"an array at byte offset {offset} of the corpus is not whole "
+                             f"windows of TimeMachine.X (rows 0..{len(base)})")
+        return [int(start), int(start + len(X))]
+
     def __repr__(self) -> str:
         return (f"TimeMachine(batch_size={self.batch_size}, num_steps={self.num_steps}, "
                 f"num_train={self.num_train}, num_val={self.num_val}, vocab={len(self.vocab)})")

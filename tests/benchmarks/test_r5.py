@@ -26,6 +26,8 @@ def test_smoke_run_writes_predictions_and_measurements(tmp_path):
     assert set(doc["baselines"]) == {"torch:seed", "jax:seed"}
     for m in doc["measurements"]:
         assert m["prediction"]["single_tokens_per_s"] == m["baseline"]["tokens_per_s"]
+        if m["framework"] == "jax":                      # the mesh checked its all-reduce first
+            assert any(n.startswith("all-reduce gate passed on 2 devices") for n in m["notes"])
         assert m["measured_tokens_per_s"] > 0 and m["bus_bw_measured"] > 0
     for stage in ("torch", "jax"):
         log = (tmp_path / f"r5_{stage}.log").read_text()

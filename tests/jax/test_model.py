@@ -134,6 +134,19 @@ def test_checkpoint_mirror_and_planted_drift(bf16, X):
         jchecks.check_mirror(bf16, jchecks.with_checkpointing(drifted), X)
 
 
+def test_checkpoint_gate_passes_remat_and_refuses_a_remat_that_recomputes_nothing(bf16, X):
+    from perfladder.measure.checkpointing import CheckpointGateError
+    g = jchecks.checkpoint_saves(bf16, jchecks.with_checkpointing(bf16), X)
+    assert g.name == "checkpoint gate" and g.passed
+    assert 0 < g.values["saved_ratio"] <= g.tolerances["saved_ratio"] == 0.5
+    fake = nnx.clone(bf16)
+    fake.use_checkpoint(lambda run_block: run_block)     # the planted R4: each block called directly
+    assert fake.checkpoint and jchecks.check_mirror(bf16, fake, X) == 0.0   # the mirror passes it
+    with pytest.raises(CheckpointGateError, match="recomputes nothing") as e:
+        jchecks.checkpoint_saves(bf16, fake, X)
+    assert e.value.gate == "checkpoint gate"
+
+
 def test_parity_gate_and_planted_wrong_model(fp32, X):
     assert jchecks.check_jit_parity(fp32, X) < 1e-4   # CPU: no TF32
     wrong = nnx.clone(fp32)

@@ -207,6 +207,8 @@ def test_an_honest_split_step_passes_the_learning_check():
                                     steps=SMOKE_LEARN_STEPS, commit=split.commit)
     assert check.passed and check.val_before > 3.0 and check.val_after < check.threshold - 0.1, check
     assert "plain fp32 JAX GPT" in check.evaluated_with
+    assert check.rows == {"train": [0, DATA.num_train],                    # held out, recorded
+                          "val": [DATA.num_train, DATA.num_train + DATA.num_val]}
 
 
 @pytest.mark.gpu

@@ -37,6 +37,9 @@ def test_two_processes_take_the_steps_one_device_takes(tmp_path):
     # fp32; only the order of the cross-process gradient sum differs
     assert got["losses"] == pytest.approx(want, rel=1e-5)
     assert want[2] < want[0]                                        # and the steps trained
+    gate, = got["allreduce_gate"]              # process 0's device, checked before the first step
+    assert gate["name"] == "all-reduce gate" and gate["passed"] and gate["detail"]["ranks"] == 2
+    assert gate["values"]["grad"] < 1e-5 and gate["values"]["scale"] < 1e-5
 
 
 def test_fast_form_is_predicted_then_measured(tmp_path, capsys):
@@ -53,6 +56,7 @@ def test_fast_form_is_predicted_then_measured(tmp_path, capsys):
     # tokens over the slowest process's seconds (run() asserted both; recomputed here)
     s = json.loads((tmp_path / "processes.json").read_text())
     assert len(set(s["device_batch_digests"])) == 2
+    assert [(g["name"], g["passed"]) for g in s["allreduce_gate"]] == [("all-reduce gate", True)]
     tokens = 2 * m.per_rank_batch * CFG.num_steps * 2
     assert check_global_rate(m.windows, tokens, s["seconds_per_process"], what="processes")
     assert m.efficiency_vs_linear == pytest.approx(m.measured_tokens_per_s / 2000.0)

@@ -51,6 +51,37 @@ def page_place_state(mesh, *nodes, fsdp=False):      # a page's own cell: the li
 
 out["r5"] = run.run("R5", place_state=page_place_state).to_dict()
 out["placed_by_the_page"] = placed
+
+# the all-reduce gate against an explicit data-parallel gradient: each device's own rows, then
+# pmean over the devices (honest) or psum (the planted bug: k times the gradient)
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+from perfladder.jax.parallel import allreduce as ar
+from perfladder.jax.step import loss_fn
+from perfladder.measure.allreduce import AllReduceGateError
+recipe = Recipe(batch_size=4 * cfg.batch_size)
+laid = lab.model(recipe)
+place_state(mesh, laid)
+xg, yg = jax.device_put(X, batch_sharding(mesh)), jax.device_put(Y, batch_sharding(mesh))
+
+def explicit(reduce):
+    def grads(model, X, Y):
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        def local(p, X, Y):
+            g = jax.grad(lambda p: loss_fn(nnx.merge(graphdef, p, rest), X, Y))(p)
+            return reduce(g, "data")
+        # check_vma off: the local gradient stays local (no psum implied by replicated inputs)
+        return jax.tree.leaves(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                                             out_specs=P(), check_vma=False)(params, X, Y))
+    return grads
+
+for name, reduce in (("pmean", jax.lax.pmean), ("psum", jax.lax.psum)):
+    ar.mesh_grads = explicit(reduce)
+    try:
+        gates = ar.check_allreduce(laid, xg, yg, lambda: lab.model(recipe), precision="fp32")
+        out[name] = [g.values["scale"] for g in gates]
+    except AllReduceGateError as e:
+        out[name] = [e.gate, str(e)]
 print("RESULT" + json.dumps(out))
 '''
 
@@ -105,6 +136,29 @@ def test_r5_measures_after_writing_down_its_prediction(four_devices):
     assert r5["profile"]["device_ms"] > 0 and r5["receipt"]["observed"]["logits"] == "float32"
     assert stdout.index("R5 jax predict k=4") < stdout.index("RESULT")
     assert out["placed_by_the_page"] and all(p == [4, False] for p in out["placed_by_the_page"])
+    reduced = [g for g in r5["gates"] if g["name"] == "all-reduce gate"]   # checked at its start
+    assert [g["detail"]["who"] for g in reduced] == [f"device {i}" for i in range(4)]
+    assert all(g["passed"] and g["detail"]["ranks"] == 4 and g["values"]["grad"] < 1e-5 for g in reduced)
+
+
+def test_the_allreduce_gate_refuses_a_sum_where_the_mean_belongs(four_devices):
+    out, _ = four_devices
+    assert len(out["pmean"]) == 4 and max(out["pmean"]) < 1e-5      # the mean: every device passes
+    gate, message = out["psum"]
+    assert gate == "all-reduce gate" and "summed where the mean belongs (4 x)" in message
+
+
+def test_the_allreduce_comparison_on_one_device():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from perfladder.jax.parallel.allreduce import compare
+    from perfladder.measure.allreduce import AllReduceGateError
+    want = [np.linspace(-1.0, 1.0, 12).reshape(3, 4), np.arange(5.0)]
+    got = [jnp.asarray(w, jnp.float32) for w in want]
+    assert compare(got, want, precision="fp32", ranks=2)[0].values["scale"] < 1e-6
+    with pytest.raises(AllReduceGateError, match="summed where the mean belongs \\(2 x\\)"):
+        compare([2 * g for g in got], want, precision="bf16", ranks=2)
 
 
 def test_fsdp_spec_by_hand():

@@ -152,6 +152,8 @@ def test_checkpoint_rung_gated_and_its_recomputation_counted(run):
     res = run.result
     r3, r4 = res.rung("R3"), res.rung("R4")
     assert r4.gate("checkpoint mirror").values["rel_diff"] <= 1e-2
+    saved = r4.gate("checkpoint gate")        # and it dropped activations: fewer residuals saved
+    assert saved.passed and saved.values["saved_ratio"] <= saved.tolerances["saved_ratio"] < 1
     assert r4.recipe == {**r3.recipe, "checkpoint": True}
     ratio = r4.details["traced_flops_per_step"] / r3.details["traced_flops_per_step"]
     assert 1.2 < ratio < 1.34                                # the backward pass recomputes
@@ -169,6 +171,8 @@ def test_learning_check_and_progress(run, small_run):
     assert "plain fp32" in check.evaluated_with and check.configuration in RUNGS
     assert set(check.phases) == {"data", "build", "val before", "train", "val after"}
     assert sum(check.phases.values()) <= check.seconds and check.phases["train"] > 0
+    n = CFG.learn_num_train                              # held out: the windows after training's
+    assert check.rows == {"train": [0, n], "val": [n, n + CFG.num_val]}
     small, events = small_run
     assert [n for e, n, _ in events if e == "start"] == ["R3", "B4", "R5", "learning"]   # ladder order
     assert [(e, n) for e, n, _ in events] == [(e, n) for n in ["R3", "B4", "R5", "learning"]

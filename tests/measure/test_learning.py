@@ -59,3 +59,39 @@ def test_bad_window():
         L.judge(FALLING, 3.3, 2.0, threshold=2.4, window=0, evaluated_with="ref")
     with pytest.raises(ValueError, match="at least 200 losses"):
         L.judge(FALLING, 3.3, 2.0, threshold=2.4, window=100, evaluated_with="ref")
+
+
+# -- the rows: evaluated on held-out windows, recorded -----------------------------------------------
+ROWS = {"train": [0, 2000], "val": [2000, 2200]}
+
+
+def test_the_rows_are_recorded_and_a_file_without_them_still_loads():
+    c = L.check_learning(FALLING, 3.33, 2.2, threshold=2.4, window=20, rows=ROWS)
+    d = json.loads(json.dumps(c.to_dict()))
+    assert d["rows"] == ROWS and L.LearningCheck.from_dict(d) == c
+    old = {k: v for k, v in d.items() if k != "rows"}          # a file written before rows
+    assert L.LearningCheck.from_dict(old).rows is None and L.LearningCheck.from_dict(old).passed
+
+
+@pytest.mark.parametrize("val", [[0, 200], [1999, 2199], [500, 600]])
+def test_validation_rows_inside_the_training_rows_are_refused(val):
+    """Whatever the losses say: a "validation" loss on training rows passes a model that
+    memorised (about 0.17 nats lower than the held-out one at smoke)."""
+    with pytest.raises(L.HeldOutRowsError, match="overlap the training rows") as e:
+        L.check_learning(FALLING, 3.33, 2.2, threshold=2.4, window=20,
+                         rows={"train": [0, 2000], "val": val})
+    assert isinstance(e.value, L.LearningError) and e.value.gate == "held-out rows"
+    assert not e.value.check.passed and e.value.check.rows["val"] == val
+
+
+def test_rows_are_read_off_the_arrays_not_their_names():
+    c = get_config("smoke")
+    data = TimeMachine(c.batch_size, c.num_steps, num_train=c.num_train, num_val=c.num_val)
+    (Xt, _), (Xv, _) = data.train_arrays(), data.val_arrays()
+    assert data.rows_of(Xt) == [0, c.num_train] and data.rows_of(Xv[5:9]) == [c.num_train + 5, c.num_train + 9]
+    assert L.split_rows(data, iter(()), Xv) == {"train": [0, c.num_train],
+                                                 "val": [c.num_train, c.num_train + c.num_val]}
+    assert L.split_rows(data, iter(()), Xt[:c.num_val])["val"] == [0, c.num_val]   # the wrong split
+    for bad in (Xv.copy(), Xv[::2], np.zeros((3, c.num_steps), np.int32)):
+        with pytest.raises(ValueError, match="not a slice of this corpus"):
+            data.rows_of(bad)

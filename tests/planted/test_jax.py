@@ -16,12 +16,13 @@ import pytest  # noqa: E402
 from _jax_gate_helpers import CFG, DATA, fixed, model  # first: cheap CPU compiles
 from flax import nnx  # noqa: E402
 
+from perfladder.data import TimeMachine  # noqa: E402
 from perfladder.jax import evaluate  # noqa: E402
 from perfladder.jax.gates import check_receipt, model_gate, named, optimizer_gate  # noqa: E402
 from perfladder.jax.step import make_optimizer, make_train_step, receipt  # noqa: E402
 from perfladder.jax.stream import batches  # noqa: E402
 from perfladder.measure.gates import ModelGateError, OptimizerGateError, ReceiptError  # noqa: E402
-from perfladder.measure.learning import LearningError  # noqa: E402
+from perfladder.measure.learning import HeldOutRowsError, LearningError  # noqa: E402
 
 pytestmark = pytest.mark.planted
 BF16 = jnp.bfloat16
@@ -112,6 +113,26 @@ def test_non_causal_attention_fails_the_learning_check_by_the_reference():
     c = e.value.check
     assert e.value.gate == "learning check" and c.last < c.first and c.val_after > c.threshold
     assert evaluate.mean_loss(m, *DATA.val_arrays()) < c.threshold   # by itself it would pass
+
+
+class TrainRowsAsValidation(TimeMachine):
+    """The planted split: its "validation" windows are the first training windows."""
+
+    def val_arrays(self):
+        return self.X[:self.num_val], self.Y[:self.num_val]
+
+
+def test_validation_on_training_rows_is_refused_by_the_held_out_rows_gate():
+    data = TrainRowsAsValidation(CFG.batch_size, CFG.num_steps, num_train=CFG.num_train,
+                                 num_val=CFG.num_val)
+    m = model(BF16)
+    opt, step = make_optimizer(m, CFG.lr), make_train_step()
+    with pytest.raises(HeldOutRowsError, match="overlap the training rows") as e:
+        evaluate.learning_check(lambda X, Y: step(m, opt, X, Y),
+                                batches(data, CFG.big_batch, seed=1000), data, model=m,
+                                steps=4, window=2)
+    assert e.value.gate == "held-out rows"
+    assert e.value.check.rows == {"train": [0, CFG.num_train], "val": [0, CFG.num_val]}
 
 
 def test_frozen_blocks_fail_the_learning_check():

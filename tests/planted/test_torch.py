@@ -17,13 +17,14 @@ import pytest
 import torch
 from _torch_gate_helpers import CFG, DATA, fixed, model, one_thread, step  # noqa: F401
 
+from perfladder.data import TimeMachine
 from perfladder.measure.gates import (
     BACKWARD_TOL,
     GateError,
     ModelGateError,
     OptimizerGateError,
 )
-from perfladder.measure.learning import LearningError
+from perfladder.measure.learning import HeldOutRowsError, LearningError
 from perfladder.torch import evaluate
 from perfladder.torch.gates import (
     PrecisionError,
@@ -133,6 +134,23 @@ def test_non_causal_attention_fails_the_learning_check_by_the_reference():
     assert c.val_after > c.threshold
     # evaluated by itself, the cheat would have passed: it reads the next token
     assert evaluate.mean_loss(s.model, *DATA.val_arrays()) < c.threshold
+
+
+class TrainRowsAsValidation(TimeMachine):
+    """The planted split: its "validation" windows are the first training windows."""
+
+    def val_arrays(self):
+        return self.X[:self.num_val], self.Y[:self.num_val]
+
+
+def test_validation_on_training_rows_is_refused_by_the_held_out_rows_gate():
+    data = TrainRowsAsValidation(CFG.batch_size, CFG.num_steps, num_train=CFG.num_train,
+                                 num_val=CFG.num_val)
+    with pytest.raises(HeldOutRowsError, match="overlap the training rows") as e:
+        evaluate.learning_check(step(bf16=True), batches(data, CFG.big_batch, "cpu", seed=1000),
+                                data, steps=4, window=2)
+    assert e.value.gate == "held-out rows"
+    assert e.value.check.rows == {"train": [0, CFG.num_train], "val": [0, CFG.num_val]}
 
 
 def test_frozen_blocks_fail_the_learning_check():

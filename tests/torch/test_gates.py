@@ -133,3 +133,32 @@ def test_autocast_device_type_checked():
     m = model()
     with pytest.raises(ValueError, match="'mps'.*cuda.*cpu"):
         make_step(m, make_optimizer(m, 1e-3), bf16=True, device_type="mps")
+
+
+# -- R4's checkpoint gate: what the checkpointed forward saves for the backward ----------------------
+def _step_of(m, bf16=False):
+    return make_step(m, make_optimizer(m, 1e-3), device_type="cpu", bf16=bf16)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_checkpoint_gate_passes_a_checkpoint_that_recomputes(bf16):
+    from perfladder.torch.checks import checkpoint_saves
+    from perfladder.torch.step import autocast_bf16
+    wrap = (lambda m: autocast_bf16(m, "cpu")) if bf16 else None
+    g = checkpoint_saves(model(), _step_of(model(checkpoint=True), bf16), X, wrap=wrap)
+    assert g.name == "checkpoint gate" and g.passed
+    assert 0 < g.values["saved_ratio"] <= g.tolerances["saved_ratio"] == 0.5
+    assert g.detail["saved_bytes"] < g.detail["base_saved_bytes"]
+
+
+def test_checkpoint_gate_refuses_a_checkpoint_that_calls_each_block_directly():
+    from perfladder.measure.checkpointing import CheckpointGateError
+    from perfladder.torch.checks import checkpoint_saves
+
+    def run_block(block, *inputs):            # the planted R4: no recomputation at all
+        return block(*inputs)
+    fake = model(checkpoint=run_block)
+    assert fake.checkpoint and mirror_gate(model(), fake, X) == 0.0     # the mirror passes it
+    with pytest.raises(CheckpointGateError, match="recomputes nothing") as e:
+        checkpoint_saves(model(), _step_of(fake), X)
+    assert e.value.gate == "checkpoint gate" and isinstance(e.value, GateError)

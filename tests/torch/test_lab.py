@@ -240,6 +240,8 @@ def test_r4_mirror_gate_recorded(ladder_run):
     g = r4.gate("checkpointed mirror")
     assert g.passed and g.values["max_abs_diff"] <= MIRROR_ATOL == g.tolerances["atol"]
     assert r4.recipe["checkpoint"] and r4.verdict["against"] == "R3"
+    saved = r4.gate("checkpoint gate")        # and it dropped activations: fewer bytes saved
+    assert saved.passed and saved.values["saved_ratio"] <= saved.tolerances["saved_ratio"] < 1
 
 
 def test_data_parallel_rungs(ladder_run):
@@ -271,6 +273,8 @@ def test_learning_check(ladder_run):
     assert lc.configuration == kept[-1]
     assert set(lc.phases) == {"data", "build", "val before", "train", "val after"}
     assert sum(lc.phases.values()) <= lc.seconds and lc.phases["train"] > 0
+    n = CFG.learn_num_train                              # held out: the windows after training's
+    assert lc.rows == {"train": [0, n], "val": [n, n + CFG.num_val]}
 
 
 def test_json_round_trip(ladder_run, small_run, tmp_path):

@@ -155,6 +155,8 @@ def test_an_honest_step_passes_the_learning_check():
     assert isinstance(check, LearningCheck) and check.passed and check.steps == SMOKE_LEARN_STEPS
     assert check.val_before > 3.0 and check.val_after < check.threshold - 0.1, check
     assert check.last < check.first and "plain eager fp32" in check.evaluated_with
+    assert check.rows == {"train": [0, DATA.num_train],                    # held out, recorded
+                          "val": [DATA.num_train, DATA.num_train + DATA.num_val]}
     assert LearningCheck.from_dict(check.to_dict()) == check
 
 

@@ -69,6 +69,9 @@ def test_fast_form_runs_the_recipe_it_is_given(parallel, tmp_path, monkeypatch):
     assert m.mechanism == parallel and m.per_rank_batch == 4 * CFG.big_batch
     assert (m.recipe["bf16"], m.recipe["optimizer"], m.recipe["embed"]) == (True, "fused", "onehot")
     assert {r["parallel"] for r in m.ranks} == {parallel}
+    # every rank's reduced gradient was the combined batch's before anything was timed (bf16)
+    assert all(r["allreduce_gate"]["passed"] and r["allreduce_gate"]["detail"]["precision"] == "bf16"
+               for r in m.ranks)
     assert m.efficiency_vs_linear == pytest.approx(m.measured_tokens_per_s / 2000.0)
 
 

@@ -39,9 +39,47 @@ def test_gloo_two_ranks_hold_identical_parameters_after_a_step(tmp_path):
     assert r0["first_batch_digest"] != r1["first_batch_digest"]      # each rank saw its own data
     assert r0["batch_digests"] == r1["batch_digests"] and len(set(r0["batch_digests"])) == 2   # checked
     assert r0["init_digest"] == r1["init_digest"]                    # same start
+    for r in (r0, r1):                       # each rank's reduced gradient is the combined batch's
+        g = r["allreduce_gate"]
+        assert g["name"] == "all-reduce gate" and g["passed"] and g["detail"]["ranks"] == 2
+        assert g["values"]["scale"] <= g["tolerances"]["scale"] and g["values"]["grad"] < 1e-5
     assert r0["params_digest"] != r0["init_digest"]                  # and the step moved them
     p0, p1 = (torch.load(tmp_path / f"params_rank{r}.pt") for r in (0, 1))
     assert torch.equal(p0, p1)                                       # DDP kept the ranks identical
+
+
+def summing_ddp(model, parallel, device):
+    """The planted R5: DDP whose gradient hook sums the ranks' gradients (no division by k)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    wrapped = DDP(model)
+
+    def allreduce_sum(state, bucket):
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+    wrapped.register_comm_hook(None, allreduce_sum)
+    return wrapped
+
+
+def test_gradients_summed_where_the_mean_belongs_are_refused_by_the_allreduce_gate(tmp_path):
+    with pytest.raises(RuntimeError, match="all-reduce gate|AllReduceGateError") as e:
+        ddp.data_parallel_tokens(2, CFG, "seed", parallel="ddp", backend="gloo", check_steps=1,
+                                 bench_allreduce=False, out_dir=tmp_path, timeout=300,
+                                 parallelize=summing_ddp)
+    assert "summed where the mean belongs (2 x)" in str(e.value)
+
+
+def test_the_allreduce_comparison_passes_the_mean_and_refuses_the_sum():
+    from perfladder.measure.allreduce import AllReduceGateError
+    from perfladder.torch.parallel.allreduce import compare
+    want = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    g = compare(want * (1 + 1e-7), want, precision="fp32", ranks=2, who="rank 0")
+    assert g.passed and g.values["scale"] == pytest.approx(1e-7)
+    for k in (2, 4):
+        with pytest.raises(AllReduceGateError, match=f"summed where the mean belongs \\({k} x\\)"):
+            compare(k * want, want, precision="bf16", ranks=k, who="rank 1")
+    with pytest.raises(AllReduceGateError, match="0.5 x"):        # one of two ranks left out
+        compare(want / 2, want, precision="bf16", ranks=2, who="rank 1")
 
 
 def test_nccl_k_larger_than_devices_is_an_error():

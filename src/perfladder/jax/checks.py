@@ -1,5 +1,5 @@
 """Each JAX rung's own equivalence checks, at probe weights and in the rung's precision: R1's
-jit parity, R4's remat mirror, B4's attention-kernel parity (``max |a - b| / max |b|`` of the
+jit parity, R4's remat mirror and what its remat saves for the backward (``checkpoint_saves``), B4's attention-kernel parity (``max |a - b| / max |b|`` of the
 logits, tolerances ``perfladder.measure.gates.PARITY_TOL`` / ``MIRROR_TOL``), and the fp32
 masters after a mixed-precision step. The model and optimizer gates: ``perfladder.jax.gates``.
 """
@@ -13,10 +13,13 @@ from flax import nnx
 from perfladder.jax.gate_programs import gate_jit
 from perfladder.jax.gates import clone, set_probe_weights
 from perfladder.jax.program import param_dtypes
+from perfladder.measure.checkpointing import checkpoint_gate
+from perfladder.measure.evidence import Gate
 from perfladder.measure.gates import MIRROR_TOL, PARITY_TOL
 
 __all__ = ["PARITY_TOL", "MIRROR_TOL", "assert_fp32_masters", "probed", "check_jit_parity",
-           "with_checkpointing", "check_mirror", "check_attention_parity"]
+           "with_checkpointing", "check_mirror", "saved_residual_bytes", "checkpoint_saves",
+           "check_attention_parity"]
 
 
 def assert_fp32_masters(model, optimizer) -> None:
@@ -112,6 +115,34 @@ def check_mirror(reference, mirror, X, *, tol: float | None = None) -> float:
     got, want = _two_forwards_jit(*probed(mirror, reference), X)
     return _compare(got, want, _tol(reference.dtype, MIRROR_TOL) if tol is None else tol,
                     "checkpoint mirror")
+
+
+def saved_residual_bytes(model, X) -> int:
+    """Bytes one forward of ``model`` on ``X`` leaves saved for the backward: the residuals of
+    ``jax.vjp`` with respect to the parameters, the parameters themselves left out (every
+    form of the model keeps them). Traced on shapes only (``jax.eval_shape``): nothing runs,
+    and the model's arrays may already be donated. Under ``nnx.remat`` a block's residuals
+    are its inputs; a block called directly keeps every intermediate."""
+    import jax
+    import numpy as np
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    shape = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a  # noqa: E731
+    params, rest, X = jax.tree.map(shape, (params, rest, X))
+
+    def residuals(p):
+        _, vjp = jax.vjp(lambda p: nnx.merge(graphdef, p, rest)(X), p)     # (B, T, V) logits
+        own = {id(q) for q in jax.tree.leaves(p)}
+        return [r for r in jax.tree.leaves(vjp) if id(r) not in own]
+    return sum(int(np.prod(r.shape)) * r.dtype.itemsize for r in jax.eval_shape(residuals, params))
+
+
+def checkpoint_saves(reference, candidate, X) -> Gate:
+    """R4's checkpoint gate (``perfladder.measure.checkpointing``): the residuals the rung's
+    model (``candidate``) saves for the backward against ``reference``'s, the same recipe
+    without remat. ``CheckpointGateError`` unless at most ``CHECKPOINT_SAVED_RATIO`` of them."""
+    return checkpoint_gate(saved_residual_bytes(candidate, X), saved_residual_bytes(reference, X),
+                           reference="the same recipe without remat, the residuals of one "
+                                     f"forward of {tuple(X.shape)}")
 
 
 def check_attention_parity(candidate, reference, X, *, tol: float | None = None) -> float:

@@ -19,7 +19,7 @@ from flax import nnx
 from perfladder.data import TimeMachine
 from perfladder.jax.gate_programs import gate_jit
 from perfladder.jax.model import GPT
-from perfladder.measure.learning import LearningCheck, check_learning, val_threshold
+from perfladder.measure.learning import LearningCheck, check_learning, split_rows, val_threshold
 from perfladder.measure.timing import Stopwatch, phase
 
 REFERENCE = ("the plain fp32 JAX GPT (gather embedding, XLA attention, no checkpointing, "
@@ -71,18 +71,22 @@ def learning_check(step: Callable, stream, data: TimeMachine, *, model, steps: i
     the trained state back into ``model`` afterwards. The validation loss before and after is
     computed by the reference model; ``LearningCheck`` asserted (``LearningError`` if it fails).
     ``threshold`` defaults to ``perfladder.measure.learning.val_threshold`` of the training split.
-    ``watch`` (a ``Stopwatch``) records the seconds of each part."""
+    ``watch`` (a ``Stopwatch``) records the seconds of each part. The rows trained on and
+    evaluated are recorded (``split_rows``, read off the arrays evaluated) and must not
+    overlap (``HeldOutRowsError``)."""
     if threshold is None:
         with phase(watch, "data"):
             threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
+    X_val, Y_val = data.val_arrays()
+    rows = split_rows(data, stream, X_val)
     with phase(watch, "val before"):
-        before = reference_val_loss(model, data)
+        before = mean_loss(reference_model(model), X_val, Y_val)
     with phase(watch, "train"):
         losses = [step(*next(stream)) for _ in range(steps)]                   # device scalars
         curve = np.asarray(jax.device_get(jnp.stack(losses)), np.float64).tolist()
     if commit is not None:
         commit()
     with phase(watch, "val after"):
-        after = reference_val_loss(model, data)
+        after = mean_loss(reference_model(model), X_val, Y_val)
     return check_learning(curve, before, after, threshold=threshold, window=window,
-                          evaluated_with=REFERENCE)
+                          evaluated_with=REFERENCE, rows=rows)

@@ -38,6 +38,8 @@ def batches(data: TimeMachine, batch_size: int, seed: int = 0, split: str = "tra
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is not valid; valid choices: {SPLITS}")
     X, Y = data.train_arrays() if split == "train" else data.val_arrays()
+    # the windows it draws from: the learning check's record
+    rows = data.rows_of(X) if hasattr(data, "rows_of") else None
     per_epoch = check_batch_size(batch_size, len(X))
     batch_size = int(batch_size)
     if sharding is None:
@@ -55,7 +57,9 @@ def batches(data: TimeMachine, batch_size: int, seed: int = 0, split: str = "tra
         X, Y = jax.device_put(X, replicated), jax.device_put(Y, replicated)
         gather = jax.jit(partial(_gather.__wrapped__, batch_size=batch_size),
                          out_shardings=(sharding, sharding))
-    return Batches(X, Y, gather, per_epoch, batch_size, seed)
+    stream = Batches(X, Y, gather, per_epoch, batch_size, seed)
+    stream.rows = rows
+    return stream
 
 
 class Batches(Iterator):

@@ -13,6 +13,15 @@ candidate that cheats -- attention that sees the next token -- trains to a low l
 terms, but its weights predict nothing once the model is causal again; a candidate that does
 not learn (frozen blocks) stays near the loss of a model without context.
 
+The rows. The check records which windows it trained on and which it evaluated (``rows``:
+``{'train': [start, stop), 'val': [start, stop)}``, read off the arrays themselves by
+``TimeMachine.rows_of``), and a check whose evaluated rows overlap its training rows fails
+by the ``held-out rows`` gate (``HeldOutRowsError``): a "validation" loss computed on
+training rows reads about 0.17 lower than the true one and can pass a model that learned
+nothing general. Rows are windows: neighbouring windows share tokens, so the first
+``num_steps`` validation windows hold text the last training windows also hold, as in d2l's
+split; no window is in both.
+
 The threshold. Predicting each character without looking at the ones before it, the best any
 model can do on this text is the entropy of the character frequencies (the unigram entropy of
 the training split: 2.84 nats, against ln 28 = 3.33 for a uniform guess). Everything below it
@@ -44,8 +53,29 @@ THRESHOLD_FRACTION = 0.85
 DEFAULT_WINDOW = 20          # steps averaged at each end of the training curve
 
 
+HELD_OUT_GATE = "held-out rows"
+
+
 class LearningError(GateError):
     """The trained configuration did not learn the model: it is not the same model."""
+
+
+class HeldOutRowsError(LearningError):
+    """The learning check's validation rows are not held out: they overlap its training rows."""
+
+
+def rows_overlap(a, b) -> bool:
+    """Whether the row ranges ``a`` and ``b`` (``[start, stop)`` each) share a row."""
+    return max(a[0], b[0]) < min(a[1], b[1])
+
+
+def split_rows(data, stream, X_val) -> dict:
+    """``{'train': [start, stop), 'val': [start, stop)}`` of a learning check: the rows
+    ``stream`` draws from (its ``rows``; a stream that does not say is taken to draw ``data``'s
+    training split) and the rows of ``X_val``, the array evaluated (``TimeMachine.rows_of``)."""
+    train = getattr(stream, "rows", None)
+    train = data.rows_of(data.train_arrays()[0]) if train is None else [int(r) for r in train]
+    return {"train": train, "val": data.rows_of(X_val)}
 
 
 def unigram_entropy(tokens, vocab_size: int) -> float:
@@ -86,12 +116,16 @@ class LearningCheck:
     configuration: str = ""           # which rung's configuration was trained
     seconds: float | None = None      # wall seconds the check took (build, compile, train, judge)
     phases: dict = field(default_factory=dict)  # where those seconds went: data, build, val, train
+    rows: dict | None = None          # {'train': [start, stop), 'val': [start, stop)} (split_rows)
 
     def reasons(self) -> list[str]:
         """What failed (empty when it passed); a missing or non-finite loss fails what it is in."""
         out = []
         if not (_finite(self.first) and _finite(self.last) and self.last < self.first):
             out.append(f"training loss did not fall ({_num(self.first)} -> {_num(self.last)})")
+        if self.rows is not None and rows_overlap(self.rows["train"], self.rows["val"]):
+            out.append(f"validation rows {self.rows['val']} overlap the training rows "
+                       f"{self.rows['train']}: not held out")
         if self.threshold is not None:
             if not (_finite(self.val_before) and _finite(self.val_after) and self.val_after < self.val_before):
                 out.append(f"validation loss did not fall ({_num(self.val_before)} -> {_num(self.val_after)})")
@@ -108,6 +142,8 @@ class LearningCheck:
         for k in ("first", "last", "val_before", "val_after", "threshold"):
             d[k] = _finite_or_none(d[k])
         d["losses"] = [_finite_or_none(x) for x in self.losses]
+        if self.rows is None:
+            del d["rows"]                 # a check without rows writes what version-2 files hold
         d["passed"] = self.passed
         return d
 
@@ -149,9 +185,9 @@ def _finite_or_none(x):
 
 def judge(losses, val_before: float | None = None, val_after: float | None = None, *,
           threshold: float | None = None, window: int = DEFAULT_WINDOW,
-          evaluated_with: str = "") -> LearningCheck:
+          evaluated_with: str = "", rows: dict | None = None) -> LearningCheck:
     """The ``LearningCheck`` of a training curve (and, with ``threshold``, the validation
-    losses around it)."""
+    losses around it; with ``rows``, the rows trained on and evaluated: ``split_rows``)."""
     window = check_int("window", window)
     losses = [float(x) for x in losses]
     if len(losses) < 2 * window:
@@ -160,18 +196,24 @@ def judge(losses, val_before: float | None = None, val_after: float | None = Non
     return LearningCheck(steps=len(losses), first=sum(losses[:window]) / window,
                          last=sum(losses[-window:]) / window, window=window, losses=losses,
                          val_before=opt(val_before), val_after=opt(val_after),
-                         threshold=opt(threshold), evaluated_with=evaluated_with)
+                         threshold=opt(threshold), evaluated_with=evaluated_with,
+                         rows=None if rows is None else {k: [int(r) for r in rows[k]]
+                                                         for k in ("train", "val")})
 
 
 def check_learning(losses, val_before: float | None = None, val_after: float | None = None, *,
                    threshold: float | None = None, window: int = DEFAULT_WINDOW,
-                   evaluated_with: str = "") -> LearningCheck:
-    """``judge`` and raise ``LearningError`` (with the check at ``.check``) if it failed."""
+                   evaluated_with: str = "", rows: dict | None = None) -> LearningCheck:
+    """``judge`` and raise ``LearningError`` (with the check at ``.check``) if it failed:
+    ``HeldOutRowsError`` (gate ``held-out rows``) when its validation rows overlap its
+    training rows, whatever the losses say."""
     check = judge(losses, val_before, val_after, threshold=threshold, window=window,
-                  evaluated_with=evaluated_with)
+                  evaluated_with=evaluated_with, rows=rows)
     if not check.passed:
-        err = LearningError(f"speed that breaks the model is not speed: {check}; "
-                            + "; ".join(check.reasons()), gate="learning check")
+        held_out = rows is not None and rows_overlap(check.rows["train"], check.rows["val"])
+        err = (HeldOutRowsError if held_out else LearningError)(
+            f"speed that breaks the model is not speed: {check}; " + "; ".join(check.reasons()),
+            gate=HELD_OUT_GATE if held_out else "learning check")
         err.check = check
         raise err
     return check

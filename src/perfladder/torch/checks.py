@@ -1,6 +1,6 @@
 """Each PyTorch rung's own equivalence checks, at probe weights and in the rung's precision:
 R1's compiled-vs-eager logits (``check_compiled``), R4's checkpointed mirror (``check_mirror``)
-and B4's one-hot lookup against the gather (``onehot_check``: true fp32, and inside the rung's
+and what its checkpoint saves for the backward (``checkpoint_saves``), and B4's one-hot lookup against the gather (``onehot_check``: true fp32, and inside the rung's
 own step). Tolerances: ``perfladder.measure.gates``. The model and optimizer gates every rung
 passes: ``perfladder.torch.gates``. The JAX side's counterpart: ``perfladder.jax.checks``.
 """
@@ -11,6 +11,7 @@ import contextlib
 import torch
 from torch import nn
 
+from perfladder.measure.checkpointing import checkpoint_gate
 from perfladder.measure.evidence import Gate
 from perfladder.measure.gates import (
     COMPILE_ATOL,
@@ -27,7 +28,7 @@ from perfladder.torch.recipe import Recipe
 from perfladder.torch.trial import gate_batches
 
 __all__ = ["CorrectnessError", "MirrorError", "probed", "check_compiled", "check_mirror",
-           "onehot_check", "embed_gate", "lookup_in_step"]
+           "saved_activation_bytes", "checkpoint_saves", "onehot_check", "embed_gate", "lookup_in_step"]
 
 
 class CorrectnessError(GateError):
@@ -105,6 +106,39 @@ def check_mirror(plain: nn.Module, mirror: nn.Module, X: torch.Tensor,
         raise MirrorError(f"the checkpointed model is not an exact mirror of the plain one: "
                           f"max |diff| = {diff:.3g} > atol={atol}")
     return diff
+
+
+def saved_activation_bytes(forward, X: torch.Tensor, params=()) -> int:
+    """Bytes one ``forward(X)`` leaves saved for the backward: every tensor autograd packs
+    (``saved_tensors_hooks``), each storage counted once, the storages of ``params`` left out
+    (every form of the model keeps its weights). Inside ``torch.utils.checkpoint`` the
+    checkpoint's own hook packs instead, so what a checkpointed block recomputes is not
+    counted -- a block called directly is."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip:
+            seen.setdefault(s.data_ptr(), s.nbytes())
+        return t
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward(X)                                                        # (B, T, V)
+    return sum(seen.values())
+
+
+def checkpoint_saves(plain: nn.Module, step, X: torch.Tensor, *, wrap=None) -> Gate:
+    """R4's checkpoint gate (``perfladder.measure.checkpointing``): the bytes the rung's own
+    forward (``step``'s, eagerly: ``TrainStep.uncompiled``) saves for the backward against
+    ``plain``'s, the same recipe without checkpointing run through ``wrap`` (the step's
+    ``autocast_bf16``, for a bf16 rung). ``CheckpointGateError`` unless at most
+    ``CHECKPOINT_SAVED_RATIO`` of the base's."""
+    model = _gpt(step.model)
+    with step.uncompiled():
+        saved = saved_activation_bytes(step.logits, X, model.parameters())
+    base = saved_activation_bytes(plain if wrap is None else wrap(plain), X, plain.parameters())
+    return checkpoint_gate(saved, base, reference="the same recipe without checkpointing, "
+                           f"one forward of {tuple(X.shape)}")
 
 
 def _gpt(model: nn.Module) -> nn.Module:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perfladder.data import TimeMachine
-from perfladder.measure.learning import LearningCheck, check_learning, val_threshold
+from perfladder.measure.learning import LearningCheck, check_learning, split_rows, val_threshold
 from perfladder.measure.timing import Stopwatch, phase
 from perfladder.torch.gates import true_fp32
 from perfladder.torch.model import GPT
@@ -62,16 +62,20 @@ def learning_check(step, stream, data: TimeMachine, *, steps: int, window: int =
     the validation loss before and after, by the reference model; ``LearningCheck`` asserted
     (``LearningError`` if it fails). ``threshold`` defaults to ``perfladder.measure.learning.val_threshold``
     of the training split. The training losses stay on the device until the end (one read).
-    ``watch`` (a ``Stopwatch``) records the seconds of each part."""
+    ``watch`` (a ``Stopwatch``) records the seconds of each part. The rows trained on and
+    evaluated are recorded (``split_rows``, read off the arrays evaluated) and must not
+    overlap (``HeldOutRowsError``)."""
     if threshold is None:
         with phase(watch, "data"):
             threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
+    X_val, Y_val = data.val_arrays()
+    rows = split_rows(data, stream, X_val)
     with phase(watch, "val before"):
-        before = reference_val_loss(step.model, data)
+        before = mean_loss(reference_model(step.model), X_val, Y_val)
     with phase(watch, "train"):
         losses = [step(*next(stream)) for _ in range(steps)]              # device scalars
         curve = torch.stack(losses).float().cpu().tolist()                 # one host read
     with phase(watch, "val after"):
-        after = reference_val_loss(step.model, data)
+        after = mean_loss(reference_model(step.model), X_val, Y_val)
     return check_learning(curve, before, after, threshold=threshold, window=window,
-                          evaluated_with=REFERENCE)
+                          evaluated_with=REFERENCE, rows=rows)

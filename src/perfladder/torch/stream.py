@@ -25,7 +25,10 @@ def batches(data: TimeMachine, batch_size: int, device, seed: int = 0,
         raise ValueError(f"split={split!r} is not valid; valid choices: {SPLITS}")
     X_all, Y_all = data.train_arrays() if split == "train" else data.val_arrays()
     per_epoch = check_batch_size(batch_size, len(X_all))   # error if no whole batch fits
-    return Batches(X_all, Y_all, int(batch_size), per_epoch, torch.device(device), seed)
+    stream = Batches(X_all, Y_all, int(batch_size), per_epoch, torch.device(device), seed)
+    # the windows it draws from: the learning check's record
+    stream.rows = data.rows_of(X_all) if hasattr(data, "rows_of") else None
+    return stream
 
 
 class Batches:

@@ -133,6 +133,7 @@ def run(spec: dict, out: Path) -> dict:
 
     from perfladder.config import LadderConfig
     from perfladder.jax.checks import distinct_devices
+    from perfladder.jax.parallel.allreduce import allreduce_at_start
     from perfladder.jax.parallel.layout import allreduce_bus_bw, peak_mem_bytes
     from perfladder.jax.parallel.measure import Replica, corpus, num_params
     from perfladder.jax.recipe import Recipe
@@ -151,6 +152,7 @@ def run(spec: dict, out: Path) -> dict:
         return _check(spec, rep, data, mesh, out)
     stream = local_batches(data, recipe.batch_size, mesh, seed=cfg.seed + 300)
     digests = distinct_devices(next(stream)[0]) if k > 1 else []
+    reduced = allreduce_at_start(rep, *next(stream)) if k > 1 else []
     bw = allreduce_bus_bw(mesh, n) if k > 1 else 0.0
     # every process times the same number of windows: one that stopped early (its windows
     # settled) would leave the others waiting in the step's all-reduce
@@ -171,6 +173,7 @@ def run(spec: dict, out: Path) -> dict:
                           gathered["seconds"].tolist(), what=f"{jax.process_count()} processes")
     summary = {"k": k, "num_processes": jax.process_count(), "num_params": n, "spec": spec,
                "timing": Timing.of(t).to_dict(),          # process 0's: the global steps it timed
+               "allreduce_gate": reduced,
                "windows_per_process": gathered["windows"].tolist(),
                "seconds_per_process": gathered["seconds"].tolist(), "device_batch_digests": digests,
                "bus_bw_per_process": gathered["bw"].tolist(),
@@ -190,16 +193,20 @@ def _check(spec: dict, rep, data, mesh, out: Path) -> dict:
     reads the same) must match one device running the whole global batch."""
     import jax
 
+    from perfladder.jax.parallel.allreduce import allreduce_at_start
     from perfladder.jax.parallel.layout import batch_sharding
     from perfladder.jax.parallel.measure import fixed_global_batches
     sharding = batch_sharding(mesh)
     k, B = mesh.devices.size, rep.recipe.batch_size
-    losses = []
+    losses, reduced = [], []
     for X, Y in fixed_global_batches(data, k * B, spec["check_steps"]):      # (k*B, T) numpy each
         Xg = jax.make_array_from_callback(X.shape, sharding, lambda idx, X=X: X[idx])
         Yg = jax.make_array_from_callback(Y.shape, sharding, lambda idx, Y=Y: Y[idx])
+        if k > 1 and not losses:              # before the first step: the initial weights
+            reduced = allreduce_at_start(rep, Xg, Yg)
         losses.append(float(rep.step(Xg, Yg)))
-    summary = {"k": k, "num_processes": jax.process_count(), "losses": losses, "spec": spec}
+    summary = {"k": k, "num_processes": jax.process_count(), "losses": losses, "spec": spec,
+               "allreduce_gate": reduced}
     if jax.process_index() == 0:
         (out / "processes.json").write_text(json.dumps(summary, indent=1))
     return summary

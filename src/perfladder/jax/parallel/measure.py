@@ -98,11 +98,18 @@ class Replica:
     """
 
     def __init__(self, config: LadderConfig, recipe: Recipe, vocab_size: int):
-        self.recipe = recipe
-        self.model = GPT(config.gpt(vocab_size=vocab_size), rngs=nnx.Rngs(config.seed),
-                         dtype=jnp.dtype(recipe.dtype), param_dtype=jnp.float32, **recipe.model_kw())
+        self.recipe, self._made = recipe, (config, vocab_size)
+        self.model = self.fresh_model()
         self.optimizer = make_optimizer(self.model, config.lr)
         self._step = None
+
+    def fresh_model(self) -> GPT:
+        """A new model of this replica's recipe at the same initial weights, on the default
+        device (laid out nowhere): the all-reduce gate's single-device reference."""
+        config, vocab_size = self._made
+        return GPT(config.gpt(vocab_size=vocab_size), rngs=nnx.Rngs(config.seed),
+                   dtype=jnp.dtype(self.recipe.dtype), param_dtype=jnp.float32,
+                   **self.recipe.model_kw())
 
     @property
     def step(self) -> TrainStep:
@@ -171,14 +178,21 @@ def measure_mesh(k: int, config: LadderConfig, form: str = "fast", recipe=None, 
     rep = Replica(config, recipe, len(data.vocab))
     place_state(mesh, rep.model, rep.optimizer, fsdp=fsdp)
     stream = batches(data, k * B, seed=config.seed + 200, sharding=batch_sharding(mesh))
+    reduced = []
     if k > 1:
         from perfladder.jax.checks import distinct_devices
+        from perfladder.jax.parallel.allreduce import allreduce_at_start
         distinct_devices(next(stream)[0])        # every device its own rows (CountError if not)
+        reduced = allreduce_at_start(rep, *next(stream))     # the mean, or AllReduceGateError
     bw = allreduce_bus_bw(mesh, n) if k > 1 else None
     t = throughput(rep.step, stream, **_timing(config, warmup, timed, windows))
     devices = list(mesh.devices.flat)
     notes = [f"one process drives {k} devices; per-device batch {B} (global {k * B}); state "
              f"{'sharded (FSDP)' if fsdp else 'replicated'}, batch sharded on 'data'", PEAK_NOTE]
+    if reduced:
+        notes.append(f"all-reduce gate passed on {len(reduced)} devices: each one's gradient the "
+                     "global batch's (scale off by at most "
+                     f"{max(g['values']['scale'] for g in reduced):.2g})")
     if not has_gpu():
         notes.append("CPU devices: the numbers exercise the code path, not an interconnect")
     return record(framework="jax", mechanism=mechanism, form=form, k=k, per_rank_batch=B,

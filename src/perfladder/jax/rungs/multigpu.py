@@ -16,6 +16,7 @@ import jax
 
 from perfladder.config import expected_num_params
 from perfladder.jax.lab import JaxLab
+from perfladder.jax.parallel.allreduce import check_allreduce, precision_of
 from perfladder.jax.parallel.layout import (
     allreduce_bus_bw,
     batch_sharding,
@@ -73,7 +74,9 @@ def sharded(lab: JaxLab, given: Given, fsdp: bool) -> Evidence:
     stream = batches(lab.data, k * recipe.batch_size, seed=lab.config.seed + STREAM_SEED_OFFSET,
                      sharding=batch_sharding(mesh))
     ev = trial(lab, given, stream=stream, devices=k, prediction=pred,
-               place=lambda model, opt: lab.code["place_state"](mesh, model, opt, fsdp=fsdp))
+               place=lambda model, opt: lab.code["place_state"](mesh, model, opt, fsdp=fsdp),
+               check=lambda step, X, Y: check_allreduce(step.model, X, Y, lambda: lab.model(recipe),
+                                                        precision=precision_of(recipe)))
     rate = statistics.median(ev.timing.settled_windows)
     pred.predicted_tokens_per_s = at_k.predicted_tokens_per_s
     pred.measured_tokens_per_s = rate

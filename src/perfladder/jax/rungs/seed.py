@@ -10,6 +10,7 @@ from __future__ import annotations
 from perfladder.jax.checks import (
     check_jit_parity,
     check_mirror,
+    checkpoint_saves,
     jit_parity_program,
     two_forwards_program,
 )
@@ -80,7 +81,9 @@ def r4_checkpoint(lab: JaxLab, given: Given) -> Evidence:
         diff = check_mirror(reference, step.model, X, tol=tol)
         return [Gate(name="checkpoint mirror", passed=True, values={"rel_diff": diff},
                      tolerances={"rel_diff": tol},
-                     reference="the same recipe without checkpointing, same init, probe weights")]
+                     reference="the same recipe without checkpointing, same init, probe weights"),
+                # the mirror passes a remat that recomputes nothing: the residuals tell
+                checkpoint_saves(reference, step.model, X)]
 
     def programs(step, X, Y):
         reference = lab.model(recipe.replace(checkpoint=False), plain_code=True)

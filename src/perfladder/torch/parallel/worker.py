@@ -141,6 +141,23 @@ def build(spec: dict, device, rank: int, wrap=None):
     return model, step, stream, expected_num_params(gpt_cfg)
 
 
+def allreduce_check(spec: dict, model, step, stream, device) -> dict:
+    """R5's all-reduce gate on this rank, on the next batch of its stream
+    (``perfladder.torch.parallel.allreduce``): its evidence, ``AllReduceGateError`` if not."""
+    from perfladder.torch.model import GPT
+    from perfladder.torch.parallel.allreduce import check_allreduce
+    from perfladder.torch.recipe import Recipe
+    from perfladder.torch.step import make_optimizer, make_step
+    recipe = Recipe.from_dict(spec["recipe"])
+    torch.manual_seed(spec["config"]["seed"])           # build's initial weights, unwrapped
+    plain = GPT(model.config, **recipe.model_kw()).to(device)
+    reference = make_step(plain, make_optimizer(plain, 1e-3), device_type=device.type,
+                          bf16=recipe.bf16)
+    precision = "bf16" if recipe.bf16 else "tf32" if device.type == "cuda" else "fp32"
+    X, Y = next(stream)
+    return check_allreduce(step, reference, X, Y, precision=precision).to_dict()
+
+
 def worker(spec: dict, out: Path) -> None:
     """Run one rank (``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` set by torchrun)."""
     from perfladder.multigpu.measurement import settle_baseline
@@ -169,6 +186,8 @@ def worker(spec: dict, out: Path) -> None:
                                               device)
         if world > 1:
             info["batch_digests"] = distinct_batches(stream, world)
+        if world > 1 and spec["parallel"] != "none":     # the control exchanges no gradients
+            info["allreduce_gate"] = allreduce_check(spec, model, step, stream, device)
         if spec["check_steps"]:
             first = None
             for _ in range(spec["check_steps"]):

@@ -17,7 +17,7 @@ import torch
 from perfladder.ladder.rung import Evidence, Given, Rung
 from perfladder.measure.evidence import Gate
 from perfladder.measure.gates import COMPILE_ATOL, COMPILE_RTOL, MIRROR_ATOL
-from perfladder.torch.checks import check_compiled, check_mirror
+from perfladder.torch.checks import check_compiled, check_mirror, checkpoint_saves
 from perfladder.torch.rungs import changes as ch
 from perfladder.torch.trial import trial
 
@@ -50,6 +50,16 @@ def checkpoint_mirror(lab, step, recipe) -> Gate:
                           "at probe weights")
 
 
+def checkpoint_recomputes(lab, step, recipe) -> Gate:
+    """R4's checkpoint gate: the rung's forward saves at most ``CHECKPOINT_SAVED_RATIO`` of the
+    activation bytes the same recipe without checkpointing saves (a checkpoint that calls each
+    block directly passes the mirror, and saves them all)."""
+    plain = lab.make_model(recipe.replace(checkpoint=False))
+    X, _ = next(lab.stream(recipe.batch_size))
+    wrap = (lambda m: lab.code["autocast_bf16"](m, lab.device.type)) if recipe.bf16 else None
+    return checkpoint_saves(plain, step, X[:lab.config.batch_size], wrap=wrap)
+
+
 def r0_eager(lab, given: Given) -> Evidence:
     """Eager fp32 at the chapter's batch: the ladder's first measurement, profiled."""
     return trial(lab, given)
@@ -72,7 +82,7 @@ def r3_batch(lab, given: Given) -> Evidence:
 
 
 def r4_checkpoint(lab, given: Given) -> Evidence:
-    return trial(lab, given, checks=(checkpoint_mirror,))
+    return trial(lab, given, checks=(checkpoint_mirror, checkpoint_recomputes))
 
 
 SEED = [
