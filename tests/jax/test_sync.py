@@ -76,7 +76,8 @@ def test_a_sync_that_only_asks_is_refused(monkeypatch):
     """The planted kind: the window closed by ``is_ready()`` (a question) instead of a wait."""
     dev = FakeDevice()
     monkeypatch.setattr(timing, "time", dev)
-    monkeypatch.setattr(timer.jax, "block_until_ready", lambda out: out.is_ready())
+    monkeypatch.setattr(timer.jax, "block_until_ready",
+                        lambda out: [leaf.is_ready() for leaf in timer.jax.tree.leaves(out)])
     with pytest.raises(SyncError, match="still busy"):
         timer.throughput(step_on(dev), stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
 
