@@ -82,6 +82,95 @@ def test_a_sync_that_only_asks_is_refused(monkeypatch):
         timer.throughput(step_on(dev), stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
 
 
+GRADS_S, UPDATE_S = 0.02, 0.03
+
+
+class TwoPrograms(FakeDevice):
+    """A step dispatched as two programs, its gradients (whose loss it returns) then its update
+    (written to the parameters, not returned): the loss of a step is ready once the update of
+    the step before is, so blocking on it leaves the last update running."""
+
+    def __init__(self):
+        super().__init__()
+        self.tail, self.written = 0.0, None
+
+    def step(self, X, Y):
+        self.pending += GRADS_S + UPDATE_S
+        self.tail = UPDATE_S
+        self.written = Written(self)
+        return Loss(self)
+
+
+class Loss(Out):
+    def block_until_ready(self):
+        d = self.dev
+        d.now, d.pending = d.now + d.pending - d.tail, d.tail
+        return self
+
+    def is_ready(self):
+        return self.dev.pending <= self.dev.tail
+
+
+class Written(Out):
+    def block_until_ready(self):
+        self.dev.tail = 0.0
+        return super().block_until_ready()
+
+
+@pytest.fixture
+def two(monkeypatch):
+    dev = TwoPrograms()
+    monkeypatch.setattr(timing, "time", dev)
+    real = timer.jax.live_arrays
+    monkeypatch.setattr(timer.jax, "live_arrays", lambda: [*real(), dev.written])
+    return dev
+
+
+def test_a_step_in_two_programs_is_timed_to_the_end_of_its_update(two):
+    tp = timer.throughput(two.step, stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
+    assert tp.seconds == pytest.approx([3 * (GRADS_S + UPDATE_S)] * len(tp.windows))
+
+
+def test_a_sync_on_the_loss_alone_is_refused(two, monkeypatch):
+    """The planted kind: the old sync, which waited on the step's output (the loss) only."""
+    import dataclasses
+    monkeypatch.setattr(timer, "HOOKS", dataclasses.replace(
+        timer.HOOKS, sync=lambda out: timer.jax.block_until_ready(out)))
+    with pytest.raises(SyncError, match="timed window 1 closed while the device was still busy"):
+        timer.throughput(two.step, stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
+
+
+def test_a_real_update_program_that_sleeps_is_inside_every_window():
+    """A JAX step whose update is a second jitted program, slowed by a host callback: every
+    window lasts at least its steps' sleeps, and nothing is left running when it closes."""
+    import jax
+    import jax.numpy as jnp
+    sleep_s = 0.05
+
+    def slow(g):
+        time.sleep(sleep_s)
+        return g
+
+    grads = jax.jit(jax.value_and_grad(lambda w, X: jnp.mean((X @ w) ** 2)))
+    update = jax.jit(lambda w, g: w - 0.1 * jax.pure_callback(
+        slow, jax.ShapeDtypeStruct(g.shape, g.dtype), g))
+
+    class Step:
+        w = jnp.ones((T, 2))
+
+        def __call__(self, X, Y):
+            loss, g = grads(self.w, X)
+            self.w = update(self.w, g)
+            return loss
+
+    def jax_stream():
+        for X, _ in stream():
+            yield jnp.asarray(X, jnp.float32), None
+    step = Step()
+    tp = timer.throughput(step, jax_stream(), warmup=1, timed=3, windows=1)
+    assert step.w.is_ready() and min(tp.seconds) >= 3 * sleep_s, tp.seconds
+
+
 @pytest.mark.gpu
 def test_a_window_of_known_device_work_is_not_under_timed():
     """A jitted loop of matmuls whose length one blocked call measures; the timer's windows must
