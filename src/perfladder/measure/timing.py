@@ -20,14 +20,15 @@
    (a clock ramping, another process finishing) is waited out, and the number reported is
    the median of the windows that settled. Every window stays in the record. A step that
    never settles is reported with ``stable=False``: the caller must not credit it;
-4. refuse stale batches (step 1);
+4. refuse a stale batch wherever the timer can see one (``StaleBatchError``, step 1);
 5. raise ``RecompileError`` if the framework compiled anything inside a timed window;
 6. raise ``BatchShapeError`` if the batch shape changes between timed steps (a ragged
    tail that was not dropped: eager code would not recompile, so the guard of 5 misses it).
 
 ``measure(step, stream, hooks, settings)`` takes two records. ``TimerHooks`` is what a
 framework is to the timer (each side's timer module holds one, ``HOOKS``): ``sync``
-(``torch.cuda.synchronize`` / ``jax.block_until_ready``), ``compile_count`` (dynamo's counters /
+(``torch.cuda.synchronize`` / ``jax.block_until_ready`` on the output and every live array: the
+whole step, its update included), ``compile_count`` (dynamo's counters /
 XLA compile events), ``num_tokens`` and ``shape_of`` (of a batch), ``fingerprint`` (a few rows
 of a batch as bytes) and ``ready`` (is the device done with the window's work? asked right
 after ``sync``, without waiting: a sync that only queried would leave work running past the
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterator
 
 from perfladder.checks import check_int
-from perfladder.measure.draws import Draws, StaleBatchError, StreamEndedError  # noqa: F401 (theirs)
+from perfladder.measure.draws import Draws, StaleBatchError, StreamEndedError  # noqa: F401 (importable here)
 
 DEFAULT_TARGET_SPREAD = 0.03   # windows within 3% of each other count as settled
 WARMUP, TIMED, WINDOWS = 30, 40, 3   # the full config's defaults (a LadderConfig says its own)
