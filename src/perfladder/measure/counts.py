@@ -139,7 +139,7 @@ def check_mfu(result, device_name: str | None, devices: int = 1):
         raise CountError(f"{result.name} computes in {result.precision}: its MFU must be divided by "
                          f"{peak.name}'s {column} peak, {want} TFLOP/s; its record names "
                          f"{result.mfu_peak!r}", gate="mfu peak")
-    per_device = result.tflops / devices
+    per_device = result.tflops / max(1, devices)
     if not abs(result.mfu * want - per_device) <= MFU_RTOL * per_device:
         raise CountError(f"{result.name}: MFU {result.mfu:.4g} x the {column} peak {want} TFLOP/s is "
                          f"{result.mfu * want:.4g} TFLOP/s, but it delivered {per_device:.4g} per device "
