@@ -95,14 +95,21 @@ class Loss:
         return 3.0
 
 
-def test_the_update_queued_after_the_loss_is_inside_every_window(dev):
+def test_the_update_queued_after_the_loss_is_inside_every_window(dev, monkeypatch):
     def step(X, Y):
         dev.pending += GRADS_S                           # forward and backward
         loss = Loss(dev)
         dev.pending += UPDATE_S                          # the optimizer step, after the loss
         return loss
+    real, left = timing.Window.close, []
+
+    def close(window, steps, what):                      # what the window left on the device
+        left.append(dev.pending)
+        return real(window, steps, what)
+    monkeypatch.setattr(timing.Window, "close", close)
     tp = timer.throughput(step, stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
     assert tp.seconds == pytest.approx([3 * (GRADS_S + UPDATE_S)] * len(tp.windows))
+    assert left == [0.0] * len(tp.windows)
 
 
 def test_a_sync_on_the_loss_alone_is_refused(dev, monkeypatch):
