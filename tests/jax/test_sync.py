@@ -146,6 +146,7 @@ def test_a_step_in_two_programs_is_timed_to_the_end_of_its_update(two, monkeypat
     assert left == [0.0] * len(tp.windows)
 
 
+@pytest.mark.planted
 def test_a_sync_on_the_loss_alone_is_refused(two, monkeypatch):
     """The planted kind: the old sync, which waited on the step's output (the loss) only."""
     import dataclasses

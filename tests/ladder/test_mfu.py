@@ -72,6 +72,7 @@ def test_a_cpu_has_no_peak_and_no_mfu():
         assert r.outcome == "measured" and r.mfu is None and r.mfu_peak is None
 
 
+@pytest.mark.planted
 @pytest.mark.parametrize("planted", ["the other column", "the other value"])
 def test_an_mfu_divided_by_the_other_precisions_peak_is_refused(monkeypatch, planted):
     """The planted kinds: bf16 against the TF32 peak and the reverse, recorded as such, or

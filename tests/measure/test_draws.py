@@ -73,6 +73,7 @@ def test_an_honest_stream_passes_and_its_epoch_boundary_is_compared(monkeypatch)
     assert len(steps) == 2 + 3 * len(tp.windows) and s.position + 1 == len(steps)   # crossed inside
 
 
+@pytest.mark.planted
 @pytest.mark.parametrize("replay, said", [("objects", "the same tensor object"),
                                           ("copies", "the same content")])
 def test_a_stream_replaying_its_first_epoch_is_refused(monkeypatch, replay, said):

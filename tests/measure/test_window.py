@@ -100,11 +100,13 @@ def test_the_honest_order_is_timed_whole(clock):
     assert planted(clock, "honest") == pytest.approx(3 * (DRAW_S + STEP_S + WORK_S))
 
 
+@pytest.mark.planted
 def test_batches_drawn_before_the_window_opened_are_refused(clock):
     with pytest.raises(WindowError, match="timed window 1 timed 3 steps but drew 0 batches inside it"):
         planted(clock, "drawn before the window opened")
 
 
+@pytest.mark.planted
 @pytest.mark.parametrize("order, said", [("end stamp before the sync", "never called"),
                                          ("sync before the last step", "followed by more draws")])
 def test_an_end_stamp_read_before_the_sync_returned_is_refused(clock, order, said):

@@ -112,6 +112,7 @@ def test_the_update_queued_after_the_loss_is_inside_every_window(dev, monkeypatc
     assert left == [0.0] * len(tp.windows)
 
 
+@pytest.mark.planted
 def test_a_sync_on_the_loss_alone_is_refused(dev, monkeypatch):
     """The planted kind: the window closed by reading the loss (``loss.item()``), which waits
     for the gradients and not for the update."""
