@@ -11,6 +11,12 @@ Cards without bf16 tensor cores (compute capability below 8.0: V100, T4) have ``
 and ``tf32=None``: their matmuls in bf16 would be emulated, and they have no TF32 mode, so
 they get no MFU in either column (``supports_bf16``).
 
+A rung's MFU is divided by the peak of the precision it computes in (``rung_mfu``): the bf16
+column for a bf16 rung, the TF32 column for an fp32 or TF32 one (a GPU's fp32 matmuls run as
+TF32 where perfladder allows it, and fp32 proper has no tensor-core peak); the record names
+that peak (``RungResult.mfu_peak``), and ``perfladder.measure.counts.check_mfu`` holds every
+recorded MFU to this table.
+
 An unknown device gets ``None`` -- no MFU -- rather than a guess. The datasheet peak is the
 MFU denominator; a rate "against the measured roof" uses the ceilings the same run probed
 (``LadderResult.roofs``), never a number from this table.
@@ -170,3 +176,21 @@ def mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
     if peak is None or peak.tflops(precision) is None:
         return None
     return achieved / peak.tflops(precision)
+
+
+def peak_column(precision: str) -> str:
+    """The peak-table column a step computing in ``precision`` is divided by: ``'bf16'`` for
+    bf16, ``'tf32'`` for tf32 and fp32."""
+    return "bf16" if check_precision(precision) == "bf16" else "tf32"
+
+
+def rung_mfu(tokens_per_s: float, flops_per_token: float, device_name: str | None,
+             precision: str) -> dict:
+    """``{'mfu', 'mfu_peak'}`` of a rung computing in ``precision`` (a ``RungResult``'s fields):
+    the MFU against its own precision's peak, and that peak, ``{'precision', 'tflops'}``;
+    both None where the device has no peak in that column."""
+    column = peak_column(precision)
+    value = mfu(tokens_per_s, flops_per_token, device_name, column)
+    peak = peak_for(device_name)
+    return {"mfu": value, "mfu_peak": None if value is None else
+            {"precision": column, "tflops": peak.tflops(column)}}

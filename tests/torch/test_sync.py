@@ -79,6 +79,53 @@ def test_a_sync_that_only_queries_is_refused(dev, monkeypatch):
         timer.throughput(step_on(dev), stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
 
 
+GRADS_S, UPDATE_S = 0.02, 0.03
+
+
+class Loss:
+    """The loss a step returns: reading it (``item()``) waits for the work queued before it --
+    the gradients -- and not for the optimizer's update queued after it."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def item(self):
+        d = self.d
+        d.now, d.pending = d.now + d.pending - UPDATE_S, UPDATE_S
+        return 3.0
+
+
+def test_the_update_queued_after_the_loss_is_inside_every_window(dev, monkeypatch):
+    def step(X, Y):
+        dev.pending += GRADS_S                           # forward and backward
+        loss = Loss(dev)
+        dev.pending += UPDATE_S                          # the optimizer step, after the loss
+        return loss
+    real, left = timing.Window.close, []
+
+    def close(window, steps, what):                      # what the window left on the device
+        left.append(dev.pending)
+        return real(window, steps, what)
+    monkeypatch.setattr(timing.Window, "close", close)
+    tp = timer.throughput(step, stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
+    assert tp.seconds == pytest.approx([3 * (GRADS_S + UPDATE_S)] * len(tp.windows))
+    assert left == [0.0] * len(tp.windows)
+
+
+@pytest.mark.planted
+def test_a_sync_on_the_loss_alone_is_refused(dev, monkeypatch):
+    """The planted kind: the window closed by reading the loss (``loss.item()``), which waits
+    for the gradients and not for the update."""
+    import dataclasses
+    monkeypatch.setattr(timer, "HOOKS", dataclasses.replace(timer.HOOKS, sync=lambda out: out.item()))
+
+    def step(X, Y):
+        dev.pending += GRADS_S + UPDATE_S
+        return Loss(dev)
+    with pytest.raises(SyncError, match="timed window 1 closed while the device was still busy"):
+        timer.throughput(step, stream(), warmup=2, timed=3, windows=3, target_spread=0.5)
+
+
 @pytest.mark.gpu
 def test_a_window_of_sleeping_kernels_is_not_under_timed():
     """Each step launches sleeping kernels whose length CUDA events measured beforehand; the

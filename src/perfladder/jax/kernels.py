@@ -25,7 +25,7 @@ import jax
 from perfladder.checks import check_int
 from perfladder.jax.device import has_gpu
 from perfladder.jax.program import hlo_module_name, hlo_op_categories, refine
-from perfladder.jax.timer import compile_count
+from perfladder.jax.timer import compile_count, sync
 from perfladder.kernels import (
     KernelBreakdown,
     KernelEvents,
@@ -135,7 +135,7 @@ def trace_kernels(step, stream, steps: int, expect: str,
             t0 = time.perf_counter()
             for _ in range(steps):
                 out = step(*next(stream))
-            jax.block_until_ready(out)          # inside the trace: every kernel has finished
+            sync(out)                           # inside the trace: every kernel has finished
             wall_us = (time.perf_counter() - t0) * 1e6
         except BaseException:
             try:
@@ -183,7 +183,7 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
     for _ in range(warmup):
         out = step(*next(stream))
     if out is not None:
-        jax.block_until_ready(out)
+        sync(out)
     expect = "gpu" if has_gpu() else "cpu"
     before = compile_count()
     events, wall_us = trace_kernels(step, stream, steps, expect, perfetto)

@@ -16,15 +16,14 @@ from __future__ import annotations
 import statistics
 import time
 
-import jax
-
 from perfladder.jax.kernels import kernel_breakdown
+from perfladder.jax.timer import sync
 from perfladder.measure.evidence import ProfileSummary
 
 ROWS = 8      # the profile's top kernels kept with the summary
 
 
-def issue_and_finish_ms(step, stream, n: int, sync=jax.block_until_ready) -> tuple[float, float]:
+def issue_and_finish_ms(step, stream, n: int, sync=sync) -> tuple[float, float]:
     """Milliseconds per step, of ``n`` steps issued back to back with the device idle at the
     start: until Python has issued the last one, and until the device has finished it."""
     sync(step(*next(stream)))
@@ -38,7 +37,7 @@ def issue_and_finish_ms(step, stream, n: int, sync=jax.block_until_ready) -> tup
     return 1e3 * issued / n, 1e3 * done / n
 
 
-def issue_ms(step, stream, n: int, sync=jax.block_until_ready) -> float:
+def issue_ms(step, stream, n: int, sync=sync) -> float:
     """Milliseconds Python spends issuing one step: the median over ``n`` steps of the time a
     call takes to return, each issued with the device idle (the previous step waited for).
 
@@ -78,7 +77,7 @@ def profile_step(step, stream, *, steps: int, hlo_text: str | None = None, devic
                           wall_ms=None if kb.wall_us is None else kb.wall_us / (steps * 1e3))
 
 
-def per_step_times(step, stream, n: int, sync=jax.block_until_ready) -> list[float]:
+def per_step_times(step, stream, n: int, sync=sync) -> list[float]:
     """Seconds of each of ``n`` steps, each closed by a device sync (batch draw included)."""
     times = []
     for _ in range(n):
@@ -102,7 +101,7 @@ def step_stats(times: list[float]) -> dict:
             "spread": (ms[-1] - ms[0]) / med if med > 0 else 0.0, "n": len(ms)}
 
 
-def host_overhead(step, stream, n: int, sync=jax.block_until_ready) -> dict:
+def host_overhead(step, stream, n: int, sync=sync) -> dict:
     """Host time per call vs device time per step.
 
     ``dispatch_ms_per_step``: the host's cost of one step, each call issued with the device idle

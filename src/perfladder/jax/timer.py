@@ -2,9 +2,15 @@
 
 ``throughput`` is ``perfladder.measure.timing.measure`` with JAX's ``HOOKS``:
 
-* ``sync = jax.block_until_ready`` on the step's output (dispatch is asynchronous: a window
-  closed without it would time the queueing of work, and the device could still be busy),
-  and ``ready`` asked right after it (``Array.is_ready``: ``SyncError`` if it did not wait);
+* ``sync = jax.block_until_ready`` on the step's output and on every live array (dispatch is
+  asynchronous: a window closed without it would time the queueing of work). The output
+  alone is not the whole step: a step's update is written to the model's and the optimizer's
+  arrays, not returned, and where it runs as a program of its own (an un-jitted step op by
+  op, a step split into its gradients and its update) the loss is ready before the update
+  is done. Every array the step wrote or returned is live after it (a donated one is
+  replaced by its successor), so waiting on all of them is JAX's device sync, as
+  ``torch.cuda.synchronize`` is PyTorch's. ``ready`` is asked right after it, of the same
+  arrays (``Array.is_ready``: ``SyncError`` if the sync did not wait);
 * ``compile_count`` = the number of XLA backend compilations so far, counted by a
   ``jax.monitoring`` listener on ``/jax/core/compile/backend_compile_duration``. That event
   fires once per executable XLA builds (jit's in-memory cache hits do not fire it), so a
@@ -87,8 +93,10 @@ def _verify_counter() -> None:
 
 
 def ready(out) -> bool:
-    """Are the step's outputs computed? (``Array.is_ready``: a query, it does not wait)."""
-    return all(leaf.is_ready() for leaf in jax.tree.leaves(out) if hasattr(leaf, "is_ready"))
+    """Are the step's outputs and every live array computed? (``Array.is_ready``: a query, it
+    does not wait)."""
+    return all(leaf.is_ready() for leaf in jax.tree.leaves((out, jax.live_arrays()))
+               if hasattr(leaf, "is_ready"))
 
 
 def fingerprint(X) -> bytes:
@@ -105,8 +113,10 @@ def shape_of(X) -> tuple:
 
 
 def sync(out) -> None:
-    """Wait for the step's outputs (``jax.block_until_ready``)."""
+    """Wait for the step's outputs, then for every live array: what the step wrote besides
+    what it returned (``jax.block_until_ready``; see the module docstring)."""
     jax.block_until_ready(out)
+    jax.block_until_ready(jax.live_arrays())
 
 
 HOOKS = TimerHooks(sync=sync, compile_count=compile_count, num_tokens=num_tokens,

@@ -41,7 +41,7 @@ import traceback
 from typing import Any, Callable
 
 from perfladder.faults import environment_failure, reraise_if_interrupt
-from perfladder.hardware import achieved_tflops, mfu
+from perfladder.hardware import achieved_tflops, rung_mfu
 from perfladder.ladder import rerun
 from perfladder.ladder.fit import out_of_memory_failure
 from perfladder.ladder.rung import (
@@ -52,6 +52,7 @@ from perfladder.ladder.rung import (
     check_rungs,
     registry,
 )
+from perfladder.measure.counts import check_mfu
 from perfladder.measure.gates import ReceiptError
 from perfladder.measure.timing import Stopwatch, measure_settled
 from perfladder.measure.verdict import above_unsettled_base
@@ -128,14 +129,14 @@ def record(rung: Rung, given: Given, ev: Evidence, lab) -> RungResult:
     B, T = (t.batch_shape or [recipe.batch_size, lab.config.num_steps])[:2]
     fpt = lab.flops_per_token(T)
     per_device = rate / max(1, ev.devices)
-    return RungResult(
+    return check_mfu(RungResult(
         name=rung.name, key=rung.key, label=rung.label, tokens_per_s=rate, kind=rung.kind,
         stage=rung.stage, precision=precision, batch_size=B, seq_len=T, builds_on=given.base_name,
         recipe=recipe.to_dict(), timing=t, tflops=achieved_tflops(rate, fpt),
-        mfu=mfu(per_device, fpt, lab.device_name, "bf16" if precision == "bf16" else "tf32"),
+        **rung_mfu(per_device, fpt, lab.device_name, precision),
         memory=ev.memory, compile=ev.compile, gates=list(ev.gates), receipt=ev.receipt,
         profile=ev.profile, prediction=ev.prediction, details=dict(ev.details),
-        notes=list(ev.notes), section=rung.section, outcome="measured")
+        notes=list(ev.notes), section=rung.section, outcome="measured"), lab.device_name, ev.devices)
 
 
 def failed(rung: Rung, lab, base: str | None, recipe, error: str, tb: str = "", *,

@@ -10,7 +10,10 @@ gates prove the model is the same, these prove the arithmetic around it:
   model's matmuls, run once when a ladder starts (``FlopCounterMode`` / the jaxpr's dots);
 * ``check_distinct(digests)`` -- data-parallel ranks or devices were fed different batches;
 * ``check_global_rate(...)`` -- a multi-process throughput equals the global tokens over the
-  elapsed time of each window.
+  elapsed time of each window;
+* ``check_mfu(result, device_name)`` -- a rung's MFU is divided by its own precision's peak
+  in the table (``perfladder.hardware.PEAKS``: bf16 for bf16, TF32 for tf32 and fp32), the
+  one its record names.
 
 Each raises a ``CountError`` (a ``GateError``: the rung or the ladder is refused) naming the
 numbers; their tolerances, and why, are in the one table, ``perfladder.measure.gates``.
@@ -19,10 +22,11 @@ from __future__ import annotations
 
 import math
 
-from perfladder.measure.gates import FLOPS_RTOL, GLOBAL_RATE_RTOL, TOKENS_RTOL, GateError
+from perfladder.hardware import peak_for
+from perfladder.measure.gates import FLOPS_RTOL, GLOBAL_RATE_RTOL, MFU_RTOL, TOKENS_RTOL, GateError
 
 __all__ = ["CountError", "check_tokens", "check_flops", "check_distinct", "check_global_rate",
-           "TOKENS_RTOL", "FLOPS_RTOL", "GLOBAL_RATE_RTOL"]
+           "check_mfu", "TOKENS_RTOL", "FLOPS_RTOL", "GLOBAL_RATE_RTOL", "MFU_RTOL"]
 
 
 class CountError(GateError):
@@ -114,3 +118,31 @@ def check_global_rate(windows, global_tokens: float, seconds, what: str = "the r
                              gate="global rate")
         out.append(want)
     return out
+
+
+def check_mfu(result, device_name: str | None, devices: int = 1):
+    """A measured rung's MFU (``result``: a ``RungResult``) against the peak table, by the rung's
+    own precision: a bf16 rung divided by the bf16 peak of ``device_name``, an fp32 or tf32 rung
+    by the TF32 peak; the peak its record names (``mfu_peak``) must be that one, and its MFU
+    times that peak its TFLOP/s per device (over ``devices``). No MFU only where the table
+    has no such peak. Returns ``result``; ``CountError`` naming both peaks otherwise."""
+    peak = peak_for(device_name)
+    column = "bf16" if result.precision == "bf16" else "tf32"
+    want = None if peak is None or not result.measured else getattr(peak, column)
+    if want is None:
+        if result.mfu is not None or result.mfu_peak is not None:
+            raise CountError(f"{result.name}: MFU {result.mfu!r} against {result.mfu_peak!r}, but "
+                             f"{device_name!r} has no {column} peak in the table", gate="mfu peak")
+        return result
+    named = {"precision": column, "tflops": want}
+    if result.mfu_peak != named or result.mfu is None:
+        raise CountError(f"{result.name} computes in {result.precision}: its MFU must be divided by "
+                         f"{peak.name}'s {column} peak, {want} TFLOP/s; its record names "
+                         f"{result.mfu_peak!r}", gate="mfu peak")
+    per_device = result.tflops / max(1, devices)
+    if not abs(result.mfu * want - per_device) <= MFU_RTOL * per_device:
+        raise CountError(f"{result.name}: MFU {result.mfu:.4g} x the {column} peak {want} TFLOP/s is "
+                         f"{result.mfu * want:.4g} TFLOP/s, but it delivered {per_device:.4g} per device "
+                         f"({result.mfu * want / per_device:.3g}x): divided by another peak",
+                         gate="mfu peak")
+    return result

@@ -168,6 +168,7 @@ GATE_STEPS = OPTIMIZER_STEPS
 # A window's tokens, rate x seconds against batch shape x steps: the rate is count / seconds,
 #   so float rounding is all (1e-16); counting rows for tokens is T x off.
 TOKENS_RTOL = 1e-9
+MFU_RTOL = TOKENS_RTOL   # MFU x peak against TFLOP/s: a quotient of the rung's own numbers
 # FLOPs per token, the formula's terms against the counter's (FlopCounterMode on the meta
 #   device; the jaxpr's dots), the parameters in no matmul (biases, norm scales) added to the
 #   counted constant part: measured equal to the FLOP, smoke and full, both frameworks.

@@ -3,31 +3,32 @@
 ``measure`` is the chapter's discipline in one function:
 
 1. warm up for ``warmup`` steps (past compilation, autotuning, allocator growth), sync;
-   while warming up, compare the content of consecutive batches (a host read is allowed
-   there: nothing is timed yet) -- a stream that serves one cached batch under new tensor
-   objects is refused before any window opens; the last two batches of the measurement
-   are compared once more after the last window closed, so a rung whose warm-up is too
-   short to compare two batches (JAX's un-jitted R0 warms up one step) is checked too;
+   every batch is drawn through ``perfladder.measure.draws.Draws``, which refuses a stale
+   one: the same object or stream position twice in a row, the same content in warm-up
+   (a host read is allowed there: nothing is timed yet) and in the last two batches, and
+   the same batch an epoch apart (a stream that re-yields its first epoch's tensors);
 2. run timed windows of ``timed`` steps each (with ``window_s``, fewer where ``timed`` steps
    would take longer than that: a few more warm-up steps, closed by a sync, price one step,
    and a window holds the steps that fill ``window_s``, at least ``MIN_WINDOW_STEPS``; a
    slow step gains nothing from a long window but wall time), every one closed by a device sync, counting
    the tokens of every batch actually fed (end-to-end tokens/s: the stream's own cost is
-   inside the window, as in a real training run);
+   inside the window, as in a real training run). A ``Window`` holds that to account: its
+   end stamp is read only after its sync returned, past its last draw (``SyncError``), and
+   every step it timed drew its batch inside it (``WindowError``);
 3. keep opening windows until the last ``windows`` of them agree within
    ``target_spread`` ((max - min) / median), up to ``max_windows``: a disturbed start
    (a clock ramping, another process finishing) is waited out, and the number reported is
    the median of the windows that settled. Every window stays in the record. A step that
    never settles is reported with ``stable=False``: the caller must not credit it;
-4. refuse to time the same batch twice in a row: by object identity, and by the stream's
-   own position (``stream.position``, which perfladder's streams advance per batch);
+4. refuse a stale batch wherever the timer can see one (``StaleBatchError``, step 1);
 5. raise ``RecompileError`` if the framework compiled anything inside a timed window;
 6. raise ``BatchShapeError`` if the batch shape changes between timed steps (a ragged
    tail that was not dropped: eager code would not recompile, so the guard of 5 misses it).
 
 ``measure(step, stream, hooks, settings)`` takes two records. ``TimerHooks`` is what a
 framework is to the timer (each side's timer module holds one, ``HOOKS``): ``sync``
-(``torch.cuda.synchronize`` / ``jax.block_until_ready``), ``compile_count`` (dynamo's counters /
+(``torch.cuda.synchronize`` / ``jax.block_until_ready`` on the output and every live array: the
+whole step, its update included), ``compile_count`` (dynamo's counters /
 XLA compile events), ``num_tokens`` and ``shape_of`` (of a batch), ``fingerprint`` (a few rows
 of a batch as bytes) and ``ready`` (is the device done with the window's work? asked right
 after ``sync``, without waiting: a sync that only queried would leave work running past the
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterator
 
 from perfladder.checks import check_int
+from perfladder.measure.draws import Draws, StaleBatchError, StreamEndedError  # noqa: F401 (importable here)
 
 DEFAULT_TARGET_SPREAD = 0.03   # windows within 3% of each other count as settled
 WARMUP, TIMED, WINDOWS = 30, 40, 3   # the full config's defaults (a LadderConfig says its own)
@@ -57,20 +59,18 @@ class RecompileError(RuntimeError):
     """Compilation happened inside a timed window: the number would be a lie."""
 
 
-class StaleBatchError(RuntimeError):
-    """The stream handed the timer the same batch twice in a row."""
-
-
 class BatchShapeError(RuntimeError):
     """The timed batches do not all have one shape."""
 
 
-class StreamEndedError(RuntimeError):
-    """The stream ran out of batches before the measurement was done."""
-
-
 class SyncError(RuntimeError):
-    """A window was closed while the device still had its work: the sync did not wait."""
+    """A window was closed while the device still had its work: the sync did not wait, or
+    its end stamp was read before the sync returned."""
+
+
+class WindowError(RuntimeError):
+    """A timed window does not hold what the chapter says it holds: every step it times,
+    each with the draw of its batch from the stream."""
 
 
 def spread_of(rates) -> float:
@@ -215,6 +215,41 @@ def window_settings(settings: WindowSettings | None = None, **changes) -> Window
     return replace(settings or WindowSettings(), **changes)
 
 
+class Window:
+    """The clock of one timed window (``measure``'s, and its pilot's), drawing through ``draws``:
+    ``open()`` stamps its start, ``sync(out)`` waits for the device (``hooks.sync``), and
+    ``close(steps, what)`` stamps its end and returns its seconds. ``close`` refuses a window
+    whose end stamp would be read before its sync returned, or before a sync that followed
+    its last draw (``SyncError``), and one whose ``steps`` did not each draw their batch
+    inside it (``WindowError``): the stream's cost and the device's work are the window's."""
+
+    def __init__(self, sync: Callable[[Any], None], draws: Draws):
+        self._sync, self._draws = sync, draws
+        self._t0, self._drawn, self._synced = None, 0, None
+
+    def open(self) -> None:
+        self._t0, self._drawn, self._synced = time.perf_counter(), self._draws.count, None
+
+    def sync(self, out) -> None:
+        self._sync(out)
+        self._synced = self._draws.count          # the sync returned after this many draws
+
+    def close(self, steps: int, what: str) -> float:
+        t1 = time.perf_counter()
+        t0, self._t0 = self._t0, None
+        if t0 is None:
+            raise WindowError(f"{what} was closed without being opened")
+        if self._synced != self._draws.count:
+            raise SyncError(f"{what}: its end stamp was read before its sync returned (sync "
+                            f"{'never called' if self._synced is None else 'followed by more draws'}"
+                            "): the window would close while the device still had its steps")
+        drawn = self._draws.count - self._drawn
+        if drawn != steps:
+            raise WindowError(f"{what} timed {steps} steps but drew {drawn} batches inside it: every "
+                              "step's draw from the stream belongs in its window (end-to-end tokens/s)")
+        return t1 - t0
+
+
 def measure(step: Callable, stream: Iterator, hooks: TimerHooks,
             settings: WindowSettings = WindowSettings()) -> Throughput:
     """Time ``step(X, Y)`` over batches drawn from ``stream`` with the framework's ``hooks`` and
@@ -231,47 +266,25 @@ def measure(step: Callable, stream: Iterator, hooks: TimerHooks,
     sync, compile_count, ready = hooks.sync, hooks.compile_count, hooks.ready
     num_tokens, shape_of, fingerprint = hooks.num_tokens, hooks.shape_of, hooks.fingerprint
 
-    prev, prev_pos, prev_print = None, None, None
-    before_prev = None                     # the batch drawn before ``prev``: the last check
+    draw = Draws(stream, fingerprint, need=(
+        f"a measurement needs warmup={warmup} + at least windows={windows} x timed={timed} = "
+        f"{warmup + windows * timed} (up to {warmup + max_windows * timed}): give an endless "
+        "stream such as perfladder.torch.batches / perfladder.jax.batches"))
+    window = Window(sync, draw)
     out = None
-    drawn = 0
-
-    def draw():
-        nonlocal prev, prev_pos, before_prev, drawn
-        try:
-            X, Y = next(stream)
-        except StopIteration:
-            raise StreamEndedError(
-                f"the batch stream ended after {drawn} batches; a measurement needs warmup={warmup} "
-                f"+ at least windows={windows} x timed={timed} = {warmup + windows * timed} (up to "
-                f"{warmup + max_windows * timed}): give an endless stream such as "
-                "perfladder.torch.batches / perfladder.jax.batches") from None
-        drawn += 1
-        pos = getattr(stream, "position", None)
-        if X is prev or (pos is not None and pos == prev_pos):
-            raise StaleBatchError("the stream yielded the same batch twice in a row "
-                                  f"(position {pos}); time fresh batches, not one cached batch")
-        before_prev, prev, prev_pos = prev, X, pos
-        return X, Y
-
     for _ in range(warmup):
         X, Y = draw()
-        if fingerprint is not None:
-            fp = fingerprint(X)
-            if fp == prev_print:
-                raise StaleBatchError("two consecutive batches have the same content; the stream "
-                                      "serves one cached batch under new objects")
-            prev_print = fp
+        draw.check_content(X)
         out = step(X, Y)
     sync(out)
     extra: dict[str, Any] = {} if budget_s is None else {"budget_s": budget_s}
     if window_s is not None and timed > MIN_WINDOW_STEPS:
         pilot = min(PILOT_STEPS, timed)
-        t0 = time.perf_counter()
+        window.open()
         for _ in range(pilot):
             out = step(*draw())
-        sync(out)
-        step_s = (time.perf_counter() - t0) / pilot
+        window.sync(out)
+        step_s = window.close(pilot, "the pilot") / pilot
         fits = int(window_s / step_s) if step_s > 0 else timed
         extra["pilot"] = {"steps": pilot, "step_s": step_s, "window_s": float(window_s),
                           "timed_asked": timed}
@@ -285,7 +298,7 @@ def measure(step: Callable, stream: Iterator, hooks: TimerHooks,
         w = len(rates)
         before = compile_count()
         tokens = 0
-        t0 = time.perf_counter()
+        window.open()
         for _ in range(timed):
             X, Y = draw()
             this_shape = tuple(shape_of(X))
@@ -300,8 +313,8 @@ def measure(step: Callable, stream: Iterator, hooks: TimerHooks,
                                  "batches of at least one token")
             out = step(X, Y)
             tokens += n
-        sync(out)
-        dt = time.perf_counter() - t0
+        window.sync(out)
+        dt = window.close(timed, f"timed window {w + 1}")
         if ready is not None and not ready(out):
             raise SyncError(f"timed window {w + 1} closed while the device was still busy: its "
                             f"sync ({getattr(sync, '__name__', sync)}) did not wait for the work")
@@ -320,9 +333,7 @@ def measure(step: Callable, stream: Iterator, hooks: TimerHooks,
                                          and len(rates) >= windows):
             stable = False
             break
-    if fingerprint is not None and before_prev is not None and fingerprint(before_prev) == fingerprint(prev):
-        raise StaleBatchError("the last two batches of the measurement have the same content; "
-                              "the stream serves one cached batch under new objects")
+    draw.finish()
     return Throughput(tokens_per_s=statistics.median(rates[-windows:]), windows=rates,
                       seconds=secs, steps_per_window=timed, tokens_per_window=tokens,
                       warmup=warmup, batch_shape=shape or (), settled=windows, stable=stable,

@@ -74,6 +74,7 @@ class RungResult:
     timing: Timing | None = None
     tflops: float | None = None             # achieved model TFLOP/s
     mfu: float | None = None                # against the datasheet peak; None when unknown
+    mfu_peak: dict | None = None            # that peak: {'precision', 'tflops'} (rung_mfu)
     memory: Memory | None = None
     compile: Compile | None = None
     gates: list[Gate] = field(default_factory=list)

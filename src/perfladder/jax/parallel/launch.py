@@ -300,6 +300,7 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
     """
     from perfladder.data import TimeMachine
     from perfladder.jax.parallel.measure import num_params
+    from perfladder.measure.counts import check_global_rate
     from perfladder.measure.evidence import Timing
     from perfladder.multigpu import costmodel
     from perfladder.multigpu.measurement import not_measured, record
@@ -330,8 +331,12 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
                                                  s["bus_bw_per_process"]))]
     ranks[0]["memory_stats"] = s.get("memory_stats_process0")
     bws = [b for b in s["bus_bw_per_process"] if b]
+    # the rate recorded, once combined: the launch's global tokens / the slowest process's seconds
+    timing = Timing.from_dict(s["timing"])
+    check_global_rate(timing.windows, k * B * T * (config.timed if timed is None else timed),
+                      s["seconds_per_process"], what=f"{num_processes} processes' combined rate")
     return record(framework="jax", mechanism="jax.distributed", form=form, k=s["k"],
-                  per_rank_batch=B, seq_len=T, timing=Timing.from_dict(s["timing"]),
+                  per_rank_batch=B, seq_len=T, timing=timing,
                   baseline=baseline, prediction=pred, bus_bw_measured=min(bws) if bws else None,
                   peak_mem_bytes_per_gpu=s["peak_mem_bytes_per_gpu"], recipe=recipe.to_dict(),
                   processes=s["num_processes"], device=s["device"], notes=notes, ranks=ranks)
