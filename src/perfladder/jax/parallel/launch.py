@@ -4,8 +4,7 @@
         --process-id I --config full --form fast --out DIR                 # one process
     launch_local(2, config, 'fast')           # N processes on this machine (tests, benchmark)
 
-Every process runs the same ``perfladder.jax.recipe.Recipe`` (its ``to_dict()`` in the spec;
-``perfladder.jax.parallel.measure.recipe_for`` resolves a form).
+Every process runs the same ``Recipe`` (``to_dict()`` in the spec; ``measure.recipe_for``: a form).
 
 Every process calls ``jax.distributed.initialize(coordinator, num_processes, process_id)``,
 after which ``jax.devices()`` lists the devices of *all* processes and one mesh spans them.
@@ -110,11 +109,8 @@ def local_batches(data, per_device_batch: int, mesh, seed: int):
 
 
 def mem_to_kib(mems):
-    """Byte counts (None: unknown) as int32 KiB, rounded up, -1 for unknown.
-
-    ``process_allgather`` moves numbers through jax arrays, which are 32-bit unless x64 is
-    on: a 35.8 GB peak in bytes would wrap around 2**32; in KiB it fits up to 2 TiB.
-    """
+    """Byte counts (None: unknown) as int32 KiB, rounded up, -1 for unknown: ``process_allgather``
+    moves 32-bit numbers (no x64), where a 35.8 GB peak in bytes would wrap; KiB fit 2 TiB."""
     import numpy as np
     return np.asarray([-1 if m is None or m < 0 else -(-int(m) // 1024) for m in mems], np.int32)
 
