@@ -116,6 +116,18 @@ def test_the_checker_refuses_typed_numbers_and_unchecked_claims_and_reads_marks(
     assert prose.render("R3 runs {glue:md}`R3_ratio` R2.", {"R3_ratio": "3.1x"}) == "R3 runs 3.1x R2."
 
 
+def test_prose_moved_into_a_fold_is_checked_like_prose_outside_it():
+    text = (":::{dropdown} Why R3 is faster\n:open:\n"
+            "R3 runs at 1.42x R2, and the batch pays.\n\n"
+            "The batch pays{glue:md}`c_R3_faster`.\n\n"
+            "```{literalinclude} ../src/x.py\n:pyobject: f\n```\n:::\n\n"
+            "% definitional: what a technique does\n\n"
+            ":::{note}\nA fused kernel is faster when it moves fewer bytes.\n:::")
+    found = {(p.kind, p.found, p.sentence[:12]) for p in prose.problems(text)}
+    assert found == {("unchecked claim", "faster", "Why R3 is fa"), ("typed number", "1.42", "R3 runs at 1"),
+                     ("unchecked claim", "pays", "R3 runs at 1")}
+
+
 def plant_slower(run, name: str):
     """``run`` with rung ``name`` measured well below the rung it builds on."""
     planted = copy.deepcopy(run)

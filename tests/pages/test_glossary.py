@@ -90,3 +90,13 @@ def test_the_thresholds_the_glossary_quotes_are_the_packages():
     assert f"take at least {pct(verdict.MEMORY_SHARE)} of the kernel time" in text
     assert verdict.COMPUTE_ROOF == 0.5 and "reach at least half the measured matmul roof" in text
     assert f"asks {pct(get_config('full').target_spread)} of it" in text
+
+
+def test_with_a_set_for_folds_a_term_is_linked_once_visible_and_once_folded():
+    seen, folded = set(), set()
+    first = link_terms("<details><summary>R0</summary><p>its windows settled</p></details>", seen, folded)
+    assert first.count("term-settled") == 1 and folded == {"settled"} and seen == set()
+    line = link_terms("<p><strong>R1: did not settle</strong></p>", seen, folded)
+    assert line.count("term-settled") == 1 and seen == {"settled"}      # the first visible use
+    again = link_terms("<p>settled</p><details><p>settled</p></details>", seen, folded)
+    assert "<a" not in again                                            # once each, per page

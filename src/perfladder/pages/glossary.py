@@ -53,16 +53,21 @@ def _pattern(phrase: str, term: str) -> re.Pattern:
 PATTERNS = [(term, _pattern(p, term)) for p, term in TERMS.items()]
 
 
-def link_terms(html: str, seen: set[str]) -> str:
+def link_terms(html: str, seen: set[str], seen_folded: set[str] | None = None) -> str:
     """``html`` with the first occurrence of each glossary term not in ``seen`` linked (and
-    added to ``seen``)."""
+    added to ``seen``). With ``seen_folded``, text inside a fold (``<details>``) keeps its own
+    set: a term is linked once in the text a reader sees and once inside the folds, so a link
+    spent in a fold never leaves the term's first visible use unlinked."""
     parts = re.split(r"(<[^>]+>)", html)
     open_tags: list[str] = []
+    folds = 0
     for i, part in enumerate(parts):
         if part.startswith("<"):
             m = re.match(r"<(/?)([a-zA-Z0-9]+)", part)
             if m:
                 name = m.group(2).lower()
+                if name == "details":
+                    folds += -1 if m.group(1) else 1
                 if m.group(1):
                     if name in open_tags:
                         del open_tags[len(open_tags) - 1 - open_tags[::-1].index(name):]
@@ -71,13 +76,14 @@ def link_terms(html: str, seen: set[str]) -> str:
             continue
         if open_tags or not part.strip():
             continue
+        used = seen_folded if (seen_folded is not None and folds > 0) else seen
         hits = []
         for term, pat in PATTERNS:
-            m = None if term in seen else pat.search(part)
+            m = None if term in used else pat.search(part)
             if m is not None and all(m.end() <= a or m.start() >= b for a, b, _ in hits):
                 hits.append((m.start(), m.end(), term))
         for start, end, term in sorted(hits, reverse=True):
-            seen.add(term)
+            used.add(term)
             part = (part[:start] + f'<a class="perfladder-term" href="{href(term)}">{part[start:end]}</a>'
                     + part[end:])
         parts[i] = part

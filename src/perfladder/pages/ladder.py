@@ -105,6 +105,7 @@ class LadderPage:
         self._header: tuple[str, str] | None = None      # (html, text) as first shown
         self._header_note = ""
         self.linked: set[str] = set()      # glossary terms this page's outputs have linked
+        self.linked_folded: set[str] = set()   # ... and those linked inside folds (their own set)
         self.multi_gpu_said = False        # the committed multi-GPU run named once on the page
         if show_header:
             self.header()
@@ -158,7 +159,7 @@ class LadderPage:
                           f'{esc(run_label(self.reference, self.reference_source))}</p>'))
         return (link_terms(box_html("Smoke run: not performance numbers",
                                     f'<p style="margin: 0;">{esc(text)}</p>{full}', "warning",
-                                    cls="perfladder-banner"), self.linked),
+                                    cls="perfladder-banner"), self.linked, self.linked_folded),
                 "=" * 78 + "\n" + text + "\n" + "=" * 78)
     def _note_in_header(self) -> None:
         """Once a cell has run again, the header at the top of the page says which rungs were run
@@ -268,7 +269,7 @@ class LadderPage:
 
     def _display(self, html_text: str, text: str) -> None:
         """``display_html`` with the first mention of each glossary term on the page linked."""
-        display_html(link_terms(html_text, self.linked), text)
+        display_html(link_terms(html_text, self.linked, self.linked_folded), text)
 
     def _smoke_box(self, what: str, text: str) -> None:
         """One folded line: what ran where, labelled as no result; the check behind it."""

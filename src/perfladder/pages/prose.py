@@ -30,6 +30,9 @@ GLUE = re.compile(r"\{glue(?::md|:text|:any)?\}`([^`]+)`")
 CHECKED_PREFIXES = ("c_", "s_", "v_", "sp_", "ch_", "mg_", "hw_", "claim_")
 DEFINITIONAL = "% definitional"
 CLAIMS = "% claims"          # ends a definitional mark before the next heading
+# a fold of prose (MyST's colon-fenced dropdown and admonitions): its title and body are read as
+# prose, so text moved into a fold is held to the same rules as text left outside it
+PROSE_FOLD = re.compile(r":{3,}\{(?:dropdown|admonition|note|tip|important|warning|seealso)\}\s*(.*)")
 CLAIM_WORDS = (
     "pay", "pays", "paid", "faster", "slower", "fastest", "slowest", "lose", "loses", "lost",
     "beat", "beats", "gain", "gains", "gained", "costs time", "cost time", "cheaper", "busy", "waits",
@@ -75,7 +78,8 @@ class Problem:
 def paragraphs(markdown: str) -> list[tuple[bool, str]]:
     """The prose paragraphs of a page, each with whether it is marked definitional (a
     ``% definitional`` line marks the paragraphs after it up to the next heading); code blocks,
-    directive fences and their options, display math and comments are not prose."""
+    directive fences and their options, display math and comments are not prose, but a
+    dropdown's (or an admonition's) title and body are."""
     out, para, definitional, pending = [], [], False, False
     fence = None
 
@@ -90,6 +94,14 @@ def paragraphs(markdown: str) -> list[tuple[bool, str]]:
             if (fence == "$$" and s.startswith("$$")) or (s.startswith(fence) and s.strip("`:~") == ""):
                 fence = None
             continue
+        fold = PROSE_FOLD.match(s)
+        if fold or (s.startswith(":::") and s.strip(":") == ""):
+            close()                     # a fold opens (its title a paragraph of its own) or closes
+            if fold and fold.group(1):
+                out.append((pending, fold.group(1)))
+            continue
+        if re.match(r":[\w-]+:", s) and not para:
+            continue                    # a directive's option line (``:open:``), not prose
         if s.startswith(("```", "~~~", ":::")):
             close()
             fence = re.match(r"[`~:]+", s).group(0)

@@ -145,11 +145,9 @@ STORIES = [
     ), "This run recorded no profile of the bf16 step.", _values),
     Story("s_R3", (
         (settled("R3", False),
-         "R3 runs at {R3_rate} tokens/s, and its windows, between {R3_windows}, never settle, so no "
-         "ratio to R2 is credited."),
+         "Its windows, between {R3_windows}, never settle, so no ratio to R2 is credited."),
         (settled("R3", True),
-         "R3 runs at {R3_rate} tokens/s, {R3_ratio} R2; its windows settled on this run, between "
-         "{R3_windows}, which they do not on every run."),
+         "Its windows settled on this run ({R3_ratio} R2), which they do not on every run."),
     ), "R3 runs at {R3_rate} tokens/s.", _values),
 ]
 

@@ -100,42 +100,35 @@ STORIES = [
     Story("s_R0", (
         (regime("R0", HOST),
          f"{HOST_PACED} on this run the host, not the GPU, sets the pace of the eager step. The "
-         "chapter's eager step, on an RTX 4090 whose dense bf16 peak is a fraction of this GPU's "
-         "(this one has {hw_bf16_vs_chapter} the RTX 4090's, by the datasheets), was not waiting on "
-         "its host in the chapter's own words: slower kernels hide the same host work."),
+         "chapter's RTX 4090 (this GPU has {hw_bf16_vs_chapter} its dense bf16 peak) was not waiting "
+         "on its host, in the chapter's own words: slower kernels hide the same host work."),
         (regime("R0", *DEVICE),
-         "On this run the kernels keep the device busy for most of the step, so the GPU, not the "
-         "host, sets the pace of the eager step, as the chapter reports for its RTX 4090: the time "
-         "goes to the kinds of kernel the profile lists."),
+         "The kernels keep the device busy for most of the step, so the GPU, not the host, sets the "
+         "pace of the eager step, as the chapter reports for its RTX 4090."),
     ), "This run recorded no profile of the eager step, so what set its pace is not known here.",
         _values),
     Story("s_R1", (
         (regime("R1", *DEVICE),
-         "With the elementwise chains fused into fewer kernels the host now keeps up: the kernels "
-         "are busy {R1_busy} of the {R1_step_ms} step, and from here the device sets the pace at "
-         "the chapter's batch, as it did on the chapter's RTX 4090."),
+         "With fewer kernels to issue the host now keeps up: the kernels are busy {R1_busy} of the "
+         "{R1_step_ms} step, so the device sets the pace at the chapter's batch, as on its RTX 4090."),
         (regime("R1", HOST),
-         "Fusion cut the kernels the host must issue, but not by enough to hide the host: the "
-         "kernels are busy only {R1_busy} of the {R1_step_ms} step, so on this run the compiled "
-         "step still waits on its host at the chapter's batch."),
+         "Fusion cut the launches, but not enough to hide the host: the kernels are busy only "
+         "{R1_busy} of the {R1_step_ms} step, which still waits on its host at the chapter's batch."),
     ), "This run recorded no profile of the compiled step.", _values),
     Story("s_R2", (
         (all_of(regime("R2", HOST), more("step_ms", "R2", "R1")),
          "But the step grew, from {R1_step_ms} to {R2_step_ms}: its kernels are busy only {R2_busy} "
-         "of it, and the device waits on the host work the autocast step adds, which at batch "
-         "{cfg_batch} the short kernels cannot hide. On the chapter's RTX 4090, whose kernels hid "
-         "its host, the same rung paid {ch_R2_ratio}. The cure for a host-bound step is to give "
-         "every launch more work, which is the next rung."),
+         "of it, waiting on the host work autocast adds, which at batch {cfg_batch} the short kernels "
+         "cannot hide. On the chapter's RTX 4090, whose kernels hid its host, the same rung paid "
+         "{ch_R2_ratio}. The cure for a host-bound step is more work per launch: the next rung."),
         (all_of(regime("R2", *DEVICE), verdict("R2", "faster")),
          "The device sets the pace of this step (its kernels are busy {R2_busy} of it), so cheaper "
-         "kernels make a faster step, as on the chapter's RTX 4090 ({ch_R2_ratio}). The next rung "
-         "gives every launch more work."),
+         "kernels make a faster step, as on the chapter's RTX 4090 ({ch_R2_ratio})."),
         (all_of(regime("R2", HOST), less("step_ms", "R2", "R1")),
          "The step still waits on the host (its kernels are busy {R2_busy} of it), but it took "
-         "{R2_step_ms} against R1's {R1_step_ms}: on this run the host issued the bf16 step no "
-         "slower than the fp32 one, so bf16 did not cost time at batch {cfg_batch}. On the "
+         "{R2_step_ms} against R1's {R1_step_ms}: bf16 did not cost time at batch {cfg_batch}. On the "
          "chapter's RTX 4090 the same rung paid {ch_R2_ratio}. The cure for a host-bound step is "
-         "to give every launch more work, which is the next rung."),
+         "more work per launch: the next rung."),
     ), "The step took {R2_step_ms} against R1's {R1_step_ms}, its kernels busy {R2_busy} of it.",
         _values),
 ]
