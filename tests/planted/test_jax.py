@@ -14,9 +14,9 @@ import _planted_jax as P  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 from _jax_gate_helpers import CFG, DATA, fixed, model  # first: cheap CPU compiles
+from _planted_data import TrainRowsAsValidation  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from perfladder.data import TimeMachine  # noqa: E402
 from perfladder.jax import evaluate  # noqa: E402
 from perfladder.jax.gates import check_receipt, model_gate, named, optimizer_gate  # noqa: E402
 from perfladder.jax.step import make_optimizer, make_train_step, receipt  # noqa: E402
@@ -113,13 +113,6 @@ def test_non_causal_attention_fails_the_learning_check_by_the_reference():
     c = e.value.check
     assert e.value.gate == "learning check" and c.last < c.first and c.val_after > c.threshold
     assert evaluate.mean_loss(m, *DATA.val_arrays()) < c.threshold   # by itself it would pass
-
-
-class TrainRowsAsValidation(TimeMachine):
-    """The planted split: its "validation" windows are the first training windows."""
-
-    def val_arrays(self):
-        return self.X[:self.num_val], self.Y[:self.num_val]
 
 
 def test_validation_on_training_rows_is_refused_by_the_held_out_rows_gate():

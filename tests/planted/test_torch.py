@@ -15,9 +15,9 @@ from __future__ import annotations
 import _planted_torch as P
 import pytest
 import torch
+from _planted_data import TrainRowsAsValidation
 from _torch_gate_helpers import CFG, DATA, fixed, model, one_thread, step  # noqa: F401
 
-from perfladder.data import TimeMachine
 from perfladder.measure.gates import (
     BACKWARD_TOL,
     GateError,
@@ -134,13 +134,6 @@ def test_non_causal_attention_fails_the_learning_check_by_the_reference():
     assert c.val_after > c.threshold
     # evaluated by itself, the cheat would have passed: it reads the next token
     assert evaluate.mean_loss(s.model, *DATA.val_arrays()) < c.threshold
-
-
-class TrainRowsAsValidation(TimeMachine):
-    """The planted split: its "validation" windows are the first training windows."""
-
-    def val_arrays(self):
-        return self.X[:self.num_val], self.Y[:self.num_val]
 
 
 def test_validation_on_training_rows_is_refused_by_the_held_out_rows_gate():
