@@ -47,6 +47,7 @@ from perfladder.measure.evidence import Timing  # noqa: E402
 from perfladder.results.record import LadderResult, RungResult  # noqa: E402
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Backstop for the ``gpu`` marker: skip GPU-only tests when no CUDA GPU is present.
 
@@ -55,7 +56,8 @@ def pytest_collection_modifyitems(config, items):
 
     Also moves the modules that read the smoke book to the end of the session (in their
     order), so that the book builds in the background while the other tests run
-    (``BookBuild``).
+    (``BookBuild``). It runs after ``-m`` and ``-k`` have deselected (``trylast``): a run
+    without the book's readers (``-m "not slow"``) starts no book build.
     """
     late = {it.module for it in items if BOOK_FIXTURES & set(it.fixturenames)}
     early = [it for it in items if it.module not in late]
