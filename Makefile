@@ -9,6 +9,9 @@ book:
 # -n auto: two xdist workers on a CPU machine (tests/conftest.py decides; none with a GPU),
 # each test file on one worker, in collection order (the files that read the smoke book last,
 # tests/conftest.py); PYTEST_ARGS="-n 0" runs everything in one process.
+# PERFLADDER_TEST_SHUFFLE=<seed> runs the tests before the book's readers in a shuffled order
+# (a test that passes only after another fails); PERFLADDER_TEST_CPU=<file> writes each test's
+# CPU seconds to <file> and the book build's to <file>.book (where the suite's time goes).
 test:
 	@PY=$$(scripts/setup.sh | tail -n 1) && "$$PY" -m pytest -n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 

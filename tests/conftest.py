@@ -47,6 +47,7 @@ from perfladder.measure.evidence import Timing  # noqa: E402
 from perfladder.results.record import LadderResult, RungResult  # noqa: E402
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Backstop for the ``gpu`` marker: skip GPU-only tests when no CUDA GPU is present.
 
@@ -55,10 +56,17 @@ def pytest_collection_modifyitems(config, items):
 
     Also moves the modules that read the smoke book to the end of the session (in their
     order), so that the book builds in the background while the other tests run
-    (``BookBuild``).
+    (``BookBuild``). It runs after ``-m`` and ``-k`` have deselected (``trylast``): a run
+    without the book's readers (``-m "not slow"``) starts no book build.
     """
     late = {it.module for it in items if BOOK_FIXTURES & set(it.fixturenames)}
-    items[:] = [it for it in items if it.module not in late] + [it for it in items if it.module in late]
+    early = [it for it in items if it.module not in late]
+    seed = os.environ.get("PERFLADDER_TEST_SHUFFLE", "")
+    if seed:   # opt-in: the tests before the book's readers in a random order (the same in every
+        # worker), to find a test that passes only after another
+        import random
+        random.Random(seed).shuffle(early)
+    items[:] = early + [it for it in items if it.module in late]
     if _xdist_uid(config) and any("smoke_book" in it.fixturenames for it in items):
         BookBuild.OUT.mkdir(parents=True, exist_ok=True)     # the controller starts the build
         BookBuild.files(_xdist_uid(config))["needed"].touch()
@@ -113,6 +121,29 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session):
     BookBuild.stop()       # a session that ended early leaves no build running
+
+
+# PERFLADDER_TEST_CPU=<file>: each test's CPU seconds (this process and the children it waited
+# for, setup and teardown included) appended to <file> as "seconds<TAB>node id", and the book
+# build's wall, user and system seconds in <file>.book: where the suite's time goes, whatever else loads the machine
+CPU_LOG = os.environ.get("PERFLADDER_TEST_CPU", "")
+
+
+def _cpu_s() -> float:
+    import resource
+    return sum(u.ru_utime + u.ru_stime for u in
+               (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    t0 = _cpu_s()
+    yield
+    with open(CPU_LOG, "a") as f:
+        f.write(f"{_cpu_s() - t0:.2f}\t{item.nodeid}\n")
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,6 +213,8 @@ class BookBuild:
         cls.OUT.mkdir(parents=True, exist_ok=True)
         cls.uid, cls.started, cls.t0 = uid, _utc_now(), time.monotonic()
         cmd = ["bash", str(ROOT / "scripts" / "build_book.sh"), sys.executable]
+        if CPU_LOG:      # its wall, user and system seconds, beside the tests' (CPU_LOG below)
+            cmd = ["/usr/bin/time", "-f", "%e %U %S", "-o", f"{CPU_LOG}.book", *cmd]
         if uid:      # the workers learn the build's end and status from a file
             files = cls.files(uid)
             files["started"].write_text(cls.started)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,11 +68,27 @@ def test_a_full_disk_fails_the_rung_for_the_machine_and_the_run_is_incomplete(no
     assert json.loads(out.read_text())["versions"]["perfladder"]
 
 
-def test_once_the_disk_is_freed_r1_is_measured_and_a_cache_cut_short_is_set_aside(no_room, tmp_path):
-    _, _, cache = no_room
-    first = cli(cache, tmp_path / "first.json")              # the same folder, with room again
+@pytest.fixture(scope="module")
+def resumed(no_room):
+    """The run on a full disk resumed in the same folder with room again (``--resume``): the
+    process, and the cache folder it filled. Its cache is the next test's first run's too,
+    so that one cold compile serves both."""
+    _, failed, cache = no_room
+    out = failed.with_name("resumed.json")           # the failed run's file stays for its test
+    shutil.copyfile(failed, out)
+    return cli(cache, out, "--resume", str(out)), out, cache
+
+
+def test_resume_after_the_disk_is_freed_measures_the_rung(resumed):
+    again, out, _ = resumed
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert LadderResult.read(out).rung("R1").outcome == "measured"
+
+
+def test_once_the_disk_is_freed_r1_is_measured_and_a_cache_cut_short_is_set_aside(resumed, tmp_path):
+    first, out, cache = resumed                   # the same folder, with room again
     assert first.returncode == 0, first.stderr[-3000:]
-    assert LadderResult.read(tmp_path / "first.json").rung("R1").outcome == "measured"
+    assert LadderResult.read(out).rung("R1").outcome == "measured"
     cut = {}
     for f in cache.rglob("*"):
         if f.is_file() and f.stat().st_size > 1:
@@ -101,17 +118,9 @@ def test_a_missing_compiler_fails_the_rung_for_the_machine(tmp_path):
     assert "internal error" not in proc.stderr
 
 
-def test_resume_after_the_disk_is_freed_measures_the_rung(no_room):
-    _, out, cache = no_room
-    again = cli(cache, out, "--resume", str(out))
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert LadderResult.read(out).rung("R1").outcome == "measured"
-
-
 def test_a_small_disk_turns_the_cache_off_before_the_first_compile(tmp_path, monkeypatch, capsys):
     """On a disk with too little room the cache is off for the run, said in one line naming the
     folder and its free space, kept in the notes; kernels go to a folder of this process."""
-    import shutil
     from collections import namedtuple
 
     import torch.compiler.config as compiler_config

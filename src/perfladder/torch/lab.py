@@ -67,6 +67,10 @@ class TorchLab:
             raise TypeError(f"config must be a LadderConfig, got {type(config).__name__}")
         self.config = config
         guard_compile_cache()
+        # each ladder compiles and times its own graphs: dynamo's code of an earlier ladder in
+        # this process (a notebook cell run again) would otherwise serve its rungs, which would
+        # record no compile and no cache events
+        torch._dynamo.reset()
         device = device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = torch.device(device)
         if self.device.type not in ("cuda", "cpu"):
