@@ -475,6 +475,20 @@ def test_resume_continues_an_earlier_run_from_its_file(tmp_path):
         ladder(names=["M1"], resume=other)
 
 
+def test_a_resumed_file_keeps_the_settings_of_both_processes(tmp_path):
+    """The notes of the run that continues a file (its device memory settings, say) join the
+    earlier run's where they differ, marked as the continuing run's."""
+    _, res, _ = ladder(names=["R0", "R1"], learn=False)
+    earlier = LadderResult.read(res.write(tmp_path / "torch.json"))
+    earlier.notes[:] = ["shared setting", "memory: grown as needed"]
+    lab2 = FakeLab(FULL, None)
+    lab2.result.notes[:] = ["shared setting", "memory: one pool"]
+    res2 = run_ladder(lab2, RUNGS, ["R0", "M1"], learn=False, kernels=False, resume=earlier)
+    assert res2.notes[:2] == ["shared setting", "memory: grown as needed"]
+    assert res2.notes[2].startswith("continued by: ")
+    assert res2.notes[3:] == ["the continuing run: memory: one pool"]
+
+
 def test_a_cell_s_recipe_change_replaces_the_declared_one_for_this_ladder_only():
     """``LadderRun.run(name, change=...)``: the rung runs the recipe the given change makes (an
     edited cell measures the edit), later rungs build on what it ran, and the registry the

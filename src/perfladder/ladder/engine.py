@@ -249,7 +249,8 @@ class LadderRun:
                 return "no memory cap" if c is None else f"a memory cap of {c:g} GiB"
             raise ValueError(f"cannot continue a run made under {said(earlier_cap)} with {said(cap)}; "
                              "valid: the same cap as the earlier run, or a new run without --resume")
-        earlier.notes.append(f"continued by: {lab.result.command or 'a later run'}")
+        earlier.notes += [f"continued by: {lab.result.command or 'a later run'}", *(  # and its own settings
+            f"the continuing run: {n}" for n in lab.result.notes if n not in earlier.notes)]
         lab.result = earlier
         for r in earlier.rungs:
             if r.measured and r.recipe and r.name in self.rungs:
