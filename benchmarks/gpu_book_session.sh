@@ -12,8 +12,7 @@
 # one GPU and half the physical cores each (PERFLADDER_BOOK_PARALLEL=1); with one GPU, one
 # notebook after another. The GPU-only tests run after the build (GPU_TESTS_S seconds at most,
 # default 600: on one H200 they took about nine minutes);
-# PRE_TESTS (node ids) run before it, on the idle GPU, and are not run again after. ANOMALY=1 adds the
-# JAX bf16 anomaly diagnostics first. SKIP_TESTS (node ids) are left out of the tests after the
+# PRE_TESTS (node ids) run before it, on the idle GPU, and are not run again after. SKIP_TESTS (node ids) are left out of the tests after the
 # build (the log's deselected count says how many). AFTER (a command) runs last, on the idle
 # GPU, for AFTER_S seconds at most, its output in after.log. It runs detached (setsid), so it
 # survives the shell or ssh connection that started it; `wait` can be called again from a
@@ -62,10 +61,6 @@ case "${1:-}" in
       date +%s > '"$JOB"'/t0
       timeout 90 python3 benchmarks/device_probe.py --out '"$JOB"'/device.json > '"$JOB"'/probe.log 2>&1
       ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-      if [ "${ANOMALY:-0}" = 1 ]; then
-        timeout 300 python3 benchmarks/jax_bf16_anomaly.py --config full --out '"$JOB"'/anomaly.json > '"$JOB"'/anomaly.log 2>&1
-        echo "anomaly exit $?" >> '"$JOB"'/status
-      fi
       unset PYTHONPATH
       # PRE_TESTS: GPU tests (pytest node ids) to run first, on the idle GPU, so that a fault
       # they catch is known before the build has spent its time; the tests after skip them
@@ -103,7 +98,7 @@ case "${1:-}" in
       sleep 10; waited=$((waited + 10))
     done
     echo "== job $(cat "$JOB/id"): status after ${waited}s =="; cat "$JOB/status" 2>/dev/null
-    tail -n 5 "$JOB/anomaly.log" 2>/dev/null; tail -n 8 "$JOB/after.log" 2>/dev/null; grep -E "PASSED|FAILED|ERROR|passed|failed" "$JOB/pre_tests.log" 2>/dev/null | tail -n 8
+    tail -n 8 "$JOB/after.log" 2>/dev/null; grep -E "PASSED|FAILED|ERROR|passed|failed" "$JOB/pre_tests.log" 2>/dev/null | tail -n 8
     grep -v USDT "$JOB/book.log" 2>/dev/null | tail -n 25
     # the ladder notebooks' own output lands in the notebooks, not in book.log: show the GPUs
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null

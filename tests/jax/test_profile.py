@@ -43,7 +43,7 @@ def test_issue_time_is_the_hosts_and_never_exceeds_the_step(monkeypatch):
 
 
 def test_host_overhead_reports_the_hosts_cost_beside_the_pace(monkeypatch):
-    """``host_overhead`` (B3's evidence, benchmarks/jax_dispatch.py): the host's cost per step
+    """``host_overhead`` (B3's evidence): the host's cost per step
     is measured with nothing queued; the back-to-back pace beside it may include the device."""
     rt = QueuedRuntime()
     monkeypatch.setattr(jp, "time", SimpleNamespace(perf_counter=lambda: rt.clock))

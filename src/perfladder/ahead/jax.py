@@ -14,7 +14,7 @@ each beyond batch. Unlike the programs compiled beside a rung (``perfladder.jax.
 autotuning), the steps are autotuned as the rungs' own are, while the threads share the GPU.
 On the H200 a loaded step's kernels differed from one compiled alone in 9 lines of its HLO,
 and two compiles alone differed in 26: XLA's autotuning varies by itself more than the sharing
-changed it (``benchmarks/jax_ahead_probe.py``, ``benchmarks/results/h200-jax-ahead-2026-12-03``).
+changed it (``benchmarks/results/h200-jax-ahead-2026-12-03``).
 """
 from __future__ import annotations
 

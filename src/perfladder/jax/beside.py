@@ -6,7 +6,7 @@ which times candidate kernels on the GPU) while helper threads compile the progr
 will run (``perfladder.jax.gate_programs``: no autotuning, so nothing of theirs runs on the GPU
 while the step's kernels are being timed). When the gates and the first call come, they find
 their programs compiled. On the H200, a step and one gate program took 14.3 s of wall time
-side by side against 19.8 s one after the other (``benchmarks/xla_compile_flags.py``).
+side by side against 19.8 s one after the other (``benchmarks/results/h200-jax-cli``).
 
 A job that fails in its thread is recorded, not raised: the gate that needs the program
 compiles it again when it runs, and raises there, with its own context.

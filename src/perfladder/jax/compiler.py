@@ -6,7 +6,7 @@
   before it is timed. ``--xla_gpu_enable_triton_gemm=false`` keeps the autotuning among
   cuBLAS's algorithms and drops the Triton candidates. On the reference H200 that halved every
   compile (the un-jitted R0's first call too) and no rung ran slower
-  (``benchmarks/xla_triton_gemm.py``; ``benchmarks/results/h200-xla-gemm-2026-12-03``).
+  (``benchmarks/results/h200-xla-gemm-2026-12-03``).
 * ``fast_cpu_compiles()``, the smoke configuration's on a CPU: LLVM's optimisations off and an
   on-disk cache of compiled programs. Never for real measurements.
 * ``xla_flags()``: the flags in effect, which every results file records (``versions``).
