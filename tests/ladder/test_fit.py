@@ -276,10 +276,10 @@ def test_the_compiled_plan_refuses_what_the_prediction_let_through():
     from perfladder.ladder.fit import Estimate, check_plan
     basis = Point("B5", 1024, 16 * GIB, {"batch_size": 1024})
     guess = Estimate(bytes=16 * GIB, batch=1024, basis=basis, fixed_bytes=GIB, per_sequence_bytes=1.0)
-    check_plan("B7", 15 * GIB, GIB, 1024, 24 * GIB, predicted=guess)           # fits: nothing raised
-    check_plan("B7", 40 * GIB, GIB, 1024, None)                               # no limit known
+    check_plan(15 * GIB, GIB, 1024, 24 * GIB, predicted=guess)           # fits: nothing raised
+    check_plan(40 * GIB, GIB, 1024, None)                               # no limit known
     with pytest.raises(DoesNotFit) as e:
-        check_plan("B7", 23 * GIB, GIB, 1024, 24 * GIB, cap_bytes=24 * GIB, predicted=guess)
+        check_plan(23 * GIB, GIB, 1024, 24 * GIB, cap_bytes=24 * GIB, predicted=guess)
     line = e.value.reason
     assert line.startswith("does not fit: its compiled program plans 23.0 GiB of temporaries at batch 1024")
     assert "there is 24.0 GiB (capped at 24.0 GiB)" in line and "predicted before compiling: about 16.0 GiB, from B5" in line

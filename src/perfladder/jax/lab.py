@@ -284,7 +284,7 @@ class JaxLab:
         self.memory_prediction = admit(self, rung, given, basis=self.result.rungs, must_match=("dtype", "checkpoint"),
                                        room=memory_room, held_bytes=self.held_bytes)
 
-    def admit_plan(self, rung_name: str, step: TrainStep, batch_size: int) -> None:
+    def admit_plan(self, step: TrainStep, batch_size: int) -> None:
         """After the step compiled, before it runs: its compiled plan against the memory there
         is (``perfladder.ladder.fit.check_plan``: ``DoesNotFit``). On a CPU without a cap there
         is no limit to check against."""
@@ -294,7 +294,7 @@ class JaxLab:
         room = memory_room(cap)
         if room is None:
             return
-        check_plan(rung_name, planned_temp_bytes(step.compiled), self.held_bytes, batch_size, room,
+        check_plan(planned_temp_bytes(step.compiled), self.held_bytes, batch_size, room,
                    cap, self.memory_prediction)
 
     @property

@@ -213,7 +213,7 @@ def trial(lab: JaxLab, given: Given, *, recipe: Recipe | None = None, check: Cal
             finally:     # a step that fails to compile leaves no compile running into the next rung
                 details["compiled beside the step"] = beside.join()
         if devices == 1:          # its own plan, before it holds any of it
-            lab.admit_plan(given.rung.name, step, recipe.batch_size)
+            lab.admit_plan(step, recipe.batch_size)
     with watch("gates"):
         gates = model_gates(lab, recipe, step, X, Y, watch) if devices == 1 else [distinct_shards(X)]
         if check is not None:

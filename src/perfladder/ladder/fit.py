@@ -218,7 +218,7 @@ def check_fit(name: str, recipe: dict, rungs: Iterable, **kw) -> Fit:
     return fit
 
 
-def check_plan(name: str, planned_bytes: int | None, held_bytes: int, batch: int,
+def check_plan(planned_bytes: int | None, held_bytes: int, batch: int,
                available_bytes: int | None, cap_bytes: int | None = None,
                predicted: Estimate | None = None) -> None:
     """After compiling, before running (JAX): the compiled program's own plan, its temporaries
