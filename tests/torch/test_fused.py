@@ -127,7 +127,8 @@ def test_kernel_compiles_for_sm90_without_spills(which):
     model's shapes with its default launch configuration, builds and keeps everything in
     registers (no local-memory stack: a spill would turn the attention's register-resident
     dK, dV or dQ or a GEMM's accumulator into memory traffic); the GEMMs' loads are software-pipelined
-    (asynchronous copies into shared memory, one buffer per stage)."""
+    (asynchronous copies into shared memory, one buffer per stage); the attention kernels leave
+    room for two programs an SM."""
     import triton
 
     from perfladder.torch.fused import attention as fattn
@@ -153,3 +154,9 @@ def test_kernel_compiles_for_sm90_without_spills(which):
     fields = dict(f.split(":") for f in line.split() if ":" in f)
     assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, line
     print(which, line)
+    if which.startswith("attention"):
+        # Hopper's warpgroup MMA, and room for two programs an SM (64K registers, allocated in
+        # steps of 8 a thread): what keeps loads in flight while another program computes
+        assert "warp_group_dot" in compiled.asm["ttgir"]
+        regs = -(-int(fields["REG"]) // 8) * 8
+        assert 65536 // (regs * 32 * cfg["num_warps"]) >= 2, line
