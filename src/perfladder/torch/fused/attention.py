@@ -33,19 +33,20 @@ registers (q, P, dS and their transposes' sources) on the left and a loaded tile
 right, so no register tile is transposed (on Hopper the right operand is read from shared
 memory, where a transpose is free).
 
-Costs by design. Only the causal lower triangle of (query, key) tiles is computed: at the
-model's T=128 with 64-row blocks and 32-key steps, the forward does 6 of the 8 64 x 32 tiles;
-the backward computes each live tile twice, once for dK/dV and once for dQ (7 products of a
-tile where a single pass would do 5), in exchange for programs with no accumulator held
-across the whole sequence: the single pass needed 214 registers a thread at 8 warps, one
-program an SM. The bytes, which dominate at Dh=64, are the minimum from DRAM: the forward
-reads qkv once and writes y; the backward reads qkv, y and dy and writes ``d(qkv)``; a head's
-programs are launched next to each other, so what several of them read (k and v of the first
-block, q, y and dy of the last) is shared through L2. The inner loops run to a bound known
-only at run time (the triangle), so they are ``while`` loops (Triton's CPU interpreter cannot
-take a run-time ``range`` bound), which Triton does not software-pipeline: a launch has one
-stage, and several programs an SM hide the loads' latency instead. Triton dots need
-dimensions >= 16 on a GPU, so there Dh >= 32.
+Costs by design. Only the causal lower triangle of (query, key) tiles is computed (to the
+granularity of ``block_n``): at the model's T=128 the forward's 64-row blocks with 32-key steps
+do 6 of the 8 64 x 32 tiles. The backward computes each live tile twice, once for dK/dV and
+once for dQ (7 products of a tile where a single pass would do 5), in exchange for programs
+with no accumulator held across the whole sequence: a single pass holding dQ for all 128 rows
+takes 214 registers a thread at 8 warps (one program an SM, latency-bound), these programs
+half that (two an SM). The bytes, which dominate at Dh=64, are the minimum from DRAM: the
+forward reads qkv once and writes y; the backward reads qkv, y and dy and writes ``d(qkv)``;
+a head's programs are launched next to each other, so what several of them read (k and v of
+the first block, q, y and dy of the last) comes again from L2. The inner loops run to a bound
+known only at run time (the triangle), so they are ``while`` loops (Triton's CPU interpreter
+cannot take a run-time ``range`` bound), which Triton does not software-pipeline: a launch
+has one stage, and the other programs on an SM hide a program's load latency instead. Triton
+dots need dimensions >= 16 on a GPU, so there Dh >= 32.
 """
 import math
 
