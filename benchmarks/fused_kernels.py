@@ -3,11 +3,23 @@
     python benchmarks/fused_kernels.py --framework torch --out benchmarks/results/h200-fused
     python benchmarks/fused_kernels.py --framework jax --out benchmarks/results/h200-fused --xla-flags
     python benchmarks/fused_kernels.py --framework torch --out /tmp/f --smoke   # CPU, interpreter
+    python benchmarks/fused_kernels.py --framework torch --parts kernels --attention-configs --out ...
 
 Per kernel (``kernels`` in the JSON): the reference ops (compiled: ``torch.compile`` /
 ``jax.jit``) and the fused kernel on the full model's shapes at the batch given (bf16),
 forward alone and forward + backward, median of synced repeats, with the bytes the fused
 kernel moves and the GB/s that makes.
+
+Attention (torch, ``kernels``): ``attention`` is the fused kernel (RoPE on load, causal, one
+kernel each way) against the model's compiled split + RoPE + SDPA, from the (B, T, 3D)
+projection to (B, T, D); on a GPU also that reference under cuDNN's and flash's SDPA alone
+(``attention_ref_cudnn``, ``attention_ref_flash``) and cuDNN's SDPA on rotated q, k, v
+(``attention_sdpa_cudnn``, what the kernel's attention part is up against).
+``--attention-configs`` times the fused forward and backward kernels alone under each launch
+configuration (bare: ``TORCH_ATTENTION_SWEEP``; or a comma-separated list of
+``fwd|bwd:block_m/block_n/num_warps``), each checked against the default configuration's
+output, into ``attention_configs``, and the fastest matching one of each part into
+``attention_best`` (what ``perfladder.torch.fused.attention.FWD`` / ``BWD`` should become).
 
 Full step (``steps``): tokens/s of the fastest configuration of each ladder with and without
 each fused option, every configuration from the same initial weights, gated: its first
@@ -177,6 +189,8 @@ def run_torch(args, res: Results) -> None:
                 sync, args.reps, nbytes=5 * N * Fw * a))
         except Exception as e:
             res.error("kernel gelu", e)
+        from fused_attention_torch import torch_attention
+        torch_attention(args, res, ladder, cc, sync)
         if cuda:
             torch.cuda.empty_cache()
 
@@ -339,7 +353,16 @@ def main(argv=None) -> int:
                    help="jax: also time the unfused step under each of these XLA flags "
                         "(comma-separated; bare: XLA_FLAGS_TRIED)")
     p.add_argument("--flag-timeout", type=int, default=150)
+    p.add_argument("--attention-configs", nargs="?", const="sweep", default=None,
+                   help="torch: also time the attention kernels alone under each launch configuration "
+                        "(comma-separated fwd|bwd:block_m/block_n/num_warps; bare: TORCH_ATTENTION_SWEEP)")
     args = p.parse_args(argv)
+    if args.attention_configs is not None and args.framework == "torch":
+        from fused_attention_torch import parse_attention_configs
+        try:
+            args.attention_configs = parse_attention_configs(args.attention_configs)
+        except ValueError as e:
+            p.error(str(e))
     from perfladder.config import get_config
     args.config = get_config("smoke" if args.smoke else "full")
     table = TORCH_CONFIGS if args.framework == "torch" else JAX_CONFIGS
@@ -350,6 +373,8 @@ def main(argv=None) -> int:
     args.parts = args.parts.split(",")
     if not set(args.parts) <= {"kernels", "step"}:
         p.error(f"--parts {args.parts}: valid choices: kernels, step")
+    if args.attention_configs is not None and "kernels" not in args.parts:
+        p.error("--attention-configs times kernels: give --parts kernels (or kernels,step)")
     defaults = dict(batch=2, reps=1, warmup=0, timed=1, windows=1) if args.smoke else \
         dict(batch=2048, reps=20, warmup=8, timed=12, windows=3)
     for k, v in defaults.items():
