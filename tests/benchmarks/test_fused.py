@@ -26,7 +26,8 @@ def test_torch_smoke(tmp_path):
     pytest.importorskip("triton")
     out = run(tmp_path, "--framework", "torch", "--configs", "none,all")
     assert out["smoke"] and out["errors"] == []
-    assert set(out["kernels"]) == {"rope", "addnorm", "gelu"}
+    assert set(out["kernels"]) == {"rope", "addnorm", "gelu", "ffn_epilogue"}
+    assert out["kernels"]["ffn_epilogue"]["backend"].startswith("stand-in")    # no cuBLASLt on CPU
     for row in out["kernels"].values():
         assert row["fused_fwd_bwd_ms"] > 0 and row["ref_fwd_bwd_ms"] > 0 and row["fused_bytes"] > 0
     assert set(out["steps"]) == {"none", "all"}
