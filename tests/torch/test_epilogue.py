@@ -219,6 +219,17 @@ def test_b15_change_swaps_the_ffn_gelu_for_the_epilogues(before, after):
     assert ch.cublaslt_epilogues(recipe, SMOKE).fused == after
 
 
+def test_the_epilogues_are_not_taken_for_triton_kernels():
+    """What a recipe's kernels need of the card (``TorchLab.kernels``): cuBLASLt's epilogues
+    need no Triton; the Triton kernels beside them still do."""
+    from perfladder.torch.lab import TorchLab
+    lab = TorchLab(SMOKE)
+    recipe = Recipe(batch_size=8, bf16=True, fused=("epilogue",))
+    assert lab.kernels(recipe) == []
+    (triton,) = lab.kernels(recipe.replace(fused=("attention", "epilogue")))
+    assert triton.compiler == "triton" and triton.what == "our Triton kernels (attention)"
+
+
 class GpuLab:
     """A lab on a 'GPU' that has nothing to run: B15 must stop before it builds anything."""
     framework, on_gpu, device_name, seed_top = "torch", True, "stub GPU", "R3"
