@@ -17,8 +17,8 @@ for ``db1``, then the weight and input gradients. Here, with the GEMMs still cuB
 
 Bytes saved per layer at N tokens, bf16, as ``fused.mlp`` saves them: forward a read of h
 (2NF), backward a write and a read of dg and the bias-gradient read of dh (6NF). Unlike
-``fused.mlp`` the GEMMs are cuBLASLt's, not hand-written ones (B13's Triton GEMM ran at 232
-TFLOP/s where cuBLAS runs these shapes near 680).
+``fused.mlp`` the GEMMs are cuBLASLt's, not hand-written ones (on the H200, B13's Triton GEMM
+ran at 232 TFLOP/s where cuBLAS runs these shapes at about 680).
 
 Layout. cuBLASLt's epilogues are column-major: the bias runs along the result's rows (M), and
 the auxiliary h and the bias gradient are column-major too. So both GEMMs compute the transposed
@@ -40,7 +40,7 @@ to keep a second copy of h or recompute it), and on CPU it computes the exact er
 tanh one: a different function on each device.
 
 Host overhead. An nvmath ``Matmul`` is stateful: constructing and planning it (cuBLASLt's
-algorithm heuristics, layouts, descriptors, workspace) is host work far above a kernel launch.
+algorithm heuristics, layouts, descriptors, workspace) is host work a step must not repeat.
 ``Plans`` makes each plan once per (epilogue, operand shapes, strides, dtypes, device) -- two
 per model and batch, shared by every layer -- and every later call only swaps the operands in
 (``reset_operands_unchecked``: no validation, no logging), executes on PyTorch's current stream
@@ -63,12 +63,17 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 INSTALL = "pip install nvmath-python (or pip install 'perfladder[kernels]')"
+# nvmath logs every plan and call at INFO to the logger it is given (the root logger by
+# default): a notebook that turned INFO on would pay for formatting it on every call
+LOGGER = logging.getLogger("perfladder.epilogue")
+LOGGER.setLevel(logging.WARNING)
 
 
 def nvmath_missing() -> str | None:
@@ -104,7 +109,7 @@ class Plans:
                          for n, t in (("a", a), ("b", b), *sorted(inputs.items()))))
         mm = self.plans.get(key)
         if mm is None:
-            mm = self.backend.Matmul(a, b)
+            mm = self.backend.Matmul(a, b, options={"logger": LOGGER})
             mm.plan(epilog=getattr(self.backend.MatmulEpilog, epilog), epilog_inputs=inputs)
             self.plans[key] = mm
             self.planned += 1
@@ -165,7 +170,7 @@ class StandInMatmul:
     * ``DGELU_BGRAD``, input ``gelu_aux`` as above: result ``d = (a @ b) * gelu'(aux[:M])``; aux
       ``dgelu_bgrad`` (M,): d's row sums, from fp32 d."""
 
-    def __init__(self, a, b):
+    def __init__(self, a, b, options=None):
         self.a, self.b, self.inputs = a, b, {}
 
     def plan(self, *, epilog, epilog_inputs=None):
