@@ -99,6 +99,27 @@ def test_compiled_forward_and_gradients_match_the_reference():
     assert plans.planned == 4          # FC1 and FC2's dgrad, in fp32 and in bf16
 
 
+def test_a_compiled_model_with_the_epilogues_is_cacheable():
+    """One dynamo graph with no break, which AOTAutograd's cache accepts (each piece an operator
+    with its backward registered on it), so another process can load a B15 step's compile."""
+    from torch._functorch._aot_autograd.autograd_cache import check_cacheable
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.manual_seed(0)
+    model = GPT(CFG, fused=("epilogue",))
+    X = torch.randint(0, CFG.vocab_size, (2, SMOKE.num_steps))
+    torch._dynamo.reset()
+    with ep.use_backend(ep.STAND_IN):
+        torch.compile(lambda x: model(x).sum(), backend=backend, fullgraph=True)(X)
+    assert len(graphs) == 1
+    assert any("perfladder.epilogue_ffn_fwd" in str(n.target) for n in graphs[0].graph.nodes)
+    check_cacheable(graphs[0])                                     # raises BypassAOTAutogradCache
+
+
 def test_a_width_that_is_not_a_multiple_of_8_pads_the_pre_activation():
     """D = 5 gives F = 20, not a multiple of 8: cuBLASLt's auxiliary h then has 24 rows, which
     travel to the backward unread (the stand-in fills the 4 extra with NaN)."""
