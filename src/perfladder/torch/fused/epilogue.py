@@ -168,7 +168,10 @@ class StandInMatmul:
       (tanh form, from fp32 z); aux ``gelu_aux``: z rounded, (M rounded up to 8, N) column-major
       (the padding rows are unspecified: NaN here);
     * ``DGELU_BGRAD``, input ``gelu_aux`` as above: result ``d = (a @ b) * gelu'(aux[:M])``; aux
-      ``dgelu_bgrad`` (M,): d's row sums, from fp32 d."""
+      ``dgelu_bgrad`` (M,): d's row sums, from fp32 d.
+
+    nvmath-python's own epilogue tests simulate the two the same way (the tanh GELU, the aux
+    rows rounded up to 8 and read as ``aux[:M]``, the row sums)."""
 
     def __init__(self, a, b, options=None):
         self.a, self.b, self.inputs = a, b, {}
