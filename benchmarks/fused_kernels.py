@@ -8,7 +8,9 @@
 Per kernel (``kernels`` in the JSON): the reference ops (compiled: ``torch.compile`` /
 ``jax.jit``) and the fused kernel on the full model's shapes at the batch given (bf16),
 forward alone and forward + backward, median of synced repeats, with the bytes the fused
-kernel moves and the GB/s that makes.
+kernel moves and the GB/s that makes. ``ffn_epilogue`` (torch): the FFN with GELU in cuBLASLt's
+epilogues (B15, needs nvmath-python on the GPU) against the compiled reference FFN, with FC2's
+input gradient timed alone too (``ffn_epilogue_row``).
 
 Attention (torch, ``kernels``): ``attention`` is the fused kernel (RoPE on load, causal, one
 kernel each way) against the model's compiled split + RoPE + SDPA, from the (B, T, 3D)
@@ -191,6 +193,11 @@ def run_torch(args, res: Results) -> None:
             res.error("kernel gelu", e)
         from fused_attention_torch import torch_attention
         torch_attention(args, res, ladder, cc, sync)
+        from fused_epilogue_torch import ffn_epilogue_row
+        try:   # the FFN with GELU in cuBLASLt's epilogues (B15) against the compiled reference FFN
+            res.put("kernels", "ffn_epilogue", ffn_epilogue_row(g, dev, B, T, cc, sync, args.reps))
+        except Exception as e:
+            res.error("kernel ffn_epilogue", e)
         if cuda:
             torch.cuda.empty_cache()
 
@@ -232,7 +239,6 @@ def run_torch(args, res: Results) -> None:
                     torch.cuda.reset_peak_memory_stats()
 
 
-# -- jax --------------------------------------------------------------------------------------
 def run_jax(args, res: Results) -> None:
     import jax
     import jax.numpy as jnp

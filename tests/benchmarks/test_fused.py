@@ -27,7 +27,8 @@ def test_torch_smoke(tmp_path):
     out = run(tmp_path, "--framework", "torch", "--configs", "none,all",
               "--attention-configs", "fwd:16/16/4,bwd:16/16/8,bwd:32/16/4")
     assert out["smoke"] and out["errors"] == []
-    assert set(out["kernels"]) == {"rope", "addnorm", "gelu", "attention"}   # GPU-only rows absent
+    assert set(out["kernels"]) == {"rope", "addnorm", "gelu", "attention", "ffn_epilogue"}   # GPU-only rows absent
+    assert out["kernels"]["ffn_epilogue"]["backend"].startswith("stand-in")    # no cuBLASLt on CPU
     for row in out["kernels"].values():
         assert row["fused_fwd_bwd_ms"] > 0 and row["ref_fwd_bwd_ms"] > 0 and row["fused_bytes"] > 0
     sweep = out["attention_configs"]

@@ -100,6 +100,7 @@ def test_the_workload_is_the_recipes_own():
     assert must_do(fastest)["attention"] == must_do(chapter)["attention"]
     mlp = workload_of("torch", {"fused": ["attention", "mlp"]}, GPT, **kw)
     assert mlp.gelu_in_matmul and must_do(mlp)["elementwise: GELU"] == (0.0, 0.0)
+    assert workload_of("torch", {"fused": ["attention", "epilogue"]}, GPT, **kw).gelu_in_matmul   # cuBLASLt's
     assert must_do(fastest)["elementwise: GELU"][0] > 0
     with pytest.raises(ValueError, match="framework='tf'"):
         workload_of("tf", {}, GPT, **kw)

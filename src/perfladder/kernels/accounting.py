@@ -5,7 +5,7 @@ the raw measurements (no framework imports).
   ``Workload``: its residual stream in the recipe's own dtype (PyTorch's ``residual``, JAX's
   compute dtype), no RoPE pass of its own when the attention kernel rotates q and k
   (``fused=("attention", ...)`` in either framework) and no GELU pass when the FFN's GEMMs
-  apply it (PyTorch's ``fused=("mlp", ...)``);
+  apply it (PyTorch's ``fused=("mlp", ...)`` or ``("epilogue", ...)``);
 * ``of_run(kb, roofs, ...)``: the roofline of a kernel report at a run's own probed ceilings,
   every row judged by ``accounting_error`` (a group far above its roof is flagged, never read
   as a kernel "at its roof");
@@ -50,9 +50,9 @@ def rope_in_attention(recipe: dict) -> bool:
 
 
 def gelu_in_matmul(recipe: dict) -> bool:
-    """Do the step's FFN GEMMs apply GELU and its derivative (PyTorch's fused 'mlp'), leaving
-    no GELU pass to charge as elementwise?"""
-    return "mlp" in ((recipe or {}).get("fused") or ())
+    """Do the step's FFN GEMMs apply GELU and its derivative (PyTorch's fused 'mlp' or
+    'epilogue'), leaving no GELU pass to charge as elementwise?"""
+    return bool({"mlp", "epilogue"} & set((recipe or {}).get("fused") or ()))
 
 
 def workload_of(framework: str, recipe: dict, gpt, *, batch: int, seq: int, precision: str,

@@ -105,6 +105,12 @@ TECHNIQUES: dict[str, Technique] = {
     "bf16_residual": Technique("keeps the residual stream between blocks in bf16 (a numerics "
                                "change)", (MEMORY,), S_PRECISION,
                                "the bytes of the residual stream and its casts", (NORM, E_REST)),
+    "cublaslt_epilogues": Technique("computes FC1's bias and GELU, and GELU's derivative with FC1's "
+                                    "bias gradient, in the epilogues of cuBLASLt's own GEMMs, so the "
+                                    "hidden activation's elementwise passes never go through memory",
+                                    (MEMORY,), S_FUSION,
+                                    "GELU and bias passes over the 4D-wide hidden activation",
+                                    ("elementwise: GELU", E_REST)),
     "data_parallel": Technique("splits each batch across GPUs and sums the gradients every step",
                                section=S_DP, cost="one GPU's throughput: k GPUs, gradients all-reduced",
                                devices=True),

@@ -43,6 +43,7 @@ from perfladder.torch.device import (
     triton_present,
     versions,
 )
+from perfladder.torch.fused import NOT_TRITON
 from perfladder.torch.kernels import time_attention
 from perfladder.torch.model import GPT, checkpoint_block
 from perfladder.torch.parallel.worker import parallelize
@@ -210,8 +211,9 @@ class TorchLab:
         out = []
         if recipe.compiled:
             out.append(Kernels("torch.compile's GPU kernels", (7, 0), "triton", self.triton))
-        if recipe.fused or recipe.autotune:
-            what = ", ".join([*recipe.fused, *(["max-autotune GEMMs"] if recipe.autotune else [])])
+        triton_fused = [f for f in recipe.fused if f not in NOT_TRITON]
+        if triton_fused or recipe.autotune:
+            what = ", ".join([*triton_fused, *(["max-autotune GEMMs"] if recipe.autotune else [])])
             out.append(Kernels(f"our Triton kernels ({what})", (8, 0), "triton", self.triton))
         return out
 

@@ -201,18 +201,19 @@ class CausalAttention(nn.Module):
 
 # -- 3. feed-forward -----------------------------------------------------------------------
 class FFN(nn.Module):
-    """``fused_gelu``: the tanh GELU and its derivative as Triton kernels (``fused.gelu``).
-    ``fused_mlp``: GELU in the GEMMs' epilogues (``fused.mlp``): FC1 + bias + GELU in one Triton
-    GEMM, FC2's input gradient + dGELU + FC1's bias gradient in another."""
+    """GELU both ways, by ``fused`` option: ``fused_gelu`` in Triton kernels (``fused.gelu``),
+    ``fused_mlp`` in Triton GEMMs (``fused.mlp``), ``epilogue`` in cuBLASLt's (``fused.epilogue``)."""
 
-    def __init__(self, config: GPTConfig, fused_gelu: bool = False, fused_mlp: bool = False):
+    def __init__(self, config: GPTConfig, fused_gelu=False, fused_mlp=False, epilogue=False):
         super().__init__()
         D, m = config.num_hiddens, config.ffn_mult
-        self.fused_gelu, self.fused_mlp = bool(fused_gelu), bool(fused_mlp)
-        self.dense1 = nn.Linear(D, m * D, bias=True)
-        self.dense2 = nn.Linear(m * D, D, bias=True)
+        self.fused_gelu, self.fused_mlp, self.epilogue = bool(fused_gelu), bool(fused_mlp), bool(epilogue)
+        self.dense1, self.dense2 = nn.Linear(D, m * D, bias=True), nn.Linear(m * D, D, bias=True)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if self.epilogue:
+            from perfladder.torch.fused.epilogue import fused_ffn as cublaslt_ffn
+            return cublaslt_ffn(X, self.dense1, self.dense2)             # (B, T, D)
         if self.fused_mlp:
             from perfladder.torch.fused.mlp import fused_ffn
             return fused_ffn(X, self.dense1, self.dense2)                # (B, T, D)
@@ -248,7 +249,7 @@ class Block(nn.Module):
         self.attn = CausalAttention(config, attn_backend, fused_rope="rope" in fused,
                                     fused_attention="attention" in fused)
         self.norm2 = nn.LayerNorm(D, eps=config.ln_eps)
-        self.ffn = FFN(config, fused_gelu="gelu" in fused, fused_mlp="mlp" in fused)
+        self.ffn = FFN(config, "gelu" in fused, "mlp" in fused, "epilogue" in fused)
         self.residual = residual
 
     def _norm(self, norm: nn.LayerNorm, H: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@
 | 'gelu'     | ``fused.gelu``         | tanh GELU and its derivative                          |
 | 'attention'| ``fused.attention``    | QKV split + RoPE + causal SDPA + output merge, forward and backward (subsumes 'rope') |
 | 'mlp'      | ``fused.mlp``          | FC1 + bias + GELU in one GEMM, FC2's input gradient + dGELU + db1 in one (subsumes 'gelu') |
+| 'epilogue' | ``fused.epilogue``     | the same as 'mlp' in cuBLASLt's GEMM epilogues, through nvmath-python (not Triton) |
 
 Each is a ``torch.library.custom_op`` operator (``perfladder::...``) with a fake (shape)
 implementation and its backward registered on it (``register_autograd``, itself calling a
@@ -21,17 +22,24 @@ kernel, the reference's output dtypes; tests compare both, forward and backward.
 
 The kernels run on CUDA tensors; on CPU only through Triton's interpreter
 (``TRITON_INTERPRET=1`` set before triton is imported), which the tests use. Anything else
-is a clear error, never a silent fallback to the reference ops.
+is a clear error, never a silent fallback to the reference ops. 'epilogue' launches cuBLASLt's
+kernels through nvmath-python instead of Triton's; on CPU the tests run its operators on
+PyTorch ops that keep the epilogues' contract (``fused.epilogue.use_backend``).
 """
 from __future__ import annotations
 
 from perfladder.checks import check_options
 
-FUSED = ("rope", "addnorm", "gelu", "attention", "mlp")
+FUSED = ("rope", "addnorm", "gelu", "attention", "mlp", "epilogue")
+NOT_TRITON = ("epilogue",)     # options whose kernels are a library's (cuBLASLt), not Triton's
 # pairs that cannot be combined, and why
 EXCLUSIVE = {("rope", "attention"): "fused 'attention' rotates q and k itself (it subsumes 'rope'); "
                                     "use one of them",
-             ("gelu", "mlp"): "fused 'mlp' computes GELU in its GEMMs (it subsumes 'gelu'); use one of them"}
+             ("gelu", "mlp"): "fused 'mlp' computes GELU in its GEMMs (it subsumes 'gelu'); use one of them",
+             ("gelu", "epilogue"): "fused 'epilogue' computes GELU in cuBLASLt's GEMMs (it subsumes 'gelu'); "
+                                   "use one of them",
+             ("mlp", "epilogue"): "fused 'mlp' and 'epilogue' both put GELU in the FFN's GEMMs (Triton's or "
+                                  "cuBLASLt's); use one of them"}
 
 
 def check_fused(fused) -> tuple[str, ...]:

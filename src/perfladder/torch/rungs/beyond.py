@@ -13,6 +13,8 @@
     B12 attention as one Triton kernel (split, RoPE, SDPA)  attention and its copies; GPU
     B13 FC1+GELU and FC2's dgrad+dGELU as Triton GEMMs      the FFN's elementwise passes; GPU
     B14 the residual stream between blocks in bf16         the stream's bytes (numerics change)
+    B15 FC1+GELU and FC2's dgrad+dGELU+db1 in cuBLASLt's    the FFN's elementwise passes, as B13; GPU,
+        epilogues (nvmath-python)                           nvmath-python (an alternative to B13)
 
 The engine (``perfladder.ladder.engine``) hands each rung the fastest configuration so far with
 the rung's change applied; ``perfladder.torch.trial.trial`` gates it (logits and every
@@ -24,8 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
+from perfladder.ladder.rung import Evidence, Given, NotMeasured, NotSupported, Rung
 from perfladder.torch.checks import onehot_check
+from perfladder.torch.fused.epilogue import nvmath_missing
 from perfladder.torch.kernels import BACKENDS, attention_backends, pick_backend
 from perfladder.torch.rungs import changes as ch
 from perfladder.torch.trial import trial
@@ -35,6 +38,17 @@ def gated(optimizer: bool = False, checks=()):
     """A beyond rung's measurement: every gate, the loss gate included (``trial``)."""
     def fn(lab, given: Given) -> Evidence:
         return trial(lab, given, optimizer_gate_=optimizer, loss_gate_=True, checks=checks)
+    return fn
+
+
+def with_nvmath(measure):
+    """``measure``, refused in one line when nvmath-python cannot be imported (outcome
+    'not_supported'): the cuBLASLt epilogues have no fallback to the plain FFN."""
+    def fn(lab, given: Given) -> Evidence:
+        missing = nvmath_missing()
+        if missing:
+            raise NotSupported(missing, recipe=given.recipe)
+        return measure(lab, given)
     return fn
 
 
@@ -101,4 +115,9 @@ BEYOND = [
          change=ch.fused_mlp, needs_gpu=TRITON_ON_CPU, gate=GATE),
     Rung("B14", "bf16_residual", "+bf16 residual stream", gated(), **BEYOND_,
          change=ch.bf16_residual, gate=GATE),
+    # the FFN's elementwise cost again, as B13 went after it, with cuBLASLt's GEMMs
+    Rung("B15", "cublaslt_epilogues", "+cuBLASLt FFN epilogues", with_nvmath(gated()), **BEYOND_,
+         change=ch.cublaslt_epilogues, alternative=True, gate=GATE,
+         needs_gpu="cuBLASLt's epilogues are GPU kernels (on CPU PyTorch ops stand in for them, "
+                   "in tests/torch/test_epilogue.py)"),
 ]

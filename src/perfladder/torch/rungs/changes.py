@@ -73,6 +73,14 @@ def bf16_residual(recipe, config):
     return recipe.replace(residual="bf16")
 
 
+def cublaslt_epilogues(recipe, config):
+    """B15: GELU, its derivative and FC1's bias gradient in the epilogues
+    of cuBLASLt's GEMMs (so the GELU kernel or the Triton FFN GEMMs go)."""
+    fused = tuple(f for f in recipe.fused if f not in ("gelu", "mlp"))
+    return recipe.replace(fused=(*fused, "epilogue"))
+
+
 CHANGES = {f.__name__: f for f in (
     big_batch, fused_adamw, compiled_adamw, cuda_graphs, onehot_embedding, batch_x2, batch_x4,
-    fused_rope, fused_gelu, fused_addnorm, fused_attention, fused_mlp, bf16_residual)}
+    fused_rope, fused_gelu, fused_addnorm, fused_attention, fused_mlp, bf16_residual,
+    cublaslt_epilogues)}
