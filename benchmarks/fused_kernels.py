@@ -8,9 +8,8 @@
 Per kernel (``kernels`` in the JSON): the reference ops (compiled: ``torch.compile`` /
 ``jax.jit``) and the fused kernel on the full model's shapes at the batch given (bf16),
 forward alone and forward + backward, median of synced repeats, with the bytes the fused
-kernel moves and the GB/s that makes. ``ffn_epilogue`` (torch): the FFN with GELU in cuBLASLt's
-epilogues (B15, needs nvmath-python on the GPU) against the compiled reference FFN, with FC2's
-input gradient timed alone too (``ffn_epilogue_row``).
+kernel moves and the GB/s that makes. ``ffn_epilogue`` (torch, ``fused_epilogue_torch.py``): the
+FFN with GELU in cuBLASLt's epilogues (B15, nvmath-python) against the compiled reference FFN.
 
 Attention (torch, ``kernels``): ``attention`` is the fused kernel (RoPE on load, causal, one
 kernel each way) against the model's compiled split + RoPE + SDPA, from the (B, T, 3D)
@@ -35,9 +34,8 @@ each fused option, every configuration from the same initial weights, gated: its
   step with donation, the batch given.
 
 ``--xla-flags`` (jax) also times the unfused step once per flag (``XLA_FLAGS_TRIED`` unless a
-comma-separated list is given), each in
-a fresh process (XLA reads ``XLA_FLAGS`` once): a flag this XLA does not know is recorded as
-such. ``--smoke``: the smoke config on CPU (Triton's / Pallas's interpreters); its numbers
+comma-separated list is given), each in a fresh process (XLA reads ``XLA_FLAGS`` once): a flag
+this XLA does not know is recorded as such. ``--smoke``: the smoke config on CPU (Triton's / Pallas's interpreters); its numbers
 are not performance results. Results are written after every measurement, so an interrupted
 run keeps what it measured.
 """
