@@ -3,11 +3,14 @@
     python benchmarks/fused_kernels.py --framework torch --out benchmarks/results/h200-fused
     python benchmarks/fused_kernels.py --framework jax --out benchmarks/results/h200-fused --xla-flags
     python benchmarks/fused_kernels.py --framework torch --out /tmp/f --smoke   # CPU, interpreter
+    python benchmarks/fused_kernels.py --framework jax --parts kernels --out benchmarks/results/h200-attn \
+        --attention-configs     # also sweep the attention kernel's launch configurations
 
 Per kernel (``kernels`` in the JSON): the reference ops (compiled: ``torch.compile`` /
 ``jax.jit``) and the fused kernel on the full model's shapes at the batch given (bf16),
 forward alone and forward + backward, median of synced repeats, with the bytes the fused
-kernel moves and the GB/s that makes.
+kernel moves and the GB/s that makes. JAX's attention kernel and its ``--attention-configs``
+sweep: ``fused_attention_jax.py``.
 
 Full step (``steps``): tokens/s of the fastest configuration of each ladder with and without
 each fused option, every configuration from the same initial weights, gated: its first
@@ -265,6 +268,8 @@ def run_jax(args, res: Results) -> None:
                 sync, args.reps, nbytes=N * D * 2 * (4 + 4)))   # fwd x,br,h,y; bwd h,dy,dh,dx
         except Exception as e:
             res.error("kernel addnorm", e)
+        from fused_attention_jax import time_attention
+        time_attention(args, res, ladder, kernel_row, median_ms)
 
     if "step" in args.parts:
         stream = ladder.stream(B)
@@ -339,6 +344,9 @@ def main(argv=None) -> int:
                    help="jax: also time the unfused step under each of these XLA flags "
                         "(comma-separated; bare: XLA_FLAGS_TRIED)")
     p.add_argument("--flag-timeout", type=int, default=150)
+    p.add_argument("--attention-configs", nargs="?", const="all", default=None,
+                   help="with the kernels: also time these launch configurations of the attention "
+                        "kernel (comma-separated; bare: all)")
     args = p.parse_args(argv)
     from perfladder.config import get_config
     args.config = get_config("smoke" if args.smoke else "full")
@@ -347,6 +355,12 @@ def main(argv=None) -> int:
     bad = [c for c in args.configs if c not in table]
     if bad:
         p.error(f"--configs {bad} not valid for {args.framework}; valid choices: {list(table)}")
+    if args.framework == "jax":
+        from fused_attention_jax import check_attention_configs
+        try:
+            args.attention_configs = check_attention_configs(args.attention_configs)
+        except ValueError as e:
+            p.error(str(e))
     args.parts = args.parts.split(",")
     if not set(args.parts) <= {"kernels", "step"}:
         p.error(f"--parts {args.parts}: valid choices: kernels, step")
