@@ -19,16 +19,26 @@ the input dtype each time a tile of them is loaded; every dot accumulates in fp3
   pass). ``delta = rowsum(dy * y)`` is computed where a query tile is loaded (one more tile
   read, from L2) instead of by a pass of its own over y and dy.
 
-Costs, at the model's shape (T=128 in blocks of 64: three live tiles of the four; Dh=64):
-the forward computes 3 tiles of 2 dots, reads qkv once from memory (k and v a second time,
-from L2: the grid's first axis is the query block, so a head's programs run side by side) and
-writes y and the logsumexp: bound by memory, about 1.1 GB per layer at batch 2048. The
-backward computes each live tile twice (phase 1: S, dP, dV, dK; phase 2: S, dP, dQ: 7 dots
-against the 5 of a single pass holding dQ for the whole sequence in registers) in exchange for
-B*H*T/block programs of small register footprint, each with the same work (a program's phase 1
-visits ``T/block - j`` tiles and its phase 2 ``j + 1``); it reads qkv, y and dy and writes
-d(qkv), about 2.2 GB per layer. Fully masked tiles are never computed; the mask is applied on
-every visited tile (two compares and a select per score, cheap beside the exponentials).
+Costs, at the model's shape (T=128, Dh=64, 8 heads, batch 2048, bf16; per layer):
+
+* forward, blocks of 64: three live (query block, key block) tiles of the four, 2 dots each,
+  about 52 GFLOP; it reads qkv and writes y and the logsumexp, about 1.1 GB (k and v are
+  read by both of a head's programs, the second time from L2: the grid's first axis is the
+  query block, so they run side by side). Bound by memory: about 0.23 ms at 4.8 TB/s.
+* backward, blocks of 64 and inner tiles of 32: each live tile is computed twice (phase 1:
+  S, dP, dV, dK; phase 2: S, dP, dQ -- 7 dots, against the 5 of a single pass per head,
+  which must hold dQ for the whole sequence in registers: 8 warps, spilled registers and one
+  program per SM), about 180 GFLOP, in exchange for B*H*T/block programs with the same work
+  each (a program's phase 1 visits the tiles from its block to the end, its phase 2 those
+  from the start to its block) and no state across programs. It reads qkv, y and dy and
+  writes d(qkv), about 2.2 GB: about 0.45 ms at 4.8 TB/s.
+
+Fully masked tiles are never computed; the mask is applied on every visited tile (two
+compares and a select per score, cheap beside the exponentials). Compiled for sm_90a by the
+triton package from the kernels' TTIR (tests/jax/test_fused_attention.py), the default launch
+parameters keep everything in registers: the forward 127 per thread (four programs of 4 warps
+per SM), the backward 255 (two per SM); the backward with inner tiles of 64 under 4 warps, or
+with blocks of 32 rows (too few for Hopper's 64-row warp-group MMA), spills.
 
 Every head-wide tile is held as its two rotate-half halves (columns i and i + Dh/2), so a
 rotation is elementwise and no value is ever sliced in the kernel (the Triton lowering slices
@@ -57,9 +67,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-# Launch parameters, read at each trace (the benchmark's --attention-configs sweeps others).
-# forward: query rows per program, keys per inner step; backward: rows per program (its key
-# block in phase 1, its query block in phase 2) and rows of the other side per inner step.
+# Launch parameters, read at each trace (benchmarks/fused_kernels.py --attention-configs times
+# others). forward: query rows per program, keys per inner step; backward: rows per program (its
+# key block in phase 1, its query block in phase 2), rows of the other side per inner step.
 FWD = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
 BWD = dict(block=64, inner=32, num_warps=4, num_stages=2)
 MIN_BLOCK = 16                        # Triton's dots on a GPU need M, N, K >= 16
