@@ -3,14 +3,22 @@
     python benchmarks/fused_kernels.py --framework torch --out benchmarks/results/h200-fused
     python benchmarks/fused_kernels.py --framework jax --out benchmarks/results/h200-fused --xla-flags
     python benchmarks/fused_kernels.py --framework torch --out /tmp/f --smoke   # CPU, interpreter
-    python benchmarks/fused_kernels.py --framework jax --parts kernels --out benchmarks/results/h200-attn \
-        --attention-configs     # also sweep the attention kernel's launch configurations
+    python benchmarks/fused_kernels.py --framework jax --parts kernels --attention-configs --out ...
 
 Per kernel (``kernels`` in the JSON): the reference ops (compiled: ``torch.compile`` /
 ``jax.jit``) and the fused kernel on the full model's shapes at the batch given (bf16),
 forward alone and forward + backward, median of synced repeats, with the bytes the fused
-kernel moves and the GB/s that makes. JAX's attention kernel and its ``--attention-configs``
-sweep: ``fused_attention_jax.py``.
+kernel moves and the GB/s that makes.
+
+Attention (jax, ``kernels``): ``attention`` is the fused kernel against the model's jitted split
++ RoPE + ``jax.nn.dot_product_attention`` (XLA's), from the (B, T, 3D) projection to (B, T, D);
+on a GPU also that reference under cuDNN's attention (``attention_ref_cudnn``).
+``--attention-configs`` times the fused forward and backward kernels alone under each launch
+configuration (bare: ``JAX_ATTENTION_SWEEP``; or a comma-separated list of
+``fwd:BLOCK_M/BLOCK_N/WARPS/STAGES`` and ``bwd:BLOCK/INNER/WARPS/STAGES``), each checked against
+the default configuration's output, into ``attention_configs``, and the fastest matching one of
+each part into ``attention_best`` (what ``perfladder.jax.fused.attention.FWD`` / ``BWD`` should
+become): ``fused_attention_jax.py``.
 
 Full step (``steps``): tokens/s of the fastest configuration of each ladder with and without
 each fused option, every configuration from the same initial weights, gated: its first
@@ -268,8 +276,8 @@ def run_jax(args, res: Results) -> None:
                 sync, args.reps, nbytes=N * D * 2 * (4 + 4)))   # fwd x,br,h,y; bwd h,dy,dh,dx
         except Exception as e:
             res.error("kernel addnorm", e)
-        from fused_attention_jax import time_attention
-        time_attention(args, res, ladder, kernel_row, median_ms)
+        from fused_attention_jax import jax_attention
+        jax_attention(args, res, ladder, kernel_row, median_ms)
 
     if "step" in args.parts:
         stream = ladder.stream(B)
@@ -344,10 +352,17 @@ def main(argv=None) -> int:
                    help="jax: also time the unfused step under each of these XLA flags "
                         "(comma-separated; bare: XLA_FLAGS_TRIED)")
     p.add_argument("--flag-timeout", type=int, default=150)
-    p.add_argument("--attention-configs", nargs="?", const="all", default=None,
-                   help="with the kernels: also time these launch configurations of the attention "
-                        "kernel (comma-separated; bare: all)")
+    p.add_argument("--attention-configs", nargs="?", const="sweep", default=None,
+                   help="jax: also time the attention kernels alone under each launch configuration "
+                        "(comma-separated fwd:BLOCK_M/BLOCK_N/WARPS/STAGES or bwd:BLOCK/INNER/WARPS/STAGES; "
+                        "bare: JAX_ATTENTION_SWEEP)")
     args = p.parse_args(argv)
+    if args.attention_configs is not None and args.framework == "jax":
+        from fused_attention_jax import parse_attention_configs
+        try:
+            args.attention_configs = parse_attention_configs(args.attention_configs)
+        except ValueError as e:
+            p.error(str(e))
     from perfladder.config import get_config
     args.config = get_config("smoke" if args.smoke else "full")
     table = TORCH_CONFIGS if args.framework == "torch" else JAX_CONFIGS
@@ -355,15 +370,11 @@ def main(argv=None) -> int:
     bad = [c for c in args.configs if c not in table]
     if bad:
         p.error(f"--configs {bad} not valid for {args.framework}; valid choices: {list(table)}")
-    if args.framework == "jax":
-        from fused_attention_jax import check_attention_configs
-        try:
-            args.attention_configs = check_attention_configs(args.attention_configs)
-        except ValueError as e:
-            p.error(str(e))
     args.parts = args.parts.split(",")
     if not set(args.parts) <= {"kernels", "step"}:
         p.error(f"--parts {args.parts}: valid choices: kernels, step")
+    if args.attention_configs is not None and "kernels" not in args.parts:
+        p.error("--attention-configs times kernels: give --parts kernels (or kernels,step)")
     defaults = dict(batch=2, reps=1, warmup=0, timed=1, windows=1) if args.smoke else \
         dict(batch=2048, reps=20, warmup=8, timed=12, windows=3)
     for k, v in defaults.items():

@@ -1,5 +1,6 @@
-"""benchmarks/fused_attention_jax.py: its sweep's candidates each lower for CUDA at the model's
-shape (so that the one GPU call times them all), and the pick of the fastest of each kernel."""
+"""benchmarks/fused_attention_jax.py: its sweep's configurations each lower for CUDA at the
+model's shape (so that the one GPU call times them all), the parsing of --attention-configs,
+and the pick of the fastest matching configuration of each kernel."""
 from __future__ import annotations
 
 import importlib.util
@@ -18,19 +19,33 @@ def _module():
     return module
 
 
-def test_best_is_the_fastest_measured_of_each_kernel():
-    rows = {"fwd-a": {"side": "fwd", "launch": {"block_m": 64}, "fwd_ms": 2.0},
-            "fwd-b": {"side": "fwd", "launch": {"block_m": 128}, "fwd_ms": 1.5},
-            "fwd-c": {"side": "fwd", "launch": {"block_m": 32}, "error": "out of shared memory"},
-            "bwd-a": {"side": "bwd", "launch": {"block": 64}, "fwd_ms": 0.5, "fwd_bwd_ms": 3.0},
-            "bwd-b": {"side": "bwd", "launch": {"block": 128}, "fwd_ms": 0.4, "fwd_bwd_ms": 4.0}}
+def test_best_is_the_fastest_of_each_part_that_matches_the_default():
+    rows = {"fwd:64/64/4/2": dict(part="fwd", block_m=64, block_n=64, num_warps=4, num_stages=2,
+                                  matches_default=True, ms=2.0),
+            "fwd:64/32/4/2": dict(part="fwd", block_m=64, block_n=32, num_warps=4, num_stages=2,
+                                  matches_default=True, ms=1.5),
+            "fwd:128/64/8/2": dict(part="fwd", block_m=128, block_n=64, num_warps=8, num_stages=2,
+                                   matches_default=False, ms=0.5),          # wrong: never the best
+            "bwd:64/32/4/2": dict(part="bwd", block=64, inner=32, num_warps=4, num_stages=2,
+                                  matches_default=True, ms=3.0)}
     best = _module().best_attention_configs(rows)
-    assert best == {"FWD": {"name": "fwd-b", "launch": {"block_m": 128}, "fwd_ms": 1.5},
-                    "BWD": {"name": "bwd-a", "launch": {"block": 64}, "fwd_bwd_ms": 3.0}}
-    assert _module().best_attention_configs({"fwd-c": rows["fwd-c"]}) == {}
+    assert best == {"fwd": dict(config="fwd:64/32/4/2", ms=1.5, block_m=64, block_n=32, num_warps=4, num_stages=2),
+                    "bwd": dict(config="bwd:64/32/4/2", ms=3.0, block=64, inner=32, num_warps=4, num_stages=2)}
+    assert _module().best_attention_configs({"fwd:128/64/8/2": rows["fwd:128/64/8/2"]}) == {}
 
 
-def test_every_candidate_lowers_for_cuda_at_the_model_shape(monkeypatch):
+def test_parse_and_its_refusals():
+    module = _module()
+    assert module.parse_attention_configs("fwd:64/32/8/1, bwd:64/32/4/2") == [
+        ("fwd:64/32/8/1", "fwd", dict(block_m=64, block_n=32, num_warps=8, num_stages=1)),
+        ("bwd:64/32/4/2", "bwd", dict(block=64, inner=32, num_warps=4, num_stages=2))]
+    assert [s for s, _, _ in module.parse_attention_configs("sweep")] == list(module.JAX_ATTENTION_SWEEP)
+    for bad in ("fwd:64/32/4", "fwd:48/32/4/2", "bwd:64/8/4/2", "mid:64/64/4/2", "fwd:64/64/0/2"):
+        with pytest.raises(ValueError, match=f"entry '{bad}' is not valid; valid: fwd:BLOCK_M"):
+            module.parse_attention_configs(bad)
+
+
+def test_every_swept_configuration_lowers_for_cuda_at_the_model_shape(monkeypatch):
     import jax
     import jax.numpy as jnp
 
@@ -38,22 +53,15 @@ def test_every_candidate_lowers_for_cuda_at_the_model_shape(monkeypatch):
     from perfladder.jax.model import rope_tables
 
     module = _module()
-    assert module.check_attention_configs("all") == list(module.ATTENTION_CONFIGS)
     H, Dh, T = 8, 64, 128
     cos, sin = rope_tables(T, Dh)
     x = jax.ShapeDtypeStruct((2, T, 3 * H * Dh), jnp.bfloat16)
-    for name, (side, launch) in module.ATTENTION_CONFIGS.items():
+    for spec, part, launch in module.parse_attention_configs("sweep"):
         for key, value in launch.items():
-            monkeypatch.setitem(fattn.FWD if side == "fwd" else fattn.BWD, key, value)
+            monkeypatch.setitem(fattn.FWD if part == "fwd" else fattn.BWD, key, value)
 
         def loss(q):
             return fattn.rope_attention(q, cos, sin, H, interpret=False).astype(jnp.float32).sum()
         text = jax.jit(jax.grad(loss)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
-        assert text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call") == 2, name
+        assert text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call") == 2, spec
         monkeypatch.undo()
-
-
-@pytest.mark.parametrize("value", ["fwd-64x64-w4-s2,nope", "fwd-7x7"])
-def test_unknown_names_are_refused_with_the_choices(value):
-    with pytest.raises(ValueError, match="not valid; valid choices: all, fwd-64x64-w4-s2"):
-        _module().check_attention_configs(value)
