@@ -134,6 +134,18 @@ def test_bf16_as_accurate_as_the_reference(case, launch):
     assert e_bwd < 1.25 * r_bwd + 1e-3 and e_bwd < 2e-2, (e_bwd, r_bwd)
 
 
+def test_backward_under_other_blocks_than_its_forward(launch):
+    """A backward traced after the launch parameters changed (a benchmark's sweep) takes the
+    forward's logsumexp at its own padded length: T=40 padded to 48 forward, to 64 backward."""
+    H, Dh, T = 2, SMALL_DH, 40
+    qkv, g, (cos, sin) = _attention_case(jnp.float32, T, H, Dh)
+    launch(dict(block_m=16, block_n=16), dict(block=16, inner=16))
+    _, vjp = jax.vjp(lambda x: fattn.rope_attention(x, cos, sin, H), qkv)
+    launch(dict(block_m=64, block_n=64), dict(block=64, inner=32))
+    _, rdqkv = _float64(lambda x: _reference_attention(x, H), qkv, g)
+    assert _rel(vjp(g)[0], rdqkv) < FP32_REL
+
+
 def test_rejects_bad_shapes_and_launch_configurations(monkeypatch):
     cos, sin = rope_tables(16, 16)
     with pytest.raises(ValueError, match="num_heads"):

@@ -302,6 +302,8 @@ def _backward(qkv, y, dy, lse, cos, sin, H: int, interpret: bool):
     heads, head, row, table = _sequence_specs(Tp, half)
     block = bwd["block"]
     view = (B, Tp, H, 2, half)
+    # the forward's own, unless the launch parameters changed since (a sweep) and with them Tp
+    lse = _pad_rows(lse[..., :T], Tp, axis=2)
     dqkv = pl.pallas_call(
         functools.partial(_bwd_kernel, block=block, inner=bwd["inner"],
                           qk_scale=LOG2E / math.sqrt(2 * half), sm_scale=1.0 / math.sqrt(2 * half)),
