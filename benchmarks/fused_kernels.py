@@ -11,33 +11,29 @@ forward alone and forward + backward, median of synced repeats, with the bytes t
 kernel moves and the GB/s that makes. ``ffn_epilogue`` (torch, ``fused_epilogue_torch.py``): the
 FFN with GELU in cuBLASLt's epilogues (B15, nvmath-python) against the compiled reference FFN.
 
-Attention (torch, ``kernels``): ``attention`` is the fused kernel (RoPE on load, causal, one
-kernel each way) against the model's compiled split + RoPE + SDPA, from the (B, T, 3D)
-projection to (B, T, D); on a GPU also that reference under cuDNN's and flash's SDPA alone
-(``attention_ref_cudnn``, ``attention_ref_flash``) and cuDNN's SDPA on rotated q, k, v
-(``attention_sdpa_cudnn``, what the kernel's attention part is up against).
-``--attention-configs`` times the fused forward and backward kernels alone under each launch
-configuration (bare: ``TORCH_ATTENTION_SWEEP``; or a comma-separated list of
-``fwd|bwd:block_m/block_n/num_warps``), each checked against the default configuration's
-output, into ``attention_configs``, and the fastest matching one of each part into
-``attention_best`` (what ``perfladder.torch.fused.attention.FWD`` / ``BWD`` should become).
+Attention (``kernels``): ``attention`` is the fused kernel (RoPE on load, causal, one kernel
+each way) against the model's compiled/jitted split + RoPE + attention, from the (B, T, 3D)
+projection to (B, T, D); on a GPU also that reference under cuDNN (``attention_ref_cudnn``; torch
+also flash's and cuDNN's SDPA alone on rotated q, k, v). ``--attention-configs`` times the fused
+forward and backward kernels alone under each launch configuration (bare: the framework's sweep;
+torch ``fwd|bwd:block_m/block_n/num_warps``, jax ``fwd:BLOCK_M/BLOCK_N/WARPS/STAGES`` and
+``bwd:BLOCK/INNER/WARPS/STAGES``), each checked against the default configuration's output, into
+``attention_configs``, and the fastest matching one of each part into ``attention_best`` (what the
+kernel module's ``FWD`` / ``BWD`` should become): ``fused_attention_torch.py``,
+``fused_attention_jax.py``.
 
-Full step (``steps``): tokens/s of the fastest configuration of each ladder with and without
-each fused option, every configuration from the same initial weights, gated: its first
-``GATE_STEPS`` losses on fixed batches must match the unfused configuration's within
-``LOSS_ATOL``, else it is reported as failing (and not timed).
+Full step (``steps``): tokens/s of each ladder's fastest configuration with and without each
+fused option, from the same initial weights, gated (its first ``GATE_STEPS`` losses on fixed
+batches within ``LOSS_ATOL`` of the unfused configuration's, else failing and not timed).
 
-* torch: compiled, bf16 autocast, fused AdamW, one-hot embedding (``--embed gather`` for the
-  gather), CUDA graphs (``mode='reduce-overhead'``), the batch given; on CPU (``--smoke``) the
-  step runs eagerly, as the attention benchmark's does;
-* jax: bf16, fp32 embedding lookup, cuDNN attention (XLA's on CPU), split/merge ``jax.jit``
-  step with donation, the batch given.
+* torch: compiled, bf16 autocast, fused AdamW, one-hot embedding (``--embed gather``: the gather),
+  CUDA graphs, the batch given; on CPU (``--smoke``) the step runs eagerly;
+* jax: bf16, fp32 embedding lookup, cuDNN attention (XLA's on CPU), split/merge ``jax.jit`` step
+  with donation, the batch given.
 
-``--xla-flags`` (jax) also times the unfused step once per flag (``XLA_FLAGS_TRIED`` unless a
-comma-separated list is given), each in a fresh process (XLA reads ``XLA_FLAGS`` once): a flag
-this XLA does not know is recorded as such. ``--smoke``: the smoke config on CPU (Triton's / Pallas's interpreters); its numbers
-are not performance results. Results are written after every measurement, so an interrupted
-run keeps what it measured.
+``--xla-flags`` (jax): the unfused step once per flag (``XLA_FLAGS_TRIED``, or a list), each in a
+fresh process; an unknown flag is recorded as such. ``--smoke``: the smoke config on CPU (the
+Triton / Pallas interpreters), not results. Results are written after every measurement.
 """
 from __future__ import annotations
 
@@ -283,6 +279,8 @@ def run_jax(args, res: Results) -> None:
                 sync, args.reps, nbytes=N * D * 2 * (4 + 4)))   # fwd x,br,h,y; bwd h,dy,dh,dx
         except Exception as e:
             res.error("kernel addnorm", e)
+        from fused_attention_jax import jax_attention
+        jax_attention(args, res, ladder, kernel_row, median_ms)
 
     if "step" in args.parts:
         stream = ladder.stream(B)
@@ -358,11 +356,15 @@ def main(argv=None) -> int:
                         "(comma-separated; bare: XLA_FLAGS_TRIED)")
     p.add_argument("--flag-timeout", type=int, default=150)
     p.add_argument("--attention-configs", nargs="?", const="sweep", default=None,
-                   help="torch: also time the attention kernels alone under each launch configuration "
-                        "(comma-separated fwd|bwd:block_m/block_n/num_warps; bare: TORCH_ATTENTION_SWEEP)")
+                   help="also time the attention kernels alone under each launch configuration "
+                        "(torch: fwd|bwd:block_m/block_n/num_warps; jax: fwd:BLOCK_M/BLOCK_N/WARPS/STAGES "
+                        "or bwd:BLOCK/INNER/WARPS/STAGES; comma-separated; bare: the framework's sweep)")
     args = p.parse_args(argv)
-    if args.attention_configs is not None and args.framework == "torch":
-        from fused_attention_torch import parse_attention_configs
+    if args.attention_configs is not None:
+        if args.framework == "torch":
+            from fused_attention_torch import parse_attention_configs
+        else:
+            from fused_attention_jax import parse_attention_configs
         try:
             args.attention_configs = parse_attention_configs(args.attention_configs)
         except ValueError as e:

@@ -48,9 +48,18 @@ def test_torch_smoke(tmp_path):
 
 
 def test_jax_smoke_and_an_unknown_xla_flag(tmp_path):
-    out = run(tmp_path, "--framework", "jax", "--xla-flags=--xla_perfladder_no_such_flag=1")
+    out = run(tmp_path, "--framework", "jax", "--xla-flags=--xla_perfladder_no_such_flag=1",
+              "--attention-configs=fwd:32/16/4/1,bwd:16/32/4/1")
     assert out["errors"] == []
     assert out["kernels"]["addnorm"]["fused_fwd_bwd_ms"] > 0
+    attention = out["kernels"]["attention"]
+    assert attention["fused_fwd_bwd_ms"] > 0 and attention["ref_fwd_bwd_ms"] > 0
+    swept = out["attention_configs"]
+    assert list(swept) == ["fwd:32/16/4/1", "bwd:16/32/4/1"]
+    assert swept["fwd:32/16/4/1"]["block_n"] == 16 and swept["bwd:16/32/4/1"]["inner"] == 32
+    assert all(r["matches_default"] and r["ms"] > 0 for r in swept.values())
+    assert {p: b["config"] for p, b in out["attention_best"]["by_part"].items()} == {
+        "fwd": "fwd:32/16/4/1", "bwd": "bwd:16/32/4/1"}
     assert out["steps"]["addnorm"]["gate"]["passed"] and out["steps"]["none"]["tokens_per_s"] > 0
     flag = out["steps"]["none --xla_perfladder_no_such_flag=1"]
     assert flag["exists"] is False and "Unknown flag" in flag["error"][0]
@@ -71,3 +80,7 @@ def test_bad_configs_are_refused(tmp_path):
                            str(tmp_path), "--configs", "rope"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "valid choices" in proc.stderr
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--framework", "jax", "--smoke", "--out",
+                           str(tmp_path), "--attention-configs", "fwd:64/64/4/2,fwd:7/7/4/2"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "entry 'fwd:7/7/4/2' is not valid; valid: fwd:BLOCK_M" in proc.stderr

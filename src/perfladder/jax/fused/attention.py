@@ -2,21 +2,48 @@
 
 The algorithm of ``perfladder.torch.fused.attention`` (read its doc for the derivation), for
 the JAX model: ``rope_attention(qkv, cos, sin, num_heads) -> y``, with ``qkv`` the (B, T, 3D)
-projection and ``y`` (B, T, D) ready for ``W_o``, under ``jax.custom_vjp``:
+projection and ``y`` (B, T, D) ready for ``W_o``, under ``jax.custom_vjp`` (residuals: qkv,
+y, the base-2 row logsumexp (B, H, T), the tables). q and k are rotated in fp32 and rounded to
+the input dtype each time a tile of them is loaded; every dot accumulates in fp32.
 
-* forward, one program per (batch, head): q and k rotated in fp32 and rounded to the input
-  dtype on load, ``S = q k^T / sqrt(Dh)`` causal, online softmax over key blocks, ``y = P v``
-  in fp32; keeps the base-2 row logsumexp (B, H, T).
-* backward, one program per (batch, head): P recomputed from the logsumexp, ``delta =
-  rowsum(dy * y)`` in the program, per key block dV, dS, dK (rotated back, stored) and dQ
-  accumulated in registers over all key blocks (the program owns its rows: no atomics),
-  rotated back and stored. ``d(qkv)`` is written by the kernel directly: XLA's split
-  backward (a concatenation of dq, dk, dv) and the RoPE passes are gone.
+* forward, one program per (query block, batch, head), grid ``(T / block_m, B, H)``: the
+  block's rotated q against the key blocks up to the diagonal only (a loop with a bound per
+  program), online softmax over them, ``y = P v``; keys past the diagonal are never loaded.
+* backward, one kernel, one program per (block, batch, head), grid ``(T / block, B, H)``, in
+  two phases over the causal triangle of tiles (FlashAttention-2's split, fused):
+  1. dK and dV of the program's key block, accumulated over the query tiles at or below the
+     diagonal (P, dP and dS recomputed from the logsumexp);
+  2. dQ of the program's query block, accumulated over the key tiles up to the diagonal.
+  Each program owns its rows of ``d(qkv)``: no atomics, no fp32 scratch, and it writes dq,
+  dk (each rotated back) and dv straight into ``d(qkv)``'s layout (no split backward, no RoPE
+  pass). ``delta = rowsum(dy * y)`` is computed where a query tile is loaded (one more tile
+  read, from L2) instead of by a pass of its own over y and dy.
+
+Costs, at the model's shape (T=128, Dh=64, 8 heads, batch 2048, bf16; per layer):
+
+* forward, blocks of 64: three live (query block, key block) tiles of the four, 2 dots each,
+  about 52 GFLOP; it reads qkv and writes y and the logsumexp, about 1.1 GB (k and v are
+  read by both of a head's programs, the second time from L2: the grid's first axis is the
+  query block, so they run side by side). Bound by memory: about 0.23 ms at 4.8 TB/s.
+* backward, blocks of 64 and inner tiles of 32: each live tile is computed twice (phase 1:
+  S, dP, dV, dK; phase 2: S, dP, dQ -- 7 dots, against the 5 of a single pass per head,
+  which must hold dQ for the whole sequence in registers: 8 warps, spilled registers and one
+  program per SM), about 180 GFLOP, in exchange for B*H*T/block programs with the same work
+  each (a program's phase 1 visits the tiles from its block to the end, its phase 2 those
+  from the start to its block) and no state across programs. It reads qkv, y and dy and
+  writes d(qkv), about 2.2 GB: about 0.45 ms at 4.8 TB/s.
+
+Fully masked tiles are never computed; the mask is applied on every visited tile (two
+compares and a select per score, cheap beside the exponentials). Compiled for sm_90a by the
+triton package from the kernels' TTIR (tests/jax/test_fused_attention.py), the default launch
+parameters keep everything in registers: the forward 127 per thread (four programs of 4 warps
+per SM), the backward 255 (two per SM); the backward with inner tiles of 64 under 4 warps, or
+with blocks of 32 rows (too few for Hopper's 64-row warp-group MMA), spills.
 
 Every head-wide tile is held as its two rotate-half halves (columns i and i + Dh/2), so a
 rotation is elementwise and no value is ever sliced in the kernel (the Triton lowering slices
 refs, not values): the arrays are viewed, for free, as (B, T, 3, H, 2, Dh/2) and (B, T, H, 2,
-Dh/2), and one program's block of them is (T, 3, 2, Dh/2) -- its q, k and v, each in halves.
+Dh/2); a program sees its head's whole sequence, (T, 3, 2, Dh/2), and loads tiles of it.
 
 Why Pallas and not jax-triton calling the PyTorch module's Triton kernels: jax-triton needs a
 CUDA device even to trace, so those kernels could not be tested from JAX on a CPU at all;
@@ -24,9 +51,11 @@ Pallas runs the same program in its interpreter on CPU (``interpret=True``, what
 and compiles it through its Triton backend on a GPU (``interpret=None`` picks), as
 ``fused.add_layer_norm`` does. One algorithm, two sources, each testable where it is written.
 
-Constraints of the Triton lowering: every array the kernel loads or computes must have a
-power-of-two size, so T must be a power of two (<= 128: a sequence per program); on a GPU
-the dots need dimensions >= 16, so Dh >= 32 there.
+Constraints of the Triton lowering: every array a kernel loads or computes has a power-of-two
+size, so a sequence whose length is not a multiple of the blocks is padded with zeros to one
+(padded keys come after every real query, so the causal mask hides them; padded queries get a
+zero gradient) -- at the model's T=128 nothing is padded. On a GPU the dots need dimensions
+>= 16: blocks of at least ``MIN_BLOCK`` rows and Dh >= 32 (the halves are the dots' K).
 """
 from __future__ import annotations
 
@@ -38,10 +67,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-MAX_T = 128
-# (keys per inner step, warps), read at each trace; the benchmark may try others
-FWD = dict(block_n=64, num_warps=8)
-BWD = dict(block_n=64, num_warps=8)
+# Launch parameters, read at each trace (benchmarks/fused_kernels.py --attention-configs times
+# others). forward: query rows per program, keys per inner step; backward: rows per program (its
+# key block in phase 1, its query block in phase 2), rows of the other side per inner step.
+FWD = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+BWD = dict(block=64, inner=32, num_warps=4, num_stages=2)
+MIN_BLOCK = 16                        # Triton's dots on a GPU need M, N, K >= 16
 LOG2E = 1.4426950408889634
 
 
@@ -62,13 +93,38 @@ def _check(qkv, cos, num_heads: int, interpret: bool) -> tuple[int, int, int, in
     if Dh < 32 and not interpret:
         raise ValueError(f"fused attention on a GPU needs head width >= 32 (Triton dots need "
                          f"K >= 16 for the rotate-half halves); got {Dh}")
-    if T > MAX_T or T & (T - 1):
-        raise ValueError(f"fused attention keeps a whole sequence in one program and Pallas's "
-                         f"Triton lowering needs power-of-two blocks: T a power of two <= {MAX_T}; got T={T}")
+    if T < 1:
+        raise ValueError(f"fused attention needs a sequence of at least one token; got T={T}")
     if cos.shape != (T, Dh) or cos.dtype != jnp.float32:
         raise ValueError(f"cos/sin must be fp32 tables of shape (T, Dh) = {(T, Dh)}, got "
                          f"{cos.shape} {cos.dtype}")
+    for name, cfg in (("FWD", FWD), ("BWD", BWD)):
+        for key in ("block_m", "block_n", "block", "inner"):
+            b = cfg.get(key)
+            if b is not None and (b < MIN_BLOCK or b & (b - 1)):
+                raise ValueError(f"fused attention {name}[{key!r}] must be a power of two >= "
+                                 f"{MIN_BLOCK}; got {b}")
     return B, T, D, Dh
+
+
+def _blocks(T: int) -> tuple[int, dict, dict]:
+    """The padded length and each kernel's blocks: a block is no longer than the sequence
+    rounded up to a power of two (>= MIN_BLOCK), and the padded length a multiple of every
+    block, so that the forward's logsumexp serves the backward as it is."""
+    cap = max(MIN_BLOCK, 1 << (T - 1).bit_length())
+    fwd = {k: min(FWD[k], cap) for k in ("block_m", "block_n")}
+    bwd = {k: min(BWD[k], cap) for k in ("block", "inner")}
+    step = max(*fwd.values(), *bwd.values())
+    return -(-T // step) * step, fwd, bwd
+
+
+def _pad_rows(x, Tp: int, axis: int = 1):
+    """``x`` with zero rows appended along ``axis`` up to ``Tp`` (itself when already there)."""
+    if x.shape[axis] == Tp:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, Tp - x.shape[axis])
+    return jnp.pad(x, widths)
 
 
 # -- kernels ------------------------------------------------------------------------------------
@@ -81,128 +137,186 @@ def _dot(a, b, trans_a=False, trans_b=False):
                                precision=jax.lax.Precision.HIGHEST if exact else None)
 
 
-def _rotated(ref, part: int, rows, c, s):
+def _rotated(ref, part: int, rows, cos_ref, sin_ref):
     """q (part 0) or k (part 1) at ``rows`` of a (T, 3, 2, HALF) block, rotated in fp32 and
-    rounded to the input dtype: its two halves (len(rows), HALF)."""
+    rounded to the input dtype: its two halves (n, HALF)."""
     x1, x2 = ref[rows, part, 0, :], ref[rows, part, 1, :]
     a, b = x1.astype(jnp.float32), x2.astype(jnp.float32)
+    c, s = cos_ref[rows, :], sin_ref[rows, :]
     return (a * c - b * s).astype(x1.dtype), (b * c + a * s).astype(x1.dtype)
 
 
-def _causal(T: int, start: int, n: int):
-    """(T, n) mask: key ``start + j`` is visible from query row ``i`` when it is not later."""
-    rows = jax.lax.broadcasted_iota(jnp.int32, (T, n), 0)
-    keys = jax.lax.broadcasted_iota(jnp.int32, (T, n), 1) + start
+def _visible(q0, m: int, k0, n: int, keys_first: bool = False):
+    """Causal mask of queries ``q0..q0+m`` and keys ``k0..k0+n``: a key is visible from every
+    query not before it. (m, n), or (n, m) with ``keys_first``."""
+    shape, (qa, ka) = ((n, m), (1, 0)) if keys_first else ((m, n), (0, 1))
+    rows = jax.lax.broadcasted_iota(jnp.int32, shape, qa) + q0
+    keys = jax.lax.broadcasted_iota(jnp.int32, shape, ka) + k0
     return keys <= rows
 
 
-def _fwd_kernel(qkv_ref, cos_ref, sin_ref, y_ref, lse_ref, *, block_n: int, qk_scale: float):
-    T = qkv_ref.shape[0]
-    q1, q2 = _rotated(qkv_ref, 0, slice(None), cos_ref[...], sin_ref[...])   # (T, HALF) each
-    m = jnp.full((T,), -jnp.inf, jnp.float32)                          # running max, base 2
-    l = jnp.zeros((T,), jnp.float32)
-    acc1 = acc2 = jnp.zeros(q1.shape, jnp.float32)                     # y's halves, (T, HALF)
-    for j in range(T // block_n):                                      # unrolled: T // block_n <= 8
-        ks = pl.ds(j * block_n, block_n)
-        k1, k2 = _rotated(qkv_ref, 1, ks, cos_ref[ks, :], sin_ref[ks, :])    # (block_n, HALF)
-        s = (_dot(q1, k1, trans_b=True) + _dot(q2, k2, trans_b=True)) * qk_scale  # (T, block_n)
-        s = jnp.where(_causal(T, j * block_n, block_n), s, -jnp.inf)   # key 0: every max finite
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+def _fwd_kernel(qkv_ref, cos_ref, sin_ref, y_ref, lse_ref, *, block_m: int, block_n: int,
+                qk_scale: float):
+    q0 = pl.program_id(0) * block_m
+    q1, q2 = _rotated(qkv_ref, 0, pl.ds(q0, block_m), cos_ref, sin_ref)   # (block_m, HALF)
+
+    def step(j, carry):
+        acc1, acc2, m, l = carry
+        k0 = j * block_n
+        ks = pl.ds(k0, block_n)
+        k1, k2 = _rotated(qkv_ref, 1, ks, cos_ref, sin_ref)                # (block_n, HALF)
+        s = (_dot(q1, k1, trans_b=True) + _dot(q2, k2, trans_b=True)) * qk_scale
+        s = jnp.where(_visible(q0, block_m, k0, block_n), s, -jnp.inf)    # (block_m, block_n)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))     # finite from key 0, seen by every row
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(s - m_new[:, None])
-        l = l * alpha + jnp.sum(p, axis=1)
         pc = p.astype(q1.dtype)
         acc1 = acc1 * alpha[:, None] + _dot(pc, qkv_ref[ks, 2, 0, :])
         acc2 = acc2 * alpha[:, None] + _dot(pc, qkv_ref[ks, 2, 1, :])
-        m = m_new
+        return acc1, acc2, m_new, l * alpha + jnp.sum(p, axis=1)
+
+    f32 = jnp.float32
+    acc = jnp.zeros(q1.shape, f32)
+    init = (acc, acc, jnp.full((block_m,), -jnp.inf, f32), jnp.zeros((block_m,), f32))
+    last = jax.lax.div(q0 + block_m + block_n - 1, block_n)      # key blocks to the diagonal
+    acc1, acc2, m, l = jax.lax.fori_loop(0, last, step, init)
     y_ref[:, 0, :] = (acc1 / l[:, None]).astype(y_ref.dtype)
     y_ref[:, 1, :] = (acc2 / l[:, None]).astype(y_ref.dtype)
     lse_ref[...] = m + jnp.log2(l)
 
 
-def _bwd_kernel(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, dqkv_ref, *, block_n: int,
-                qk_scale: float, sm_scale: float):
-    T = qkv_ref.shape[0]
-    cq, sq = cos_ref[...], sin_ref[...]
-    q1, q2 = _rotated(qkv_ref, 0, slice(None), cq, sq)                 # (T, HALF) each
-    dy1, dy2 = dy_ref[:, 0, :], dy_ref[:, 1, :]
+def _query_tile(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, rows):
+    """What a query tile brings to the backward: rotated q, dy (halves each), its logsumexp
+    and ``delta = rowsum(dy * y)`` (fp32; rowsum(P dP), the softmax's backward term)."""
+    q1, q2 = _rotated(qkv_ref, 0, rows, cos_ref, sin_ref)
+    dy1, dy2 = dy_ref[rows, 0, :], dy_ref[rows, 1, :]
     f32 = jnp.float32
-    delta = jnp.sum(dy1.astype(f32) * y_ref[:, 0, :].astype(f32)
-                    + dy2.astype(f32) * y_ref[:, 1, :].astype(f32), axis=1)   # (T,) rowsum(P dP)
-    lse = lse_ref[...]
-    dq1 = dq2 = jnp.zeros(q1.shape, f32)
-    out = dqkv_ref.dtype
-    for j in range(T // block_n):
-        ks = pl.ds(j * block_n, block_n)
-        ck, sk = cos_ref[ks, :], sin_ref[ks, :]
-        k1, k2 = _rotated(qkv_ref, 1, ks, ck, sk)                      # (block_n, HALF) each
-        v1, v2 = qkv_ref[ks, 2, 0, :], qkv_ref[ks, 2, 1, :]
-        s = (_dot(q1, k1, trans_b=True) + _dot(q2, k2, trans_b=True)) * qk_scale  # (T, block_n)
-        p = jnp.where(_causal(T, j * block_n, block_n), jnp.exp2(s - lse[:, None]), 0.0)
+    delta = jnp.sum(dy1.astype(f32) * y_ref[rows, 0, :].astype(f32)
+                    + dy2.astype(f32) * y_ref[rows, 1, :].astype(f32), axis=1)
+    return q1, q2, dy1, dy2, lse_ref[rows], delta
+
+
+def _bwd_kernel(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, dqkv_ref, *, block: int,
+                inner: int, qk_scale: float, sm_scale: float):
+    j = pl.program_id(0)
+    b0 = j * block
+    own = pl.ds(b0, block)
+    T = qkv_ref.shape[0]
+    f32, out = jnp.float32, dqkv_ref.dtype
+    zeros = jnp.zeros((block, qkv_ref.shape[-1]), f32)
+
+    # phase 1: dK, dV of keys b0.. over the query tiles that see them
+    k1, k2 = _rotated(qkv_ref, 1, own, cos_ref, sin_ref)
+    v1, v2 = qkv_ref[own, 2, 0, :], qkv_ref[own, 2, 1, :]
+
+    def keys_step(i, carry):
+        dk1, dk2, dv1, dv2 = carry
+        r0 = i * inner
+        q1, q2, dy1, dy2, lse, delta = _query_tile(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref,
+                                                   sin_ref, pl.ds(r0, inner))
+        # keys on rows (S^T, dP^T: (block, inner)), so that P^T and dS^T enter their dots as
+        # they are, the left operand straight from registers, with no transpose through memory
+        s = (_dot(k1, q1, trans_b=True) + _dot(k2, q2, trans_b=True)) * qk_scale
+        p = jnp.where(_visible(r0, inner, b0, block, keys_first=True),
+                      jnp.exp2(s - lse[None, :]), 0.0)
+        dp = _dot(v1, dy1, trans_b=True) + _dot(v2, dy2, trans_b=True)
+        ds = (p * (dp - delta[None, :])).astype(q1.dtype)
         pc = p.astype(q1.dtype)
-        dv1, dv2 = _dot(pc, dy1, trans_a=True), _dot(pc, dy2, trans_a=True)   # (block_n, HALF)
-        dp = _dot(dy1, v1, trans_b=True) + _dot(dy2, v2, trans_b=True)       # (T, block_n)
-        ds = (p * (dp - delta[:, None])).astype(q1.dtype)             # d(scores) before the scale
-        dk1 = _dot(ds, q1, trans_a=True) * sm_scale                    # (block_n, HALF)
-        dk2 = _dot(ds, q2, trans_a=True) * sm_scale
-        dq1 = dq1 + _dot(ds, k1)
-        dq2 = dq2 + _dot(ds, k2)
-        # RoPE's transpose: y1 = x1 c - x2 s, y2 = x2 c + x1 s => dx1 = g1 c + g2 s, dx2 = g2 c - g1 s
-        dqkv_ref[ks, 1, 0, :] = (dk1 * ck + dk2 * sk).astype(out)
-        dqkv_ref[ks, 1, 1, :] = (dk2 * ck - dk1 * sk).astype(out)
-        dqkv_ref[ks, 2, 0, :] = dv1.astype(out)
-        dqkv_ref[ks, 2, 1, :] = dv2.astype(out)
+        return (dk1 + _dot(ds, q1), dk2 + _dot(ds, q2), dv1 + _dot(pc, dy1), dv2 + _dot(pc, dy2))
+
+    dk1, dk2, dv1, dv2 = jax.lax.fori_loop(jax.lax.div(b0, inner), T // inner, keys_step,
+                                           (zeros, zeros, zeros, zeros))
+    dk1, dk2 = dk1 * sm_scale, dk2 * sm_scale
+    cb, sb = cos_ref[own, :], sin_ref[own, :]
+    # RoPE's transpose: y1 = x1 c - x2 s, y2 = x2 c + x1 s => dx1 = g1 c + g2 s, dx2 = g2 c - g1 s
+    dqkv_ref[:, 1, 0, :] = (dk1 * cb + dk2 * sb).astype(out)
+    dqkv_ref[:, 1, 1, :] = (dk2 * cb - dk1 * sb).astype(out)
+    dqkv_ref[:, 2, 0, :] = dv1.astype(out)
+    dqkv_ref[:, 2, 1, :] = dv2.astype(out)
+
+    # phase 2: dQ of queries b0.. over the key tiles they see
+    q1, q2, dy1, dy2, lse, delta = _query_tile(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref,
+                                               sin_ref, own)
+
+    def queries_step(i, carry):
+        dq1, dq2 = carry
+        k0 = i * inner
+        ks = pl.ds(k0, inner)
+        k1, k2 = _rotated(qkv_ref, 1, ks, cos_ref, sin_ref)                 # (inner, HALF)
+        s = (_dot(q1, k1, trans_b=True) + _dot(q2, k2, trans_b=True)) * qk_scale
+        p = jnp.where(_visible(b0, block, k0, inner), jnp.exp2(s - lse[:, None]), 0.0)
+        dp = _dot(dy1, qkv_ref[ks, 2, 0, :], trans_b=True) + _dot(dy2, qkv_ref[ks, 2, 1, :], trans_b=True)
+        ds = (p * (dp - delta[:, None])).astype(q1.dtype)                # (block, inner)
+        return dq1 + _dot(ds, k1), dq2 + _dot(ds, k2)
+
+    last = jax.lax.div(b0 + block + inner - 1, inner)            # key tiles to the diagonal
+    dq1, dq2 = jax.lax.fori_loop(0, last, queries_step, (zeros, zeros))
     dq1, dq2 = dq1 * sm_scale, dq2 * sm_scale
-    dqkv_ref[:, 0, 0, :] = (dq1 * cq + dq2 * sq).astype(out)
-    dqkv_ref[:, 0, 1, :] = (dq2 * cq - dq1 * sq).astype(out)
+    dqkv_ref[:, 0, 0, :] = (dq1 * cb + dq2 * sb).astype(out)
+    dqkv_ref[:, 0, 1, :] = (dq2 * cb - dq1 * sb).astype(out)
 
 
 # -- pallas calls -------------------------------------------------------------------------------
-def _specs(B: int, T: int, H: int, half: int):
-    """BlockSpecs over the grid (B, H): one head's (T, 3, 2, HALF) block of the (B, T, 3, H, 2,
-    HALF) view of qkv / d(qkv); its (T, 2, HALF) block of the (B, T, H, 2, HALF) view of y / dy;
-    its (T,) row of the (B, H, T) logsumexp; the (T, HALF) tables."""
-    heads = pl.BlockSpec((None, T, 3, None, 2, half), lambda b, h: (b, 0, 0, h, 0, 0))
-    head = pl.BlockSpec((None, T, None, 2, half), lambda b, h: (b, 0, h, 0, 0))
-    row = pl.BlockSpec((None, None, T), lambda b, h: (b, h, 0))
-    table = pl.BlockSpec((T, half), lambda b, h: (0, 0))
+def _sequence_specs(Tp: int, half: int):
+    """BlockSpecs over a grid (row block, b, h) that give every program its head's whole
+    sequence: of the (B, Tp, 3, H, 2, HALF) view of qkv, of the (B, Tp, H, 2, HALF) view of y /
+    dy, of the (B, H, Tp) logsumexp, and the (Tp, HALF) tables."""
+    heads = pl.BlockSpec((None, Tp, 3, None, 2, half), lambda i, b, h: (b, 0, 0, h, 0, 0))
+    head = pl.BlockSpec((None, Tp, None, 2, half), lambda i, b, h: (b, 0, h, 0, 0))
+    row = pl.BlockSpec((None, None, Tp), lambda i, b, h: (b, h, 0))
+    table = pl.BlockSpec((Tp, half), lambda i, b, h: (0, 0))
     return heads, head, row, table
 
 
+def _tables(cos, sin, Tp: int):
+    half = cos.shape[1] // 2                   # the tables' two halves are equal
+    return _pad_rows(cos[:, :half], Tp, 0), _pad_rows(sin[:, :half], Tp, 0)
+
+
 def _forward(qkv, cos, sin, H: int, interpret: bool):
+    """``(y, lse)``: y (B, T, D); lse (B, H, Tp), Tp the padded length."""
     B, T, D3 = qkv.shape
-    Dh = D3 // 3 // H
-    half = Dh // 2
-    heads, head, row, table = _specs(B, T, H, half)
-    block_n = min(FWD["block_n"], T)
+    half = D3 // 3 // H // 2
+    Tp, fwd, _ = _blocks(T)
+    heads, _, _, table = _sequence_specs(Tp, half)
+    bm = fwd["block_m"]
     y, lse = pl.pallas_call(
-        functools.partial(_fwd_kernel, block_n=block_n, qk_scale=LOG2E / math.sqrt(Dh)),
-        out_shape=[jax.ShapeDtypeStruct((B, T, H, 2, half), qkv.dtype),
-                   jax.ShapeDtypeStruct((B, H, T), jnp.float32)],
-        grid=(B, H), in_specs=[heads, table, table], out_specs=[head, row],
-        compiler_params=plgpu.CompilerParams(num_warps=FWD["num_warps"]), interpret=interpret,
-        name="rope_attention_fwd",
-    )(qkv.reshape(B, T, 3, H, 2, half), cos[:, :half], sin[:, :half])   # the tables' halves are equal
-    return y.reshape(B, T, H * Dh), lse
+        functools.partial(_fwd_kernel, block_m=bm, block_n=fwd["block_n"],
+                          qk_scale=LOG2E / math.sqrt(2 * half)),
+        out_shape=[jax.ShapeDtypeStruct((B, Tp, H, 2, half), qkv.dtype),
+                   jax.ShapeDtypeStruct((B, H, Tp), jnp.float32)],
+        grid=(Tp // bm, B, H), in_specs=[heads, table, table],
+        out_specs=[pl.BlockSpec((None, bm, None, 2, half), lambda i, b, h: (b, i, h, 0, 0)),
+                   pl.BlockSpec((None, None, bm), lambda i, b, h: (b, h, i))],
+        compiler_params=plgpu.CompilerParams(num_warps=FWD["num_warps"],
+                                             num_stages=FWD["num_stages"]),
+        interpret=interpret, name="rope_attention_fwd",
+    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *_tables(cos, sin, Tp))
+    return y[:, :T].reshape(B, T, D3 // 3), lse
 
 
 def _backward(qkv, y, dy, lse, cos, sin, H: int, interpret: bool):
     B, T, D3 = qkv.shape
-    Dh = D3 // 3 // H
-    half = Dh // 2
-    heads, head, row, table = _specs(B, T, H, half)
-    block_n = min(BWD["block_n"], T)
-    view = (B, T, H, 2, half)
+    half = D3 // 3 // H // 2
+    Tp, _, bwd = _blocks(T)
+    heads, head, row, table = _sequence_specs(Tp, half)
+    block = bwd["block"]
+    view = (B, Tp, H, 2, half)
+    # the forward's own, unless the launch parameters changed since (a sweep) and with them Tp
+    lse = _pad_rows(lse[..., :T], Tp, axis=2)
     dqkv = pl.pallas_call(
-        functools.partial(_bwd_kernel, block_n=block_n, qk_scale=LOG2E / math.sqrt(Dh),
-                          sm_scale=1.0 / math.sqrt(Dh)),
-        out_shape=jax.ShapeDtypeStruct((B, T, 3, H, 2, half), qkv.dtype),
-        grid=(B, H), in_specs=[heads, head, head, row, table, table], out_specs=heads,
-        compiler_params=plgpu.CompilerParams(num_warps=BWD["num_warps"]), interpret=interpret,
-        name="rope_attention_bwd",
-    )(qkv.reshape(B, T, 3, H, 2, half), y.reshape(view), dy.astype(qkv.dtype).reshape(view), lse,
-      cos[:, :half], sin[:, :half])
-    return dqkv.reshape(B, T, D3)
+        functools.partial(_bwd_kernel, block=block, inner=bwd["inner"],
+                          qk_scale=LOG2E / math.sqrt(2 * half), sm_scale=1.0 / math.sqrt(2 * half)),
+        out_shape=jax.ShapeDtypeStruct((B, Tp, 3, H, 2, half), qkv.dtype),
+        grid=(Tp // block, B, H), in_specs=[heads, head, head, row, table, table],
+        out_specs=pl.BlockSpec((None, block, 3, None, 2, half),
+                               lambda i, b, h: (b, i, 0, h, 0, 0)),
+        compiler_params=plgpu.CompilerParams(num_warps=BWD["num_warps"],
+                                             num_stages=BWD["num_stages"]),
+        interpret=interpret, name="rope_attention_bwd",
+    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), _pad_rows(y, Tp).reshape(view),
+      _pad_rows(dy.astype(qkv.dtype), Tp).reshape(view), lse, *_tables(cos, sin, Tp))
+    return dqkv[:, :T].reshape(B, T, D3)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -239,5 +353,6 @@ def forward_with_lse(qkv: jax.Array, cos, sin, num_heads: int, interpret: bool |
     """``(y, lse)``: the forward kernel's outputs, the base-2 logsumexp (B, H, T) included (tests)."""
     interpret = _interpret(interpret)
     cos, sin = jnp.asarray(cos), jnp.asarray(sin)
-    _check(qkv, cos, num_heads, interpret)
-    return _forward(qkv, cos, sin, int(num_heads), interpret)
+    B, T, _, _ = _check(qkv, cos, num_heads, interpret)
+    y, lse = _forward(qkv, cos, sin, int(num_heads), interpret)
+    return y, lse[..., :T]
