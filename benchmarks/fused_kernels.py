@@ -2,8 +2,7 @@
 
     python benchmarks/fused_kernels.py --framework torch --out benchmarks/results/h200-fused
     python benchmarks/fused_kernels.py --framework jax --out benchmarks/results/h200-fused --xla-flags
-    python benchmarks/fused_kernels.py --framework torch --out /tmp/f --smoke   # CPU, interpreter
-    python benchmarks/fused_kernels.py --framework torch --parts kernels --attention-configs --out ...
+    python benchmarks/fused_kernels.py --framework torch --parts kernels --attention-configs --out /tmp/f --smoke
 
 Per kernel (``kernels`` in the JSON): the reference ops (compiled: ``torch.compile`` /
 ``jax.jit``) and the fused kernel on the full model's shapes at the batch given (bf16),
@@ -28,8 +27,7 @@ batches within ``LOSS_ATOL`` of the unfused configuration's, else failing and no
 
 * torch: compiled, bf16 autocast, fused AdamW, one-hot embedding (``--embed gather``: the gather),
   CUDA graphs, the batch given; on CPU (``--smoke``) the step runs eagerly;
-* jax: bf16, fp32 embedding lookup, cuDNN attention (XLA's on CPU), split/merge ``jax.jit`` step
-  with donation, the batch given.
+* jax: bf16, fp32 embedding lookup, cuDNN attention (XLA's on CPU), split/merge jit, donation.
 
 ``--xla-flags`` (jax): the unfused step once per flag (``XLA_FLAGS_TRIED``, or a list), each in a
 fresh process; an unknown flag is recorded as such. ``--smoke``: the smoke config on CPU (the
