@@ -38,10 +38,22 @@ from perfladder.pages.story import (
     ratio_of,
     regime,
     roofline_numbers,
+    rung_numbers,
     verdict,
 )
 
 NOT_FASTER = ("slower", "within noise")
+
+
+def rung_value(name: str, field: str):
+    """A rung's own glue value (``rung_numbers``) for a page's number: computed for every run, so
+    that a story naming a rung the run may lack (B15 needs nvmath-python) still formats."""
+    def value(result):
+        found = [r for r in result.rungs if r.name == name]
+        if not found:
+            raise KeyError(name)
+        return rung_numbers(result, found[0])[f"{name}_{field}"]
+    return value
 FRAMEWORK = "torch"
 
 CHECKS = [
@@ -88,6 +100,9 @@ BASE_NUMBERS = {
     "B12_matmul_ms": category_ms_of("B12", "matmul"), "B13_matmul_ms": category_ms_of("B13", "matmul"),
     "B12_elementwise_ms": category_ms_of("B12", "elementwise"),
     "B13_elementwise_ms": category_ms_of("B13", "elementwise"),
+    "B14_matmul_ms": category_ms_of("B14", "matmul"), "B15_matmul_ms": category_ms_of("B15", "matmul"),
+    "B14_elementwise_ms": category_ms_of("B14", "elementwise"),
+    "B15_elementwise_ms": category_ms_of("B15", "elementwise"), "B15_ratio": rung_value("B15", "ratio"),
     **chapter_ratios(FRAMEWORK, ("R1", "R0"), ("R2", "R1"), ("R3", "R2")),
 }
 
@@ -131,6 +146,19 @@ STORIES = [
          "more work per launch: the next rung."),
     ), "The step took {R2_step_ms} against R1's {R1_step_ms}, its kernels busy {R2_busy} of it.",
         _values),
+    # B15 needs nvmath-python and a CUDA GPU: a run without them records why, in its result line
+    Story("s_B15", (
+        (all_of(verdict("B15", "faster"), less("elementwise_ms", "B15", "B14")),
+         "cuBLASLt's epilogues pay ({B15_ratio}): the elementwise kernels take {B15_elementwise_ms} "
+         "per step where they took {B14_elementwise_ms}."),
+        (all_of(verdict("B15", *NOT_FASTER), more("matmul_ms", "B15", "B14")),
+         "cuBLASLt's epilogues do not pay ({B15_ratio}): the elementwise kernels take "
+         "{B15_elementwise_ms} per step where they took {B14_elementwise_ms}, but the GEMMs that carry "
+         "the epilogues take {B15_matmul_ms} where cuBLAS's plain GEMMs took {B14_matmul_ms}."),
+        (verdict("B15", "faster"), "cuBLASLt's epilogues pay ({B15_ratio}) on this run."),
+        (verdict("B15", *NOT_FASTER), "cuBLASLt's epilogues do not pay ({B15_ratio}) on this run."),
+    ), "This run has no measurement of B15 (its result line says why): the epilogues run through "
+       "nvmath-python on a CUDA GPU.", _values),
 ]
 
 NUMBERS = {**BASE_NUMBERS, **{s.key: s for s in STORIES}}
