@@ -26,6 +26,7 @@ The math is the reference's (fp32 accumulation, the tanh GELU of ``fused.gelu``)
 """
 import torch
 
+from perfladder.torch.fused._ffn import ffn_backward, ffn_setup, run_ffn
 from perfladder.torch.fused._launch import check_device, interpreted, tl, triton
 from perfladder.torch.fused.gelu import _tanh
 
@@ -156,34 +157,11 @@ def _(x, w1, b1, w2, b2):
             x.new_empty(x.shape[0], w1.shape[0]))
 
 
-def _mlp_setup(ctx, inputs, output):
-    x, w1, _, w2, _ = inputs
-    _, h, g = output
-    ctx.save_for_backward(x, w1, w2, h, g)
-
-
-def _mlp_backward(ctx, dy, dh_out, dg_out):
-    # h and g are outputs only so that the backward can read them; nothing downstream uses them
-    x, w1, w2, h, g = ctx.saved_tensors
-    dy = dy.contiguous()
-    dh, db1 = fc2_dgelu(dy, w2, h)                                    # (N, F), (F,)
-    return (dh @ w1, dh.t() @ x, db1.to(w1.dtype),                    # dx, dW1, db1
-            dy.t() @ g, dy.sum(0, dtype=torch.float32).to(w2.dtype))  # dW2, db2
-
-
 # the backward registered on the operator itself (not an autograd.Function around it), so a
 # compiled graph holds only perfladder:: operators and AOTAutograd's cache can keep it
-mlp_fwd.register_autograd(_mlp_backward, setup_context=_mlp_setup)
+mlp_fwd.register_autograd(ffn_backward(fc2_dgelu), setup_context=ffn_setup)
 
 
 def fused_ffn(x: torch.Tensor, dense1: torch.nn.Linear, dense2: torch.nn.Linear) -> torch.Tensor:
-    """``dense2(gelu_tanh(dense1(x)))`` for x (..., D). Under autocast the operands are cast to
-    the autocast dtype first (what autocast does for ``F.linear``; the casts' backward brings the
-    gradients back to the fp32 parameters) and the kernels run in it."""
-    dev = x.device.type
-    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    lead, D = x.shape[:-1], x.shape[-1]
-    # casts and the operator are not autocast ops: no autocast region is needed around them
-    # (one would put an autocast node in the compiled graph, which AOTAutograd will not cache)
-    ops = [t.to(dt) for t in (x.reshape(-1, D), dense1.weight, dense1.bias, dense2.weight, dense2.bias)]
-    return mlp_fwd(*ops)[0].reshape(*lead, dense2.out_features)       # (..., D)
+    """``dense2(gelu_tanh(dense1(x)))`` for x (..., D), through ``mlp_fwd`` (``fused._ffn.run_ffn``)."""
+    return run_ffn(mlp_fwd, x, dense1, dense2)
