@@ -2,7 +2,7 @@
 
     python benchmarks/fused_kernels.py --framework torch --out benchmarks/results/h200-fused
     python benchmarks/fused_kernels.py --framework jax --out benchmarks/results/h200-fused --xla-flags
-    python benchmarks/fused_kernels.py --framework torch --parts kernels --attention-configs --out /tmp/f --smoke
+    python benchmarks/fused_kernels.py --framework jax --parts kernels --attention-configs --out /tmp/f --smoke
 
 Per kernel (``kernels`` in the JSON): the reference ops (compiled: ``torch.compile`` /
 ``jax.jit``) and the fused kernel on the full model's shapes at the batch given (bf16),
@@ -13,13 +13,12 @@ FFN with GELU in cuBLASLt's epilogues (B15, nvmath-python) against the compiled 
 Attention (``kernels``): ``attention`` is the fused kernel (RoPE on load, causal, one kernel
 each way) against the model's compiled/jitted split + RoPE + attention, from the (B, T, 3D)
 projection to (B, T, D); on a GPU also that reference under cuDNN (``attention_ref_cudnn``; torch
-also flash's and cuDNN's SDPA alone on rotated q, k, v). ``--attention-configs`` times the fused
-forward and backward kernels alone under each launch configuration (bare: the framework's sweep;
-torch ``fwd|bwd:block_m/block_n/num_warps``, jax ``fwd:BLOCK_M/BLOCK_N/WARPS/STAGES`` and
-``bwd:BLOCK/INNER/WARPS/STAGES``), each checked against the default configuration's output, into
-``attention_configs``, and the fastest matching one of each part into ``attention_best`` (what the
-kernel module's ``FWD`` / ``BWD`` should become): ``fused_attention_torch.py``,
-``fused_attention_jax.py``.
+also flash's and cuDNN's SDPA alone on rotated q, k, v): ``fused_attention_torch.py``,
+``fused_attention_jax.py``. ``--attention-configs`` (jax) times the fused forward and backward
+kernels alone under each launch configuration (bare: ``JAX_ATTENTION_SWEEP``; or
+``fwd:BLOCK_M/BLOCK_N/WARPS/STAGES`` and ``bwd:BLOCK/INNER/WARPS/STAGES``), each checked against
+the default configuration's output, into ``attention_configs``, and the fastest matching one of
+each part into ``attention_best`` (what the kernel module's ``FWD`` / ``BWD`` should become).
 
 Full step (``steps``): tokens/s of each ladder's fastest configuration with and without each
 fused option, from the same initial weights, gated (its first ``GATE_STEPS`` losses on fixed
@@ -354,15 +353,15 @@ def main(argv=None) -> int:
                         "(comma-separated; bare: XLA_FLAGS_TRIED)")
     p.add_argument("--flag-timeout", type=int, default=150)
     p.add_argument("--attention-configs", nargs="?", const="sweep", default=None,
-                   help="also time the attention kernels alone under each launch configuration "
-                        "(torch: fwd|bwd:block_m/block_n/num_warps; jax: fwd:BLOCK_M/BLOCK_N/WARPS/STAGES "
-                        "or bwd:BLOCK/INNER/WARPS/STAGES; comma-separated; bare: the framework's sweep)")
+                   help="jax: also time the attention kernels alone under each launch configuration "
+                        "(comma-separated fwd:BLOCK_M/BLOCK_N/WARPS/STAGES or bwd:BLOCK/INNER/WARPS/STAGES; "
+                        "bare: JAX_ATTENTION_SWEEP)")
     args = p.parse_args(argv)
     if args.attention_configs is not None:
-        if args.framework == "torch":
-            from fused_attention_torch import parse_attention_configs
-        else:
-            from fused_attention_jax import parse_attention_configs
+        if args.framework != "jax":
+            p.error("--attention-configs sweeps the JAX attention kernel's launch settings; "
+                    "use it with --framework jax")
+        from fused_attention_jax import parse_attention_configs
         try:
             args.attention_configs = parse_attention_configs(args.attention_configs)
         except ValueError as e:

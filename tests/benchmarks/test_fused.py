@@ -24,22 +24,12 @@ def run(tmp_path, *args) -> dict:
 
 def test_torch_smoke(tmp_path):
     pytest.importorskip("triton")
-    out = run(tmp_path, "--framework", "torch", "--configs", "none,all",
-              "--attention-configs", "fwd:16/16/4,bwd:16/16/8,bwd:32/16/4")
+    out = run(tmp_path, "--framework", "torch", "--configs", "none,all")
     assert out["smoke"] and out["errors"] == []
     assert set(out["kernels"]) == {"rope", "addnorm", "gelu", "attention", "ffn_epilogue"}   # GPU-only rows absent
     assert out["kernels"]["ffn_epilogue"]["backend"].startswith("stand-in")    # no cuBLASLt on CPU
     for row in out["kernels"].values():
         assert row["fused_fwd_bwd_ms"] > 0 and row["ref_fwd_bwd_ms"] > 0 and row["fused_bytes"] > 0
-    sweep = out["attention_configs"]
-    assert list(sweep) == ["fwd:16/16/4", "bwd:16/16/8", "bwd:32/16/4"]
-    assert sweep["bwd:16/16/8"] | {"ms": 0, "rel_vs_default": 0} == {
-        "part": "bwd", "block_m": 16, "block_n": 16, "num_warps": 8, "matches_default": True,
-        "ms": 0, "rel_vs_default": 0}
-    assert all(r["ms"] > 0 and r["rel_vs_default"] < 1e-2 for r in sweep.values())
-    best = out["attention_best"]["by_part"]
-    assert best["fwd"]["config"] == "fwd:16/16/4"
-    assert best["bwd"]["ms"] == min(sweep[k]["ms"] for k in ("bwd:16/16/8", "bwd:32/16/4"))
     assert set(out["steps"]) == {"none", "all"}
     fused = out["steps"]["all"]
     assert fused["fused"] == ["rope", "addnorm", "gelu"]
@@ -65,12 +55,12 @@ def test_jax_smoke_and_an_unknown_xla_flag(tmp_path):
     assert flag["exists"] is False and "Unknown flag" in flag["error"][0]
 
 
-def test_a_bad_attention_config_is_refused(tmp_path):
+def test_the_attention_sweep_is_refused_for_torch(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--framework", "torch", "--smoke", "--out",
                            str(tmp_path), "--attention-configs", "fwd:64/32"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "'fwd:64/32' is not valid; valid: fwd:BLOCK_M/BLOCK_N/WARPS" in proc.stderr
+    assert proc.returncode == 2 and "use it with --framework jax" in proc.stderr
     assert not (tmp_path / "torch_fused.json").exists()
 
 

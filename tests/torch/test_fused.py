@@ -106,7 +106,7 @@ def _sm90_cases():
     fwd = {"qkv_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "y_ptr": "*bf16", "lse_ptr": "*fp32",
            "T": T, "s_b": T * 3 * D, "s_t": 3 * D, "y_b": T * D, "y_t": D, "qk_scale": scale}
     bwd = {**fwd, "dy_ptr": "*bf16", "dqkv_ptr": "*bf16", "dy_b": T * D, "dy_t": D, "sm_scale": scale}
-    attn = lambda cfg: dict(HEADS=H, HALF=32, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], PREC="tf32", UPCAST=False)  # noqa: E731
+    attn = lambda cfg: dict(HEADS=H, HALF=32, BLOCK_T=128, BLOCK_N=cfg["block_n"], PREC="tf32", UPCAST=False)  # noqa: E731
     g = fmlp.GEMM
     ptrs = {n: "*bf16" for n in ("a_ptr", "b_ptr", "bias_ptr", "aux_ptr", "out_ptr", "out2_ptr")}
     gemm = lambda dgelu: dict(K=D, DGELU=dgelu, EVEN=True, BLOCK_M=g["block_m"], BLOCK_N=g["block_n"],  # noqa: E731
@@ -125,18 +125,16 @@ def _sm90_cases():
 def test_kernel_compiles_for_sm90_without_spills(which):
     """Triton compiles to an sm_90a cubin without a GPU (its bundled ptxas): each kernel, at the
     model's shapes with its default launch configuration, builds and keeps everything in
-    registers (no local-memory stack: a spill would turn the attention's register-resident
-    dK, dV or dQ or a GEMM's accumulator into memory traffic); the GEMMs' loads are software-pipelined
-    (asynchronous copies into shared memory, one buffer per stage); the attention kernels leave
-    room for two programs an SM."""
+    registers (no local-memory stack: a spill would turn the attention's register-resident dQ
+    or a GEMM's accumulator into memory traffic); the GEMMs' loads are software-pipelined
+    (asynchronous copies into shared memory, one buffer per stage)."""
     import triton
 
     from perfladder.torch.fused import attention as fattn
     if not isinstance(fattn._rope_attention_fwd_kernel, triton.runtime.jit.JITFunction):
         pytest.skip("triton was imported under TRITON_INTERPRET=1 in this process")
     kernel, args, consts, cfg = _sm90_cases()[which]
-    # the attention kernels launch with one stage (their loops are not pipelined: see there)
-    compiled = _compile_like_jit(kernel, args, consts, cfg["num_warps"], cfg.get("num_stages", 1))
+    compiled = _compile_like_jit(kernel, args, consts, cfg["num_warps"], cfg["num_stages"])
     assert compiled.asm["cubin"]
     if which.startswith("mlp"):
         assert "async_copy_global_to_local" in compiled.asm["ttgir"] and "warp_group_dot" in compiled.asm["ttgir"]
@@ -154,9 +152,3 @@ def test_kernel_compiles_for_sm90_without_spills(which):
     fields = dict(f.split(":") for f in line.split() if ":" in f)
     assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, line
     print(which, line)
-    if which.startswith("attention"):
-        # Hopper's warpgroup MMA, and room for two programs an SM (64K registers, allocated in
-        # steps of 8 a thread): what keeps loads in flight while another program computes
-        assert "warp_group_dot" in compiled.asm["ttgir"]
-        regs = -(-int(fields["REG"]) // 8) * 8
-        assert 65536 // (regs * 32 * cfg["num_warps"]) >= 2, line
