@@ -70,9 +70,10 @@ def explicit(reduce):
         def local(p, X, Y):
             g = jax.grad(lambda p: loss_fn(nnx.merge(graphdef, p, rest), X, Y))(p)
             return reduce(g, "data")
-        # check_vma off: the local gradient stays local (no psum implied by replicated inputs)
-        return jax.tree.leaves(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data"), P("data")),
-                                             out_specs=P(), check_vma=False)(params, X, Y))
+        # check_vma off: the local gradient stays local (no psum implied by replicated inputs);
+        # jitted, as the library's own gradient is: op by op it took 19 of this script's 26 CPU-s
+        return jax.tree.leaves(jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                                                     out_specs=P(), check_vma=False))(params, X, Y))
     return grads
 
 for name, reduce in (("pmean", jax.lax.pmean), ("psum", jax.lax.psum)):

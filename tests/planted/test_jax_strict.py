@@ -69,8 +69,10 @@ def test_targets_shifted_inside_the_step_are_caught_by_the_model_gate_with_its_l
 
 
 def test_a_gelu_derivative_5_percent_off_is_caught_by_the_gradient_scale():
+    # the seed's batch, as the tests above: its op-by-op candidate programs are compiled once
+    # (the big batch compiled them all again for the same margin, 2.9x the tolerance either way)
     with pytest.raises(ModelGateError) as e:
-        model_gate(model(), P.gelu_derivative_off(model(BF16)), fixed(CFG.big_batch),
+        model_gate(model(), P.gelu_derivative_off(model(BF16)), fixed(CFG.batch_size),
                    candidate_jit=False, step_fn=steps.train_step)
     r = e.value.result
     assert r.worst.startswith("scale/")
