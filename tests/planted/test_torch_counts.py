@@ -75,13 +75,21 @@ def test_two_ranks_fed_the_same_batch_are_caught_by_distinct_batches():
 
 
 def test_one_rank_counted_twice_is_caught_by_the_global_rate():
+    """The launch's own summary (``summarize``) of two ranks whose clocks close apart credits every
+    rank's tokens over the slowest rank's seconds, as the gate counts them; a summary that counts
+    one rank twice is refused."""
     spec = {**_spec(), "timed": 3}
     tokens = CFG.batch_size * CFG.num_steps * 3                      # one rank's window
-    secs = [[0.10, 0.10], [0.11, 0.10]]                              # rank 1 closes a bit later
-    honest = [tokens / 0.10 + tokens / 0.11, 2 * tokens / 0.10]      # the summed per-rank rates
-    res = {"ranks": [{"seconds": s} for s in secs], "windows": honest}
-    assert ddp.check_global_rate(res, spec) == pytest.approx([2 * tokens / 0.11, 2 * tokens / 0.10])
-    res["windows"] = [w + tokens / 0.11 for w in honest]             # rank 1 counted twice
+    secs = [[0.10, 0.10], [0.20, 0.10]]                              # rank 1 closes later
+    ranks = [{"seconds": s, "windows": [tokens / x for x in s], "batch_shape": [CFG.batch_size, CFG.num_steps]}
+             for s in secs]
+    res = ddp.summarize(ranks, spec)
+    assert res["windows"] == pytest.approx([2 * tokens / 0.20, 2 * tokens / 0.10])
+    assert ddp.check_global_rate(res, spec) == pytest.approx(res["windows"])
+    summed = [sum(w) for w in zip(*(r["windows"] for r in ranks))]   # each rank's own rate, summed:
+    with pytest.raises(CountError, match="global tokens"):           # credits rank 0 for time it waited
+        ddp.check_global_rate({**res, "windows": summed}, spec)
+    res["windows"] = [w + tokens / 0.20 for w in res["windows"]]     # rank 1 counted twice
     with pytest.raises(CountError, match="global tokens") as e:
         ddp.check_global_rate(res, spec)
     assert e.value.gate == "global rate" and GLOBAL_RATE_RTOL < 0.5

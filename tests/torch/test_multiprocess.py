@@ -44,7 +44,7 @@ def test_seed_form_ddp_on_four_ranks_predicts_after_its_baseline_and_before_its_
     assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and len(m.ranks) == 4
     assert sorted(r["rank"] for r in m.ranks) == [0, 1, 2, 3] and {r["world_size"] for r in m.ranks} == {4}
     assert len({r["init_digest"] for r in m.ranks}) == 1              # one initialisation, four replicas
-    # the real streams were checked distinct before timing, and the summed rate is the global
+    # the real streams were checked distinct before timing, and the combined rate is the global
     # tokens over the slowest rank's seconds (the launch asserted both; here they are recomputed)
     assert all(len(set(r["batch_digests"])) == 4 for r in m.ranks)
     spec = {"recipe": m.recipe, "config": CFG.to_dict(), "timed": TIMING["timed"]}

@@ -189,19 +189,24 @@ def launch(spec: dict, k: int, out_dir, timeout: float = 900.0) -> tuple[list[di
 
 
 def summarize(ranks: list[dict], spec: dict) -> dict:
-    """Sum the ranks' rates (weak scaling: each times its own tokens over the same steps).
+    """The ranks' rate together (weak scaling: each times its own tokens over the same steps).
 
-    ``timing``: the summed windows, each as long as its slowest rank took (every step waits
-    for the all-reduce of all of them), judged by the ladder's settle rule."""
+    ``timing``: window by window, every rank's tokens over the slowest rank's seconds (every step
+    waits for the all-reduce of all of them; ranks start their clocks apart, so a sum of each
+    rank's own rate would credit a rank for time the others were still running), judged by the
+    ladder's settle rule."""
     res = {"k": len(ranks), "ranks": ranks,
            "nodes": len({r.get("host") for r in ranks}),
            "num_params": ranks[0].get("num_params")}
     bws = [r["bus_bw"] for r in ranks if r.get("bus_bw")]
     res["bus_bw_measured"] = min(bws) if bws else None
     if all("seconds" in r for r in ranks):
-        windows = [sum(w) for w in zip(*(r["windows"] for r in ranks))]
+        seconds = [max(s) for s in zip(*(r["seconds"] for r in ranks))]
+        tokens = [sum(rate * s for rate, s in zip(rates, secs))     # each rank's rate x its seconds
+                  for rates, secs in zip(zip(*(r["windows"] for r in ranks)), zip(*(r["seconds"] for r in ranks)))]
+        windows = [n / s for n, s in zip(tokens, seconds)]
         target = spec["config"]["target_spread"]
-        res["timing"] = Timing(windows=windows, seconds=[max(s) for s in zip(*(r["seconds"] for r in ranks))],
+        res["timing"] = Timing(windows=windows, seconds=seconds,
                                settled=len(windows), stable=settles(windows, target),
                                target_spread=target, steps_per_window=spec["timed"],
                                warmup=spec["warmup"], batch_shape=list(ranks[0]["batch_shape"]))
