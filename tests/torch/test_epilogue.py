@@ -55,8 +55,9 @@ def ffn_pair(seed: int = 0, width: int | None = None):
 def forward_backward(module, fn, x, dy, bf16: bool) -> list[torch.Tensor]:
     """``[y, dx, dW1, db1, dW2, db2]`` of ``fn(x)`` (``fn``: the module or its compiled self)."""
     x = x.clone().requires_grad_()
-    module.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    for p in module.parameters():
+        p.grad = None
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         y = fn(x)
     y.backward(dy.to(y.dtype))
     return [y.detach(), x.grad] + [p.grad for p in module.parameters()]
@@ -305,12 +306,7 @@ def test_nvmath_epilogues_match_the_reference_ffn_on_cuda():
     x, dy = (torch.randn(4, 128, 512, device="cuda", generator=g) for _ in range(2))
 
     def run(module, fn, bf16):
-        x_ = x.clone().requires_grad_()
-        module.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            y = fn(x_)
-        y.backward(dy.to(y.dtype))
-        return [y.detach(), x_.grad] + [p.grad for p in module.parameters()]
+        return forward_backward(module, fn, x, dy, bf16)
 
     before = ep.plans().planned
     for bf16, tol in ((True, BF16_REL), (False, 1e-3)):   # fp32: the reference's may be TF32
