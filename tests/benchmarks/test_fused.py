@@ -55,22 +55,22 @@ def test_jax_smoke_and_an_unknown_xla_flag(tmp_path):
     assert flag["exists"] is False and "Unknown flag" in flag["error"][0]
 
 
-def test_the_attention_sweep_is_refused_for_torch(tmp_path):
+def refused(tmp_path, framework: str, *args) -> subprocess.CompletedProcess:
+    """The script run with arguments it must refuse before it measures anything."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--framework", "torch", "--smoke", "--out",
-                           str(tmp_path), "--attention-configs", "fwd:64/32"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, str(SCRIPT), "--framework", framework, "--smoke", "--out",
+                           str(tmp_path), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_attention_sweep_is_refused_for_torch(tmp_path):
+    proc = refused(tmp_path, "torch", "--attention-configs", "fwd:64/32")
     assert proc.returncode == 2 and "use it with --framework jax" in proc.stderr
     assert not (tmp_path / "torch_fused.json").exists()
 
 
 def test_bad_configs_are_refused(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--framework", "jax", "--smoke", "--out",
-                           str(tmp_path), "--configs", "rope"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = refused(tmp_path, "jax", "--configs", "rope")
     assert proc.returncode == 2 and "valid choices" in proc.stderr
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--framework", "jax", "--smoke", "--out",
-                           str(tmp_path), "--attention-configs", "fwd:64/64/4/2,fwd:7/7/4/2"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = refused(tmp_path, "jax", "--attention-configs", "fwd:64/64/4/2,fwd:7/7/4/2")
     assert proc.returncode == 2 and "entry 'fwd:7/7/4/2' is not valid; valid: fwd:BLOCK_M" in proc.stderr

@@ -8,6 +8,15 @@ from __future__ import annotations
 import torch
 
 
+def check_operands(x, w, what: str, k_dim: int):
+    """One line naming the shapes or dtypes when ``x`` (N, K) and ``w`` cannot be multiplied
+    (``k_dim``: the weight's dimension of length K)."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[k_dim]:
+        raise ValueError(f"{what}: shapes {tuple(x.shape)} and {tuple(w.shape)} do not multiply")
+    if x.dtype != w.dtype:
+        raise ValueError(f"{what}: input dtype {x.dtype} != weight dtype {w.dtype} (cast both first)")
+
+
 def ffn_setup(ctx, inputs, output):
     x, w1, _, w2, _ = inputs
     _, h, g = output

@@ -69,7 +69,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from perfladder.torch.fused._ffn import ffn_backward, ffn_setup, run_ffn
+from perfladder.torch.fused._ffn import check_operands, ffn_backward, ffn_setup, run_ffn
 
 INSTALL = "pip install nvmath-python (or pip install 'perfladder[kernels]')"
 # nvmath logs every plan and call at INFO to the logger it is given (the root logger by
@@ -215,17 +215,10 @@ STAND_IN = SimpleNamespace(Matmul=StandInMatmul, MatmulEpilog=StandInEpilog, CUD
 
 
 # -- the operators --------------------------------------------------------------------------------
-def _check(x, w, what: str, k_dim: int):
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[k_dim]:
-        raise ValueError(f"{what}: shapes {tuple(x.shape)} and {tuple(w.shape)} do not multiply")
-    if x.dtype != w.dtype:
-        raise ValueError(f"{what}: input dtype {x.dtype} != weight dtype {w.dtype} (cast both first)")
-
-
 @torch.library.custom_op("perfladder::epilogue_fc1_gelu", mutates_args=())
 def fc1_gelu(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (N, D), W1 (F, D), b1 (F,) -> (gelu(h) (N, F), h (N, F8)), in x's dtype."""
-    _check(x, w1, "fc1_gelu", 1)
+    check_operands(x, w1, "fc1_gelu", 1)
     g_t, aux = plans().run("GELU_AUX_BIAS", w1.contiguous(), x.contiguous().t(),
                            {"bias": b1.contiguous()})                          # (F, N) column-major
     return g_t.t().contiguous(), aux["gelu_aux"].t().contiguous()             # no copy: row-major already
@@ -240,7 +233,7 @@ def _(x, w1, b1):
 def fc2_dgelu(dy: torch.Tensor, w2: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """dy (N, D), W2 (D, F), h (N, F8) from ``fc1_gelu`` -> (dh = (dy W2) * gelu'(h) (N, F),
     db1 (F,)), in dy's dtype."""
-    _check(dy, w2, "fc2_dgelu", 0)
+    check_operands(dy, w2, "fc2_dgelu", 0)
     (M, _), N = dy.shape, w2.shape[1]
     if tuple(h.shape) != (M, aux_rows(N)):
         raise ValueError(f"fc2_dgelu: h has shape {tuple(h.shape)}, expected {(M, aux_rows(N))}")

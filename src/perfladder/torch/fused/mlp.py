@@ -26,7 +26,7 @@ The math is the reference's (fp32 accumulation, the tanh GELU of ``fused.gelu``)
 """
 import torch
 
-from perfladder.torch.fused._ffn import ffn_backward, ffn_setup, run_ffn
+from perfladder.torch.fused._ffn import check_operands, ffn_backward, ffn_setup, run_ffn
 from perfladder.torch.fused._launch import check_device, interpreted, tl, triton
 from perfladder.torch.fused.gelu import _tanh
 
@@ -104,17 +104,10 @@ def _launch(a, b, M: int, N: int, K: int, dgelu: bool, bias=None, aux=None):
     return out, out2
 
 
-def _check(x, w, what: str, k_dim: int):
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[k_dim]:
-        raise ValueError(f"{what}: shapes {tuple(x.shape)} and {tuple(w.shape)} do not multiply")
-    if x.dtype != w.dtype:
-        raise ValueError(f"{what}: input dtype {x.dtype} != weight dtype {w.dtype} (cast both first)")
-
-
 @torch.library.custom_op("perfladder::mlp_fc1_gelu", mutates_args=())
 def fc1_gelu(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (N, D), W1 (F, D), b1 (F,) -> (h, gelu(h)), each (N, F) in x's dtype."""
-    _check(x, w1, "fc1_gelu", 1)
+    check_operands(x, w1, "fc1_gelu", 1)
     check_device(_gemm_kernel, x, w1, b1)
     (M, K), N = x.shape, w1.shape[0]
     return _launch(x, w1.t(), M, N, K, dgelu=False, bias=b1)             # B = W1^T, a view
@@ -128,7 +121,7 @@ def _(x, w1, b1):
 @torch.library.custom_op("perfladder::mlp_fc2_dgelu", mutates_args=())
 def fc2_dgelu(dy: torch.Tensor, w2: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """dy (N, D), W2 (D, F), h (N, F) -> (dh = (dy W2) * gelu'(h) (N, F), db1 (F,) fp32)."""
-    _check(dy, w2, "fc2_dgelu", 0)
+    check_operands(dy, w2, "fc2_dgelu", 0)
     check_device(_gemm_kernel, dy, w2, h)
     (M, K), N = dy.shape, w2.shape[1]
     if tuple(h.shape) != (M, N):
