@@ -21,9 +21,8 @@ from perfladder.ladder import engine
 from perfladder.ladder.rung import Given, NotSupported
 from perfladder.results.record import LadderResult
 from perfladder.torch import GPT, RUNGS
-from perfladder.torch.fused import check_fused
+from perfladder.torch.fused import check_fused, gemm
 from perfladder.torch.fused import epilogue as ep
-from perfladder.torch.fused import gemm
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs import changes as ch
 

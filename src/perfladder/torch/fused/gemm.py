@@ -35,6 +35,8 @@ naming the package; ``fused.epilogue.use_backend(STAND_IN)`` runs the same code 
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -47,6 +49,19 @@ GEMM_OPTIONS = ("gemm", "gemm_bgrad")
 
 def _run(epilog, a, b, inputs=None):
     return plans().run(epilog, a, b, inputs or {}, autotune=AUTOTUNE_ITERATIONS)
+
+
+@contextlib.contextmanager
+def autotuning(iterations: int):
+    """Within: plans made from here on are autotuned with ``iterations`` timings of each
+    candidate algorithm (0: cuBLASLt's heuristic first choice is kept, as PyTorch's cuBLAS call
+    keeps it); ``benchmarks/gemm_algorithms_torch.py`` times both."""
+    global AUTOTUNE_ITERATIONS
+    before, AUTOTUNE_ITERATIONS = AUTOTUNE_ITERATIONS, int(iterations)
+    try:
+        yield
+    finally:
+        AUTOTUNE_ITERATIONS = before
 
 
 @torch.library.custom_op("perfladder::gemm_linear", mutates_args=())
