@@ -338,3 +338,40 @@ def test_the_fused_step_is_captured_as_cuda_graphs(fused):
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     for a, b in zip(got, want):
         assert rel(a, b) <= 1e-2
+
+
+# -- the rungs' gates, on the stand-in --------------------------------------------------------------
+def _trial(option, backend=ep.STAND_IN):
+    from perfladder.torch.lab import TorchLab
+    from perfladder.torch.rungs import beyond as bz
+    lab = TorchLab(SMOKE)
+    recipe = Recipe(batch_size=SMOKE.batch_size, bf16=True, fused=(option,))
+    with ep.use_backend(backend):
+        return bz.gated()(lab, Given(rung=RUNGS["B17"], recipe=recipe))
+
+
+@pytest.mark.parametrize("option", gemm.GEMM_OPTIONS)
+def test_the_rung_measurement_passes_every_gate_with_its_gemms_counted(option):
+    """What B17 / B18 run (``gated()``: the model gate, the loss gate, the receipt) on the smoke
+    config, eager bf16, the GEMMs on the stand-in: every gate passes, and the receipt counts our
+    GEMM operators as bf16 matmuls (they are all the step's matmuls: without them it would see
+    none and refuse the step)."""
+    ev = _trial(option)
+    assert [g.passed for g in ev.gates] == [True, True]
+    assert ev.receipt.observed["matmul_operands"] == "bfloat16"
+
+
+class WrongBiasGradient(ep.StandInMatmul):
+    def execute(self):
+        out = super().execute()
+        if self.epilog is ep.StandInEpilog.BGRADB:
+            out[1]["bgradb"] = 2 * out[1]["bgradb"]
+        return out
+
+
+@pytest.mark.planted
+def test_a_wrong_bias_gradient_in_the_epilogue_is_caught_by_the_model_gate():
+    from perfladder.measure.gates import GateError
+    backend = type(ep.STAND_IN)(**{**vars(ep.STAND_IN), "Matmul": WrongBiasGradient})
+    with pytest.raises(GateError, match="model gate|gradient"):
+        _trial("gemm_bgrad", backend)
