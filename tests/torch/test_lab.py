@@ -29,7 +29,7 @@ LATE = KERNELS + ["B14", "B15"]           # B14: the bf16 residual stream (any d
 LATEST = ["B16", "B17", "B18"]            # CUDA graphs on the fused step; autotuned cuBLASLt GEMMs
 MULTI = ["R5", "R5x", "R5f"]
 COMPILED = ["R1", "R2", "R3", "R4"] + ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B14"]
-BF16 = ["R2", "R3", "R4"] + BEYOND + FUSED + LATE
+BF16 = ["R2", "R3", "R4"] + BEYOND + FUSED + LATE + LATEST
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def measured(res):
 
 # -- the declarations ------------------------------------------------------------------------------
 def test_rung_declarations():
-    assert list(RUNGS) == SEED + BEYOND + FUSED + ["B11"] + LATE + MULTI
+    assert list(RUNGS) == SEED + BEYOND + FUSED + ["B11"] + LATE + LATEST + MULTI
     assert [n for n, r in RUNGS.items() if r.optional] == ["B11"]
     for name, r in RUNGS.items():
         assert r.name == name and r.key and r.label and r.section and r.gate, name
@@ -77,7 +77,7 @@ def test_rung_declarations():
 # -- the run ---------------------------------------------------------------------------------------------
 def test_rungs_in_order_and_progress_events(ladder_run, small_run):
     default = check_rungs(RUNGS)
-    assert default == SEED + BEYOND + FUSED + LATE + MULTI           # B11 only when named
+    assert default == SEED + BEYOND + FUSED + LATE + LATEST + MULTI  # B11 only when named
     assert [r.name for r in ladder_run.result.rungs] == default
     result, events = small_run
     names = ["R0", "R3c", "B1", "R5", "learning"]                    # ladder order, not the caller's
