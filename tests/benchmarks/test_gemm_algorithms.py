@@ -102,3 +102,11 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path, args, says):
     proc = run("--smoke", *args)
     assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1
     assert not any(tmp_path.iterdir())
+
+
+def test_a_shape_the_library_refuses_is_recorded_in_one_line():
+    t = tool()
+
+    def refuses():
+        raise ValueError("no algorithm for this layout\n(details)")
+    assert t.timed(refuses, None, 1, None) == {"not_measured": "ValueError: no algorithm for this layout"}
