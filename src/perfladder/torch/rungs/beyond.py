@@ -134,10 +134,10 @@ BEYOND = [
          needs_gpu="cuBLASLt's epilogues are GPU kernels (on CPU PyTorch ops stand in for them, "
                    "in tests/torch/test_epilogue.py)"),
     # the idle between kernels: B3 tried CUDA graphs only on the unfused step at the seed's batch
-    Rung("B16", "fused_cuda_graphs", "+CUDA graphs (fused step)", gated(optimizer=True), **BEYOND_,
+    Rung("B16", "fused_cuda_graphs", "+CUDA graphs, fused", gated(optimizer=True), **BEYOND_,
          change=ch.fused_cuda_graphs, gate=OPT_GATE, needs_gpu=CUDA_GRAPHS_ON_CPU),
-    Rung("B17", "tuned_gemms", "+autotuned cuBLASLt GEMMs", with_nvmath(gated(), TUNED_GEMMS), **BEYOND_,
+    Rung("B17", "tuned_gemms", "+tuned cuBLASLt GEMMs", with_nvmath(gated(), TUNED_GEMMS), **BEYOND_,
          change=ch.tuned_gemms, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
-    Rung("B18", "gemm_bias_grads", "+bias gradients in GEMMs", with_nvmath(gated(), TUNED_GEMMS),
+    Rung("B18", "gemm_bias_grads", "+bias grads in GEMMs", with_nvmath(gated(), TUNED_GEMMS),
          **BEYOND_, change=ch.gemm_bias_grads, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
 ]
