@@ -176,7 +176,7 @@ def test_compiled_under_autocast_matches_eager():
     torch._dynamo.reset()
     with ep.use_backend(ep.STAND_IN):
         eager = run(model)
-        compiled = run(torch.compile(model, backend="aot_eager", fullgraph=True))
+        compiled = run(torch.compile(model, fullgraph=True))             # inductor, as the rungs compile
     assert eager[0].dtype == torch.bfloat16
     for a, b in zip(compiled, eager):
         assert rel(a, b) <= BF16_REL
