@@ -26,7 +26,8 @@ epilogue writing both (``nvmath_bgradb``: B18).
 Each time is the median of ``--reps`` CUDA-event timings after ``--warmup`` calls; TFLOP/s is
 ``2 M N K`` over it. ``per_step_ms`` adds each option's GEMMs as one training step runs them
 (the layer GEMMs once per block, the head once); an option with a shape not measured has no
-total. Every option's result is also checked against ``torch``'s (``rel_err``). Results go to
+total. Every option's result is also checked against ``torch``'s (``rel_err``); the nvmath
+options record the cuBLASLt algorithm their plan runs (``algorithm``). Results go to
 the JSON atomically after every shape (an existing file is replaced only by a complete write);
 a short table goes to stdout. Without CUDA it refuses in one line (``--smoke`` runs the smoke
 config's shapes on CPU, the nvmath options on ``fused.epilogue``'s stand-in backend: a test of
@@ -120,10 +121,21 @@ def timed(fn, want, flop: int, median_ms) -> dict:
     return {"ms": ms, "tflops": flop / ms / 1e9, "rel_err": err}
 
 
+def algorithm_of(plans) -> dict:
+    """``{"algorithm": id}`` of the plan made last (nvmath orders a plan's algorithms, fastest
+    first once autotuned, and runs the first), so the heuristic and the tuned choice can be
+    told apart; empty for PyTorch's own calls and the stand-in."""
+    if plans is None or not plans.plans:
+        return {}
+    algorithms = getattr(list(plans.plans.values())[-1], "algorithms", None)
+    found = getattr(algorithms[0], "algorithm_id", None) if algorithms else None
+    return {} if found is None else {"algorithm": int(found)}
+
+
 @contextlib.contextmanager
 def option_context(option: str, backend, iterations: int):
     """What ``option`` runs under: PyTorch's BLAS preference, or fresh nvmath plans (autotuned
-    or not) on ``backend``; the previous settings restored after."""
+    or not) on ``backend``, yielded; the previous settings restored after."""
     import torch
 
     from perfladder.torch.fused import epilogue as ep
@@ -136,10 +148,10 @@ def option_context(option: str, backend, iterations: int):
         finally:
             torch.backends.cuda.preferred_blas_library(before)
     elif option in NVMATH:
-        with ep.use_backend(backend), gemm.autotuning(0 if option == "nvmath" else iterations):
-            yield
+        with ep.use_backend(backend) as plans, gemm.autotuning(0 if option == "nvmath" else iterations):
+            yield plans
     else:
-        yield
+        yield None
 
 
 def not_measured(cuda: bool, missing: str | None) -> dict:
@@ -174,9 +186,10 @@ def measure_layer(name, K, O, bias, N, dev, median_ms, backend, iterations, skip
                 rows[g]["options"][option] = {"not_measured": skip[option]}
         if option in skip:
             continue
-        with option_context(option, backend, iterations):
+        with option_context(option, backend, iterations) as plans:
             for g, fn in calls(option, x, w, wt, b, dy).items():
-                rows[g]["options"][option] = timed(fn, want[g], flop[g], median_ms)
+                rows[g]["options"][option] = {**timed(fn, want[g], flop[g], median_ms),
+                                              **algorithm_of(plans)}
     if not bias:
         return {"gemms": rows, "bias_grad": None}
     row = {"flop": flop["wgrad"], "options": {}}
@@ -191,8 +204,9 @@ def measure_layer(name, K, O, bias, N, dev, median_ms, backend, iterations, skip
             fn = lambda: (gemm.wgrad(dy, x), dy.sum(0))                 # noqa: E731
         else:
             fn = lambda: gemm.wgrad_bgrad(dy, x)                        # noqa: E731
-        with option_context(option, backend, iterations):
-            row["options"][option] = timed(fn, (want["wgrad"], db_want), flop["wgrad"], median_ms)
+        with option_context(option, backend, iterations) as plans:
+            row["options"][option] = {**timed(fn, (want["wgrad"], db_want), flop["wgrad"], median_ms),
+                                      **algorithm_of(plans)}
     return {"gemms": rows, "bias_grad": row}
 
 

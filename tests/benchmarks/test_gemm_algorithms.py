@@ -110,3 +110,12 @@ def test_a_shape_the_library_refuses_is_recorded_in_one_line():
     def refuses():
         raise ValueError("no algorithm for this layout\n(details)")
     assert t.timed(refuses, None, 1, None) == {"not_measured": "ValueError: no algorithm for this layout"}
+
+
+def test_the_algorithm_a_plan_runs_is_read_from_its_first_algorithm():
+    from types import SimpleNamespace
+    t = tool()
+    plan = SimpleNamespace(algorithms=[SimpleNamespace(algorithm_id=31), SimpleNamespace(algorithm_id=6)])
+    assert t.algorithm_of(SimpleNamespace(plans={"k": plan})) == {"algorithm": 31}
+    assert t.algorithm_of(None) == {} and t.algorithm_of(SimpleNamespace(plans={})) == {}
+    assert t.algorithm_of(SimpleNamespace(plans={"k": SimpleNamespace()})) == {}    # the stand-in
