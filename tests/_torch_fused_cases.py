@@ -325,3 +325,73 @@ def test_fused_full_width_model_on_gpu_bf16(fused):
     for n in gr:
         scale = gr[n].abs().max().item()
         assert (gf[n] - gr[n]).abs().max().item() <= 3e-2 * scale + 1e-6, n
+
+
+# -- CUDA graphs over the fused step (B16) -----------------------------------------------------------
+B14_FUSED = ("gelu", "attention")            # the kernels of the fastest configuration so far (B14)
+
+
+def _aot_graphs(fn, *args):
+    """The forward and backward graphs AOTAutograd hands inductor for ``fn(*args).sum()`` and its
+    backward (what inductor's CUDA-graph check reads)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), fullgraph=True)
+    compiled(*args).float().sum().backward()
+    assert len(graphs) == 2, len(graphs)
+    return graphs
+
+
+def _refused_by_cuda_graphs(gm):
+    """The first node of ``gm`` that would make inductor skip CUDA graphs (an op tagged
+    cudagraph-unsafe or forbidden, such as a host sync; a data-dependent shape), or None."""
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+    node = get_first_incompatible_cudagraph_node(gm)
+    return None if node is None else str(node.target)
+
+
+@pytest.mark.parametrize("fused", [(*B14_FUSED, "gemm_bgrad"), ALL_ROPE, ALL_EPI, ("attention", "epilogue")],
+                         ids=["B14+gemm_bgrad", "all_rope", "all_epi", "B15"])
+def test_the_fused_step_holds_nothing_cuda_graphs_refuse(fused):
+    """B16 replays the fused step as CUDA graphs (mode='reduce-overhead'): under bf16 autocast
+    with a bf16 stream, as B14 runs, the model compiles whole (fullgraph) and neither its forward
+    nor its backward graph holds anything inductor's CUDA-graph check would refuse; our
+    operators are in the graphs, as opaque nodes (each declared functional: mutates_args=()).
+    What this cannot check on CPU: host work inside an operator during a capture (the GPU
+    test captures it)."""
+    from perfladder.torch.fused import epilogue as ep
+    torch.manual_seed(0)
+    model = GPT(SMOKE, fused=fused, residual="bf16").to(DEV)
+    X = torch.randint(0, SMOKE.vocab_size, (2, 16), device=DEV)
+
+    def fwd(x):
+        with torch.autocast(DEV, dtype=torch.bfloat16):
+            return model(x)
+    with ep.use_backend(ep.STAND_IN):
+        graphs = _aot_graphs(fwd, X)
+    for gm in graphs:
+        assert _refused_by_cuda_graphs(gm) is None, (_refused_by_cuda_graphs(gm), fused)
+    ops = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert any(op.startswith("perfladder.") for op in ops), sorted(ops)
+
+
+@torch.library.custom_op("perfladder_test::host_sync", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def _host_sync(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+_host_sync.register_fake(lambda x: torch.empty_like(x))
+_host_sync.register_autograd(lambda ctx, g: g * 2)
+
+
+def test_the_cuda_graph_check_finds_an_unsafe_op():
+    """Planted: an operator tagged cudagraph-unsafe is what the check above reports."""
+    fw, _ = _aot_graphs(lambda t: _host_sync(t), torch.randn(4, requires_grad=True))
+    assert "host_sync" in _refused_by_cuda_graphs(fw)

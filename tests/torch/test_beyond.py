@@ -27,6 +27,7 @@ ON_GPU = torch.cuda.is_available()
 BEYOND = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
 FUSED = ["B8", "B9", "B10"]
 KERNELS = ["B12", "B13"]          # after the optional B11 (not in the smoke run)
+LATEST = ["B16", "B17", "B18"]    # CUDA graphs on the fused step, the autotuned cuBLASLt GEMMs
 MEASURED = ["B1", "B2", "B4", "B5", "B6", "B14"] + (["B3", *FUSED, *KERNELS] if ON_GPU else [])
 
 
@@ -44,7 +45,7 @@ def lab():
 # -- the rungs of the smoke run ------------------------------------------------------------------
 def test_beyond_rungs_follow_the_seed(res):
     names = [r.name for r in res.rungs]
-    assert names[names.index("R4") + 1:names.index("R5")] == BEYOND + FUSED + KERNELS + ["B14", "B15"]
+    assert names[names.index("R4") + 1:names.index("R5")] == BEYOND + FUSED + KERNELS + ["B14", "B15", *LATEST]
     assert "B11" in RUNGS and "B11" not in check_rungs(RUNGS) and RUNGS["B11"].optional
     assert "B11" in check_rungs(RUNGS, optional=True)
     assert check_rungs(RUNGS, ["B11", "R0"]) == ["R0", "B11"]      # named: runs, in ladder order

@@ -26,9 +26,10 @@ BEYOND = ["B1", "B2", "B3", "B4", "B5", "B6", "B7"]
 FUSED = ["B8", "B9", "B10"]               # Triton kernels: GPU rungs
 KERNELS = ["B12", "B13"]                  # bigger Triton kernels: GPU rungs, after the optional B11
 LATE = KERNELS + ["B14", "B15"]           # B14: the bf16 residual stream (any device); B15: cuBLASLt's
+LATEST = ["B16", "B17", "B18"]            # CUDA graphs on the fused step; autotuned cuBLASLt GEMMs
 MULTI = ["R5", "R5x", "R5f"]
 COMPILED = ["R1", "R2", "R3", "R4"] + ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B14"]
-BF16 = ["R2", "R3", "R4"] + BEYOND + FUSED + LATE
+BF16 = ["R2", "R3", "R4"] + BEYOND + FUSED + LATE + LATEST
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def measured(res):
 
 # -- the declarations ------------------------------------------------------------------------------
 def test_rung_declarations():
-    assert list(RUNGS) == SEED + BEYOND + FUSED + ["B11"] + LATE + MULTI
+    assert list(RUNGS) == SEED + BEYOND + FUSED + ["B11"] + LATE + LATEST + MULTI
     assert [n for n, r in RUNGS.items() if r.optional] == ["B11"]
     for name, r in RUNGS.items():
         assert r.name == name and r.key and r.label and r.section and r.gate, name
@@ -64,18 +65,19 @@ def test_rung_declarations():
         "eager", "compile", "bf16", "batch_up", "checkpoint"}
     assert RUNGS["R3c"].kind == "control" and RUNGS["R3c"].builds_on == "R1"   # R3 without bf16
     assert [RUNGS[n].builds_on for n in ("R1", "R2", "R3", "R4")] == ["R0", "R1", "R2", "R3"]
-    assert all(RUNGS[n].stage == "beyond" for n in BEYOND + FUSED + ["B11"] + LATE)
+    assert all(RUNGS[n].stage == "beyond" for n in BEYOND + FUSED + ["B11"] + LATE + LATEST)
     assert {n for n, r in RUNGS.items() if r.alternative} == {"B2", "B7", "B15"}
-    assert {n for n, r in RUNGS.items() if r.needs_gpu} == {"B3", *FUSED, "B11", *KERNELS, "B15"}
+    assert {n for n, r in RUNGS.items() if r.needs_gpu} == {"B3", *FUSED, "B11", *KERNELS, "B15", *LATEST}
     assert {RUNGS[n].key for n in FUSED} == {"fused_rope", "fused_gelu", "fused_addnorm"}
     assert [RUNGS[n].key for n in LATE] == ["fused_attention", "fused_mlp", "bf16_residual",
                                             "cublaslt_epilogues"]
+    assert [RUNGS[n].key for n in LATEST] == ["fused_cuda_graphs", "tuned_gemms", "gemm_bias_grads"]
 
 
 # -- the run ---------------------------------------------------------------------------------------------
 def test_rungs_in_order_and_progress_events(ladder_run, small_run):
     default = check_rungs(RUNGS)
-    assert default == SEED + BEYOND + FUSED + LATE + MULTI           # B11 only when named
+    assert default == SEED + BEYOND + FUSED + LATE + LATEST + MULTI  # B11 only when named
     assert [r.name for r in ladder_run.result.rungs] == default
     result, events = small_run
     names = ["R0", "R3c", "B1", "R5", "learning"]                    # ladder order, not the caller's

@@ -111,6 +111,17 @@ TECHNIQUES: dict[str, Technique] = {
                                     (MEMORY,), S_FUSION,
                                     "GELU and bias passes over the 4D-wide hidden activation",
                                     ("elementwise: GELU", E_REST)),
+    "fused_cuda_graphs": Technique("replays the fastest fused step as CUDA graphs, one launch where "
+                                   "there were hundreds, so the GPU stops idling between kernels",
+                                   (HOST,), S_OVERHEAD, "the idle time between the fused step's kernels"),
+    "tuned_gemms": Technique("runs every GEMM of the step through a cuBLASLt plan whose algorithm "
+                             "was chosen by timing, once per shape", (COMPUTE,), S_COMPILE,
+                             "cuBLAS's first-choice GEMM algorithms", (MATMUL,)),
+    "gemm_bias_grads": Technique("computes each linear layer's bias gradient in the epilogue of its "
+                                 "weight-gradient GEMM, so the output gradient is not read again for "
+                                 "a separate sum", (MEMORY,), S_FUSION,
+                                 "the bias gradients' reductions over the output gradients",
+                                 (NORM, MATMUL)),
     "data_parallel": Technique("splits each batch across GPUs and sums the gradients every step",
                                section=S_DP, cost="one GPU's throughput: k GPUs, gradients all-reduced",
                                devices=True),

@@ -312,7 +312,7 @@ class GPT(nn.Module):
         self.fused = check_fused(fused)
         self.residual = check_residual(residual)
         if self.fused:
-            from perfladder.torch import fused as _kernels  # noqa: F401  (ImportError naming triton if it is missing)
+            from perfladder.torch.fused.gemm import routed_linear
         self.pos = config.pos
         D = config.num_hiddens
         self.token_emb = nn.Embedding(config.vocab_size, D)
@@ -322,11 +322,11 @@ class GPT(nn.Module):
                                   for _ in range(config.num_blks))
         self.norm = nn.LayerNorm(D, eps=config.ln_eps)
         self.apply(self._init_weights)
+        self._linear = routed_linear(self) if self.fused else F.linear   # the LM head's (fused 'gemm')
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
-        # normal(0, 0.02) weights, zero biases; LayerNorms keep ones / zeros.
-        # Deterministic given torch.manual_seed before construction.
+        # normal(0, 0.02) weights, zero biases (LayerNorms keep ones / zeros); deterministic given the seed
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -365,7 +365,7 @@ class GPT(nn.Module):
             return self._forward_addnorm(H)
         for blk in self.blks:
             H = blk(H) if self.run_block is None else self.run_block(blk, H)   # (B, T, D)
-        return F.linear(self.norm(H), self.token_emb.weight)      # (B, T, D) @ (D, V) -> (B, T, V)
+        return self._linear(self.norm(H), self.token_emb.weight)      # (B, T, D) @ (D, V) -> (B, T, V)
 
     @staticmethod
     def _bf16_stream(H: torch.Tensor) -> torch.Tensor:
@@ -384,7 +384,7 @@ class GPT(nn.Module):
             else:
                 H, pending = self.run_block(blk.forward_addnorm, H, pending)
         _, y = fused_norm(self.norm, H, pending)                  # (B, T, D)
-        return F.linear(y, self.token_emb.weight)                 # (B, T, D) @ (D, V) -> (B, T, V)
+        return self._linear(y, self.token_emb.weight)                 # (B, T, D) @ (D, V) -> (B, T, V)
 
     @property
     def checkpoint(self) -> bool:

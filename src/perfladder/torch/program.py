@@ -57,7 +57,10 @@ from perfladder.measure.counts import check_flops as _check_flops
 # operand positions of each matmul op: the two matrices (addmm / baddbmm: after the bias)
 MATMUL_OPERANDS = {"mm": (0, 2), "bmm": (0, 2), "matmul": (0, 2), "linear": (0, 2), "mv": (0, 2),
                    "dot": (0, 2), "addmm": (1, 3), "baddbmm": (1, 3), "addmv": (1, 3),
-                   "addbmm": (1, 3)}
+                   "addbmm": (1, 3),
+                   # fused 'gemm': every GEMM is one of our operators (``perfladder.torch.fused.gemm``)
+                   "gemm_linear": (0, 2), "gemm_dgrad": (0, 2), "gemm_wgrad": (0, 2),
+                   "gemm_wgrad_bgrad": (0, 2)}
 # the data operands of an attention op, by the name its schema gives them: q, k, v, the output
 # and the output's gradient (SDPA's kernels), the projection, output and its gradient (the
 # fused kernel's ``perfladder::rope_attention_*``). Not data: the logsumexp every kernel keeps

@@ -10,6 +10,8 @@
 | 'attention'| ``fused.attention``    | QKV split + RoPE + causal SDPA + output merge, forward and backward (subsumes 'rope') |
 | 'mlp'      | ``fused.mlp``          | FC1 + bias + GELU in one GEMM, FC2's input gradient + dGELU + db1 in one (subsumes 'gelu') |
 | 'epilogue' | ``fused.epilogue``     | the same as 'mlp' in cuBLASLt's GEMM epilogues, through nvmath-python (not Triton) |
+| 'gemm'     | ``fused.gemm``         | every ``nn.Linear`` and the LM head: cuBLASLt plans autotuned once per shape (nvmath-python) |
+| 'gemm_bgrad'| ``fused.gemm``        | 'gemm' with each bias gradient in its weight gradient's GEMM epilogue (subsumes 'gemm') |
 
 Each is a ``torch.library.custom_op`` operator (``perfladder::...``) with a fake (shape)
 implementation and its backward registered on it (``register_autograd``, itself calling a
@@ -30,8 +32,8 @@ from __future__ import annotations
 
 from perfladder.checks import check_options
 
-FUSED = ("rope", "addnorm", "gelu", "attention", "mlp", "epilogue")
-NOT_TRITON = ("epilogue",)     # options whose kernels are a library's (cuBLASLt), not Triton's
+FUSED = ("rope", "addnorm", "gelu", "attention", "mlp", "epilogue", "gemm", "gemm_bgrad")
+NOT_TRITON = ("epilogue", "gemm", "gemm_bgrad")     # options whose kernels are a library's (cuBLASLt), not Triton's
 # pairs that cannot be combined, and why
 EXCLUSIVE = {("rope", "attention"): "fused 'attention' rotates q and k itself (it subsumes 'rope'); "
                                     "use one of them",
@@ -39,7 +41,9 @@ EXCLUSIVE = {("rope", "attention"): "fused 'attention' rotates q and k itself (i
              ("gelu", "epilogue"): "fused 'epilogue' computes GELU in cuBLASLt's GEMMs (it subsumes 'gelu'); "
                                    "use one of them",
              ("mlp", "epilogue"): "fused 'mlp' and 'epilogue' both put GELU in the FFN's GEMMs (Triton's or "
-                                  "cuBLASLt's); use one of them"}
+                                  "cuBLASLt's); use one of them",
+             ("gemm", "gemm_bgrad"): "fused 'gemm_bgrad' is 'gemm' with the bias gradients in the GEMMs' "
+                                     "epilogues (it subsumes 'gemm'); use one of them"}
 
 
 def check_fused(fused) -> tuple[str, ...]:

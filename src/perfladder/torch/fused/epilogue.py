@@ -78,14 +78,14 @@ LOGGER = logging.getLogger("perfladder.epilogue")
 LOGGER.setLevel(logging.WARNING)
 
 
-def nvmath_missing() -> str | None:
-    """One line saying why nvmath-python cannot be used here (None when it can be imported)."""
+def nvmath_missing(what: str = "the cuBLASLt FFN epilogues (fused 'epilogue')") -> str | None:
+    """One line saying why nvmath-python cannot be used here for ``what`` (None when it can be
+    imported)."""
     try:
         import nvmath.linalg.advanced  # noqa: F401
     except ImportError as e:
         why = "is not installed" if getattr(e, "name", None) == "nvmath" else f"does not import ({e})"
-        return (f"the cuBLASLt FFN epilogues (fused 'epilogue') need nvmath-python, which {why} "
-                f"in this Python: {INSTALL}")
+        return f"{what} need nvmath-python, which {why} in this Python: {INSTALL}"
     return None
 
 
@@ -95,24 +95,34 @@ def aux_rows(m: int) -> int:
 
 
 class Plans:
-    """Matmul objects of ``backend``, one per (epilogue, operands' shapes, strides, dtypes,
-    device), planned on first use (see the module docstring). ``planned`` counts the plans made."""
+    """Matmul objects of ``backend``, one per (epilogue, autotuning, operands' shapes, strides,
+    dtypes, device), planned on first use (see the module docstring). ``planned`` counts the
+    plans made, ``tuned`` those whose algorithm was then chosen by timing (``fused.gemm``)."""
 
     def __init__(self, backend):
-        self.backend, self.plans, self.planned = backend, {}, 0
+        self.backend, self.plans, self.planned, self.tuned = backend, {}, 0, 0
 
-    def run(self, epilog: str, a: torch.Tensor, b: torch.Tensor, inputs: dict):
-        """``(result, {aux name: tensor})`` of ``epilog(a @ b)`` with its epilogue ``inputs``."""
+    def run(self, epilog: str | None, a: torch.Tensor, b: torch.Tensor, inputs: dict,
+            autotune: int = 0):
+        """``epilog(a @ b)`` with its epilogue ``inputs``: ``(result, {aux name: tensor})`` for
+        an epilogue with outputs, else the result (``epilog`` None: the plain product). The
+        result is column-major when the epilogue asks for it, else in ``a``'s order (nvmath's
+        rule). ``autotune`` > 0: a new plan's algorithms are timed that many times each and the
+        fastest kept (``Matmul.autotune``), once per plan."""
         tensors = (a, b, *inputs.values())
         if getattr(self.backend, "CUDA_ONLY", True) and any(t.device.type != "cuda" for t in tensors):
-            raise RuntimeError("the cuBLASLt FFN epilogues run on CUDA tensors; got tensors on "
+            raise RuntimeError("nvmath's cuBLASLt GEMMs run on CUDA tensors; got tensors on "
                                f"{sorted({t.device.type for t in tensors})}")
-        key = (epilog, *((n, tuple(t.shape), t.stride(), t.dtype, t.device)
-                         for n, t in (("a", a), ("b", b), *sorted(inputs.items()))))
+        key = (epilog, autotune, *((n, tuple(t.shape), t.stride(), t.dtype, t.device)
+                                   for n, t in (("a", a), ("b", b), *sorted(inputs.items()))))
         mm = self.plans.get(key)
         if mm is None:
             mm = self.backend.Matmul(a, b, options={"logger": LOGGER})
-            mm.plan(epilog=getattr(self.backend.MatmulEpilog, epilog), epilog_inputs=inputs)
+            mm.plan(epilog=None if epilog is None else getattr(self.backend.MatmulEpilog, epilog),
+                    epilog_inputs=inputs or None)
+            if autotune:
+                mm.autotune(iterations=autotune)
+                self.tuned += 1
             self.plans[key] = mm
             self.planned += 1
         else:
@@ -155,6 +165,8 @@ def use_backend(backend):
 class StandInEpilog(enum.Enum):
     GELU_AUX_BIAS = "GELU_AUX_BIAS"
     DGELU_BGRAD = "DGELU_BGRAD"
+    BIAS = "BIAS"
+    BGRADB = "BGRADB"
 
 
 def _column_major(t: torch.Tensor) -> torch.Tensor:
@@ -170,7 +182,12 @@ class StandInMatmul:
       (tanh form, from fp32 z); aux ``gelu_aux``: z rounded, (M rounded up to 8, N) column-major
       (the padding rows are unspecified: NaN here);
     * ``DGELU_BGRAD``, input ``gelu_aux`` as above: result ``d = (a @ b) * gelu'(aux[:M])``; aux
-      ``dgelu_bgrad`` (M,): d's row sums, from fp32 d.
+      ``dgelu_bgrad`` (M,): d's row sums, from fp32 d;
+    * ``BIAS``, input ``bias`` (M,): result ``a @ b + bias[:, None]``, no aux;
+    * ``BGRADB``: result ``a @ b``; aux ``bgradb`` (N,): b's column sums (over K), from fp32;
+    * no epilogue (``None``): result ``a @ b`` in ``a``'s order (row-major when ``a`` is), no aux.
+
+    ``autotune`` only counts its calls (``tuned_iterations``): there are no algorithms to time.
 
     nvmath-python's own epilogue tests simulate the two the same way (the tanh GELU, the aux
     rows rounded up to 8 and read as ``aux[:M]``, the row sums)."""
@@ -179,7 +196,11 @@ class StandInMatmul:
         self.a, self.b, self.inputs = a, b, {}
 
     def plan(self, *, epilog, epilog_inputs=None):
-        self.epilog, self.inputs = StandInEpilog(epilog), dict(epilog_inputs or {})
+        self.epilog = None if epilog is None else StandInEpilog(epilog)
+        self.inputs = dict(epilog_inputs or {})
+
+    def autotune(self, iterations=10):
+        self.tuned_iterations = iterations
 
     def reset_operands_unchecked(self, *, a=None, b=None, epilog_inputs=None):
         self.a, self.b = a if a is not None else self.a, b if b is not None else self.b
@@ -195,6 +216,12 @@ class StandInMatmul:
         if b.shape[0] != K:
             raise ValueError(f"operands of shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply")
         acc = a.float() @ b.float()                                          # (M, N) fp32
+        if self.epilog is None:
+            return acc.to(dt) if a.stride(1) == 1 else _column_major(acc.to(dt))
+        if self.epilog is StandInEpilog.BGRADB:
+            return _column_major(acc.to(dt)), {"bgradb": b.float().sum(0).to(dt)}
+        if self.epilog is StandInEpilog.BIAS:
+            return _column_major((acc + self.inputs["bias"].float()[:, None]).to(dt))
         if self.epilog is StandInEpilog.GELU_AUX_BIAS:
             bias = self.inputs["bias"]
             if tuple(bias.shape) != (M,):

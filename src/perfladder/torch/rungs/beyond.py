@@ -15,6 +15,11 @@
     B14 the residual stream between blocks in bf16         the stream's bytes (numerics change)
     B15 FC1+GELU and FC2's dgrad+dGELU+db1 in cuBLASLt's    the FFN's elementwise passes, as B13; GPU,
         epilogues (nvmath-python)                           nvmath-python (an alternative to B13)
+    B16 CUDA graphs on the fastest fused step              the idle between kernels; CUDA only
+    B17 every GEMM through a cuBLASLt plan autotuned once   cuBLAS's first-choice algorithms; GPU,
+        per shape (nvmath-python)                           nvmath-python
+    B18 B17 with each bias gradient in its weight-gradient  the bias gradients' reductions; GPU,
+        GEMM's epilogue (cuBLASLt BGRADB)                   nvmath-python
 
 The engine (``perfladder.ladder.engine``) hands each rung the fastest configuration so far with
 the rung's change applied; ``perfladder.torch.trial.trial`` gates it (logits and every
@@ -41,11 +46,12 @@ def gated(optimizer: bool = False, checks=()):
     return fn
 
 
-def with_nvmath(measure):
+def with_nvmath(measure, *what: str):
     """``measure``, refused in one line when nvmath-python cannot be imported (outcome
-    'not_supported'): the cuBLASLt epilogues have no fallback to the plain FFN."""
+    'not_supported'), naming ``what`` needs it: the cuBLASLt GEMMs have no fallback to
+    PyTorch's."""
     def fn(lab, given: Given) -> Evidence:
-        missing = nvmath_missing()
+        missing = nvmath_missing(*what)
         if missing:
             raise NotSupported(missing, recipe=given.recipe)
         return measure(lab, given)
@@ -75,6 +81,13 @@ def b7_attention_kernel(lab, given: Given) -> Evidence:
 
 TRITON_ON_CPU = ("Triton compiles for a GPU; on CPU its kernels run only through the Triton "
                  "interpreter, in tests/torch/test_fused.py")
+
+
+CUDA_GRAPHS_ON_CPU = ("CUDA graphs exist only on a CUDA device (mode='reduce-overhead' on CPU would "
+                      "compile the default mode)")
+CUBLASLT_ON_CPU = ("cuBLASLt's GEMMs are GPU kernels (on CPU PyTorch ops stand in for them, in "
+                   "tests/torch/test_gemm.py)")
+TUNED_GEMMS = "the autotuned cuBLASLt GEMMs (fused 'gemm', 'gemm_bgrad')"
 
 
 GATE = "logits and every gradient vs the plain fp32 model; losses over 3 steps vs the eager bf16 reference"
@@ -120,4 +133,11 @@ BEYOND = [
          change=ch.cublaslt_epilogues, alternative=True, gate=GATE,
          needs_gpu="cuBLASLt's epilogues are GPU kernels (on CPU PyTorch ops stand in for them, "
                    "in tests/torch/test_epilogue.py)"),
+    # the idle between kernels: B3 tried CUDA graphs only on the unfused step at the seed's batch
+    Rung("B16", "fused_cuda_graphs", "+CUDA graphs, fused", gated(optimizer=True), **BEYOND_,
+         change=ch.fused_cuda_graphs, gate=OPT_GATE, needs_gpu=CUDA_GRAPHS_ON_CPU),
+    Rung("B17", "tuned_gemms", "+tuned cuBLASLt GEMMs", with_nvmath(gated(), TUNED_GEMMS), **BEYOND_,
+         change=ch.tuned_gemms, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
+    Rung("B18", "gemm_bias_grads", "+bias grads in GEMMs", with_nvmath(gated(), TUNED_GEMMS),
+         **BEYOND_, change=ch.gemm_bias_grads, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
 ]

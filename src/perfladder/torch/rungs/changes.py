@@ -80,7 +80,27 @@ def cublaslt_epilogues(recipe, config):
     return recipe.replace(fused=(*fused, "epilogue"))
 
 
+def fused_cuda_graphs(recipe, config):
+    """B16: the fastest fused step so far replayed as CUDA graphs
+    (compile_model(model, mode="reduce-overhead"), as B3 did unfused)."""
+    return recipe.replace(cudagraphs=True)
+
+
+def tuned_gemms(recipe, config):
+    """B17: every GEMM through a cuBLASLt plan whose algorithm was
+    chosen by timing, once per shape (nvmath-python)."""
+    fused = tuple(f for f in recipe.fused if f != "gemm_bgrad")
+    return recipe.replace(fused=(*fused, "gemm"))
+
+
+def gemm_bias_grads(recipe, config):
+    """B18: B17's tuned GEMMs with each bias gradient computed in the
+    epilogue of its weight-gradient GEMM (no separate sum)."""
+    fused = tuple(f for f in recipe.fused if f != "gemm")
+    return recipe.replace(fused=(*fused, "gemm_bgrad"))
+
+
 CHANGES = {f.__name__: f for f in (
     big_batch, fused_adamw, compiled_adamw, cuda_graphs, onehot_embedding, batch_x2, batch_x4,
     fused_rope, fused_gelu, fused_addnorm, fused_attention, fused_mlp, bf16_residual,
-    cublaslt_epilogues)}
+    cublaslt_epilogues, fused_cuda_graphs, tuned_gemms, gemm_bias_grads)}
