@@ -4,7 +4,7 @@
 # root with nvmath-python installed and OUT set to an empty folder; everything lands there.
 set -u
 T0=$(date +%s)
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src PYTHONUNBUFFERED=1
 C=$OUT/call.txt
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $C
 python3 -c "import torch, nvmath; print('torch', torch.__version__, 'nvmath', nvmath.__version__)" >> $C 2>&1
