@@ -227,7 +227,8 @@ def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
     """Start ``num_processes`` OS processes of this module here (coordinator on localhost)
     and return process 0's summary. ``gpus > 0``: process i uses local GPU i (so
     ``num_processes <= gpus``); ``gpus = 0``: CPU processes, one CPU device each. ``check_steps``:
-    that many steps of ``check_form`` (None: ``form``) checked first (the summary's ``check``)."""
+    that many steps of ``check_form`` (None: ``form``) checked first (the summary's ``check``; the
+    peak memory recorded then includes the check's: a test's launch, not a GPU measurement)."""
     check_int("num_processes", num_processes)
     if gpus and num_processes > gpus:
         raise ValueError(f"num_processes={num_processes} needs {num_processes} GPUs, {gpus} given; "
