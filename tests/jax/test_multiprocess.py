@@ -8,6 +8,8 @@ from perfladder.jax.compiler import fast_cpu_compiles
 if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles (the children inherit XLA_FLAGS)
     fast_cpu_compiles()
 
+import contextlib  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -28,9 +30,25 @@ pytestmark = pytest.mark.multiprocess
 CFG = get_config("smoke")
 
 
-def test_two_processes_take_the_steps_one_device_takes(tmp_path):
-    got = launch_local(2, CFG, "seed", check_steps=3, out_dir=tmp_path, timeout=300)
-    assert got["num_processes"] == 2 and got["k"] == 2
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One launch of 2 processes for both tests (each launch pays every process's start and
+    compiles): the seed form's 3 steps checked against one device, then the fast form measured
+    (predicted first): ``(measurement, processes.json, what it printed)``."""
+    out = tmp_path_factory.mktemp("jaxdist")
+    base = baseline_from_windows([1000.0, 1000.0])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        m = measure_distributed(2, CFG, "fast", baseline=base, warmup=1, timed=2, windows=2,
+                                check_steps=3, check_form="seed", out_dir=out, timeout=300)
+    return m, json.loads((out / "processes.json").read_text()), printed.getvalue()
+
+
+def test_two_processes_take_the_steps_one_device_takes(launched):
+    m, s, _ = launched
+    assert m.status == "measured", m.reason
+    got = s["check"]                                   # the seed form's, before the fast form ran
+    assert got["num_processes"] == 2 and got["k"] == 2 and got["recipe"] == seed_recipe(CFG).to_dict()
     data = corpus(CFG)
     rep = Replica(CFG, seed_recipe(CFG), len(data.vocab))          # one device, the same init
     want = [float(rep.step(X, Y)) for X, Y in fixed_global_batches(data, 2 * CFG.batch_size, 3)]
@@ -42,19 +60,17 @@ def test_two_processes_take_the_steps_one_device_takes(tmp_path):
     assert gate["values"]["grad"] < 1e-5 and gate["values"]["scale"] < 1e-5
 
 
-def test_fast_form_is_predicted_then_measured(tmp_path, capsys):
-    base = baseline_from_windows([1000.0, 1000.0])
-    m = measure_distributed(2, CFG, "fast", baseline=base, warmup=1, timed=2, windows=2,
-                            out_dir=tmp_path, timeout=300)
-    assert "predict k=2" in capsys.readouterr().out
+def test_fast_form_is_predicted_then_measured(launched):
+    m, s, printed = launched
+    assert "predict k=2" in printed
     assert m.status == "measured", m.reason
     assert (m.mechanism, m.k, m.processes) == ("jax.distributed", 2, 2)
     assert m.recipe["dtype"] == "bfloat16" and m.recipe["jit"] == "split" and m.per_rank_batch == 4 * CFG.big_batch
+    assert s["spec"]["recipe"] == m.recipe                 # measured: the fast form, not the checked one
     assert m.measured_tokens_per_s > 0 and len(m.windows) == 2 and m.bus_bw_measured > 0
     assert len(m.ranks) == 2 and m.prediction["link"] == "gloo-loopback"
     # the real per-device streams were checked distinct, and process 0's rate is the global
     # tokens over the slowest process's seconds (run() asserted both; recomputed here)
-    s = json.loads((tmp_path / "processes.json").read_text())
     assert len(set(s["device_batch_digests"])) == 2
     assert [(g["name"], g["passed"]) for g in s["allreduce_gate"]] == [("all-reduce gate", True)]
     tokens = 2 * m.per_rank_batch * CFG.num_steps * 2

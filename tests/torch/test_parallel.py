@@ -143,6 +143,34 @@ def test_one_device_predicts_and_says_it_measured_nothing(capsys):
     assert p.assumptions["single_gpu_source"] == "R0" and p.assumptions["link"]["name"] == "gloo-loopback"
 
 
+def test_without_a_baseline_measure_launches_it_then_predicts_then_launches_the_ranks(monkeypatch, capsys):
+    """``measure``'s order, its launches stubbed (the real ones, four gloo ranks after their
+    baseline, are the R5 benchmark's smoke run: tests/benchmarks/test_r5.py): one rank of the
+    same form and recipe, no wrapper, settled; the prediction printed from its rate; the ranks."""
+    from conftest import timing_of
+
+    from perfladder.multigpu.measurement import baseline_from_windows
+    from perfladder.torch.parallel import measure as dataparallel
+    launched, base = [], baseline_from_windows([500.0, 500.0])
+
+    def launch(k, config, form, recipe, *, parallel, **kw):
+        print(f"LAUNCH k={k} {parallel}", flush=True)
+        launched.append((k, form, recipe, parallel, kw.get("settle", False)))
+        if k == 1:
+            return {"ranks": [{"baseline": base.to_dict(), "peak_mem_bytes": None}]}
+        return {"timing": timing_of([1500.0, 1500.0]), "bus_bw_measured": 1e9, "nodes": 1,
+                "peak_mem_bytes_per_gpu": [None] * k, "ranks": [{"device_name": "cpu"}] * k}
+    monkeypatch.setattr(dataparallel, "data_parallel_tokens", launch)
+    m = dataparallel.measure(4, CFG, "seed", backend="gloo", warmup=1, timed=2, windows=2)
+    out = capsys.readouterr().out
+    seed = ddp.recipe_for(CFG, "seed")
+    assert launched == [(1, "seed", seed, "none", True), (4, "seed", seed, "ddp", False)]
+    assert out.index("LAUNCH k=1 none") < out.index("predict k=4") < out.index("LAUNCH k=4 ddp")
+    assert m.status == "measured" and m.mechanism == "ddp" and (m.k, m.processes) == (4, 4)
+    assert m.baseline == base.to_dict() and m.prediction["single_tokens_per_s"] == 500.0
+    assert m.efficiency_vs_linear == pytest.approx(1500.0 / (4 * 500.0))
+
+
 @pytest.fixture(scope="module")
 def launches():
     """The ranks' launches of this module, by their arguments: both bases below give R5 the

@@ -141,11 +141,11 @@ def run(spec: dict, out: Path) -> dict:
     mesh = global_mesh()
     data = corpus(cfg)
     n = num_params(cfg, len(data.vocab))
+    first = Recipe.from_dict(spec.get("check_recipe") or spec["recipe"])    # checked first, here
+    checked = _check(spec, Replica(cfg, first, len(data.vocab)), mesh, data) if spec.get("check_steps") else None
     rep = Replica(cfg, recipe, len(data.vocab))
     place_state_global(mesh, rep.model, rep.optimizer, fsdp=spec.get("fsdp", False))
     k = mesh.devices.size
-    if spec.get("check_steps"):
-        return _check(spec, rep, data, mesh, out)
     stream = local_batches(data, recipe.batch_size, mesh, seed=cfg.seed + 300)
     digests = distinct_devices(next(stream)[0]) if k > 1 else []
     reduced = allreduce_at_start(rep, *next(stream)) if k > 1 else []
@@ -174,7 +174,7 @@ def run(spec: dict, out: Path) -> dict:
                "seconds_per_process": gathered["seconds"].tolist(), "device_batch_digests": digests,
                "bus_bw_per_process": gathered["bw"].tolist(),
                "peak_mem_bytes_per_gpu": kib_to_bytes(gathered["mem_kib"]),
-               "device": jax.devices()[0].device_kind,
+               "device": jax.devices()[0].device_kind, "check": checked,
                "memory_stats_process0": {k: int(v) for k, v in
                                          (local[0].memory_stats() or {}).items()}}
     (out / f"process{jax.process_index()}.json").write_text(json.dumps(mine, indent=1))
@@ -183,8 +183,8 @@ def run(spec: dict, out: Path) -> dict:
     return summary
 
 
-def _check(spec: dict, rep, data, mesh, out: Path) -> dict:
-    """Check mode: ``check_steps`` steps on fixed global batches (``fixed_global_batches``),
+def _check(spec: dict, rep, mesh, data) -> dict:
+    """``check_steps`` steps of ``rep`` on fixed global batches (``fixed_global_batches``),
     each process handing its devices their rows; the losses (replicated, so every process
     reads the same) must match one device running the whole global batch."""
     import jax
@@ -193,6 +193,7 @@ def _check(spec: dict, rep, data, mesh, out: Path) -> dict:
     from perfladder.jax.parallel.layout import batch_sharding
     from perfladder.jax.parallel.measure import fixed_global_batches
     sharding = batch_sharding(mesh)
+    place_state_global(mesh, rep.model, rep.optimizer, fsdp=spec.get("fsdp", False))
     k, B = mesh.devices.size, rep.recipe.batch_size
     losses, reduced = [], []
     for X, Y in fixed_global_batches(data, k * B, spec["check_steps"]):      # (k*B, T) numpy each
@@ -201,11 +202,8 @@ def _check(spec: dict, rep, data, mesh, out: Path) -> dict:
         if k > 1 and not losses:              # before the first step: the initial weights
             reduced = allreduce_at_start(rep, Xg, Yg)
         losses.append(float(rep.step(Xg, Yg)))
-    summary = {"k": k, "num_processes": jax.process_count(), "losses": losses, "spec": spec,
-               "allreduce_gate": reduced}
-    if jax.process_index() == 0:
-        (out / "processes.json").write_text(json.dumps(summary, indent=1))
-    return summary
+    return {"k": k, "num_processes": jax.process_count(), "losses": losses,
+            "recipe": rep.recipe.to_dict(), "allreduce_gate": reduced}
 
 
 def resolve_recipe(config, form: str, recipe, gpus: int):
@@ -225,10 +223,12 @@ def free_port() -> int:
 def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
                  fsdp: bool = False, warmup: int | None = None, timed: int | None = None,
                  windows: int | None = None, gpus: int = 0, check_steps: int = 0,
-                 out_dir=None, timeout: float = 900.0) -> dict:
+                 check_form: str | None = None, out_dir=None, timeout: float = 900.0) -> dict:
     """Start ``num_processes`` OS processes of this module here (coordinator on localhost)
     and return process 0's summary. ``gpus > 0``: process i uses local GPU i (so
-    ``num_processes <= gpus``); ``gpus = 0``: CPU processes, one CPU device each."""
+    ``num_processes <= gpus``); ``gpus = 0``: CPU processes, one CPU device each. ``check_steps``:
+    that many steps of ``check_form`` (None: ``form``) checked first (the summary's ``check``; the
+    peak memory recorded then includes the check's: a test's launch, not a GPU measurement)."""
     check_int("num_processes", num_processes)
     if gpus and num_processes > gpus:
         raise ValueError(f"num_processes={num_processes} needs {num_processes} GPUs, {gpus} given; "
@@ -238,7 +238,8 @@ def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
             "warmup": config.warmup if warmup is None else warmup,
             "timed": config.timed if timed is None else timed,
             "windows": config.windows if windows is None else windows,
-            "check_steps": int(check_steps)}
+            "check_steps": int(check_steps),
+            "check_recipe": check_form and resolve_recipe(config, check_form, None, gpus).to_dict()}
     with work_folder(out_dir, "perfladder_jaxdist_") as out:    # the processes' logs, records
         summary = _run_processes(out, spec, num_processes, gpus, timeout)
     return {**summary, "out_dir": None if out_dir is None else str(out)}
@@ -284,7 +285,8 @@ def _run_processes(out: Path, spec: dict, num_processes: int, gpus: int, timeout
 def measure_distributed(num_processes: int, config, form: str = "fast", recipe=None, *,
                         baseline=None, link: str | None = None, fsdp: bool = False, gpus: int = 0,
                         warmup: int | None = None, timed: int | None = None,
-                        windows: int | None = None, out_dir=None, timeout: float = 900.0):
+                        windows: int | None = None, check_steps: int = 0, check_form: str | None = None,
+                        out_dir=None, timeout: float = 900.0):
     """``launch_local`` as a ``DataParallelMeasurement``: predict (printed), launch, record.
 
     ``baseline``: the single-device ``perfladder.multigpu.measurement.Baseline`` of the same form (from
@@ -312,7 +314,8 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
         costmodel.announce([pred], label=f"R5 jax jax.distributed {form}")
     try:
         s = launch_local(num_processes, config, form, recipe, fsdp=fsdp, warmup=warmup,
-                         timed=timed, windows=windows, gpus=gpus, out_dir=out_dir, timeout=timeout)
+                         timed=timed, windows=windows, gpus=gpus, check_steps=check_steps,
+                         check_form=check_form, out_dir=out_dir, timeout=timeout)
     except (RuntimeError, subprocess.SubprocessError) as e:
         return not_measured(status="failed", reason=str(e)[-3000:], framework="jax",
                             mechanism="jax.distributed", form=form, k=k, per_rank_batch=B,
@@ -385,10 +388,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     summary = run(spec, out)
     if args.process_id == 0:
-        what = (f"losses {summary['losses']}" if "losses" in summary else
-                f"tokens/s per window {summary['windows_per_process'][0]}")
         print(f"jax.distributed: {summary['num_processes']} processes, {summary['k']} devices, "
-              f"{what}", flush=True)
+              f"tokens/s per window {summary['windows_per_process'][0]}", flush=True)
     import jax
     jax.distributed.shutdown()
     return 0
