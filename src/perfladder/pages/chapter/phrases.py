@@ -111,3 +111,19 @@ def multi_gpu_numbers(framework: str) -> dict[str, Number]:
 def gradient_numbers() -> dict[str, Number]:
     """``cfg_grad_mb``: the fp32 gradients one all-reduce moves, in MB (4 bytes a parameter)."""
     return {"cfg_grad_mb": lambda result: f"{4 * expected_num_params(config_of(result).gpt()) / 1e6:.0f} MB"}
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def unmeasured_sentence(names: tuple[str, ...], why: str) -> Number:
+    """A sentence naming which of ``names`` the run did not measure, and ``why`` such rungs may
+    be missing ("" when it measured them all): the stories of those rungs then say nothing."""
+    def sentence(result: LadderResult) -> str:
+        measured = {r.name for r in result.rungs if r.measured}
+        missing = [n for n in names if n not in measured]
+        if not missing:
+            return ""
+        return f"This run has no measurement of {_names(missing)}: {why}."
+    return sentence
