@@ -58,6 +58,20 @@ def with_nvmath(measure, *what: str):
     return fn
 
 
+def without_cuda_graphs(measure):
+    """``measure``, refused in one line on a configuration replayed as CUDA graphs (B16 kept):
+    an nvmath plan keeps its cuBLASLt workspace between calls, and a workspace first allocated
+    inside a CUDA-graph tree's pool is memory the tree refuses to record ("tensors in the
+    cudagraph pool not tracked as outputs")."""
+    def fn(lab, given: Given) -> Evidence:
+        if given.recipe.cudagraphs:
+            raise NotSupported("the tuned cuBLASLt GEMMs keep their workspace between calls, which "
+                               "CUDA graph trees refuse; this configuration replays CUDA graphs (B16)",
+                               recipe=given.recipe)
+        return measure(lab, given)
+    return fn
+
+
 def b7_attention_kernel(lab, given: Given) -> Evidence:
     """Time every SDPA backend on the configuration's shapes; pin the fastest; measure. When
     PyTorch's own choice already is the fastest, nothing changes: not measured, with the
@@ -136,8 +150,10 @@ BEYOND = [
     # the idle between kernels: B3 tried CUDA graphs only on the unfused step at the seed's batch
     Rung("B16", "fused_cuda_graphs", "+CUDA graphs, fused", gated(optimizer=True), **BEYOND_,
          change=ch.fused_cuda_graphs, gate=OPT_GATE, needs_gpu=CUDA_GRAPHS_ON_CPU),
-    Rung("B17", "tuned_gemms", "+tuned cuBLASLt GEMMs", with_nvmath(gated(), TUNED_GEMMS), **BEYOND_,
+    Rung("B17", "tuned_gemms", "+tuned cuBLASLt GEMMs",
+         without_cuda_graphs(with_nvmath(gated(), TUNED_GEMMS)), **BEYOND_,
          change=ch.tuned_gemms, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
-    Rung("B18", "gemm_bias_grads", "+bias grads in GEMMs", with_nvmath(gated(), TUNED_GEMMS),
+    Rung("B18", "gemm_bias_grads", "+bias grads in GEMMs",
+         without_cuda_graphs(with_nvmath(gated(), TUNED_GEMMS)),
          **BEYOND_, change=ch.gemm_bias_grads, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
 ]
