@@ -9,6 +9,7 @@ from perfladder.jax.compiler import fast_cpu_compiles
 if shutil.which("nvidia-smi") is None:   # CPU: cheap compiles, shared on-disk cache
     fast_cpu_compiles()
 
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
@@ -39,8 +40,8 @@ def test_recipe_xla_options_are_checked_sorted_and_round_trip():
         SPLIT.replace(xla_options={"xla_a": [1]})
     with pytest.raises(ValueError, match="must be a dict"):
         SPLIT.replace(xla_options="xla_a=1")
-    with pytest.raises(ValueError, match="xla_options need jit='split', got jit='nnx'"):
-        JaxLab(CFG, probe=False).build_step(Recipe(batch_size=8, xla_options=CUBLASLT))
+    with pytest.raises(ValueError, match="jit must be 'nnx' or 'split', got 'none'"):
+        Recipe(batch_size=8, jit="none", xla_options=CUBLASLT)
     with pytest.raises(ValueError, match="twice"):
         check_xla_options([("xla_a", 1), ("xla_a", 2)])
 
@@ -56,15 +57,19 @@ def test_the_changes_merge_their_options_into_the_base_recipes():
         assert RUNGS[name].stage == "beyond" and RUNGS[name].needs_gpu
 
 
-def test_a_steps_options_reach_its_compile_and_its_gate_programs():
+@pytest.mark.parametrize("jit", ["split", "nnx"])
+def test_a_steps_options_reach_its_compile_and_its_gate_programs(jit):
     """XLA refuses an option name it does not know when the program compiles: the refusal
-    proves the option was handed to that compile (and to no other program)."""
+    proves the option was handed to that compile (and to no other program), whether the step
+    is called, compiled ahead or planned, in either jitted step form."""
     lab = JaxLab(CFG, probe=False)
     X, Y = next(lab.stream(SPLIT.batch_size))
-    step = lab.build_step(SPLIT.replace(xla_options=BOGUS))
-    with pytest.raises(Exception, match="No such compile option: 'xla_gpu_no_such_option_at_all'"):
-        step.lower(X, Y).compile()
-    plain = lab.build_step(SPLIT)
+    step = lab.build_step(SPLIT.replace(jit=jit, xla_options=BOGUS))
+    for compile_it in (lambda: step.lower(X, Y).compile(), lambda: step.compile_ahead(X, Y),
+                       lambda: step(X, Y)):
+        with pytest.raises(Exception, match="No such compile option: 'xla_gpu_no_such_option_at_all'"):
+            compile_it()
+    plain = lab.build_step(SPLIT.replace(jit=jit))
     plain.lower(X, Y).compile()                     # the same step without it compiles
     ref = lab.model(Recipe(batch_size=SPLIT.batch_size), plain_code=True)
     with pytest.raises(Exception, match="No such compile option"):
@@ -77,29 +82,36 @@ def test_gpu_options_compile_on_cpu_and_train_the_same():
     stream = lab.stream(SPLIT.batch_size)
     batches = [next(stream) for _ in range(2)]
     losses = {}
-    for name, recipe in (("plain", SPLIT), ("cublaslt", SPLIT.replace(xla_options=CUBLASLT))):
-        step = lab.build_step(recipe)
-        losses[name] = [float(step(*b)) for b in batches]
-    if not has_gpu():                               # the CPU compiler ignores GPU options
-        assert losses["cublaslt"] == losses["plain"]
-    np.testing.assert_allclose(losses["cublaslt"], losses["plain"], rtol=2e-2)
+    for jit in ("split", "nnx"):
+        for name, options in (("plain", ()), ("cublaslt", CUBLASLT)):
+            step = lab.build_step(SPLIT.replace(jit=jit, xla_options=options))
+            if name == "cublaslt":
+                step.compile_ahead(*batches[0])     # the program the calls then run
+            losses[jit, name] = [float(step(*b)) for b in batches]
+            model, _ = step.commit()                # trained in place, as without options
+            losses[jit, name, "trained"] = float(jnp.abs(model.blks[0].ffn.dense1.kernel[...]).sum())
+    for jit in ("split", "nnx"):
+        if not has_gpu():                           # the CPU compiler ignores GPU options
+            assert losses[jit, "cublaslt"] == losses[jit, "plain"]
+            assert losses[jit, "cublaslt", "trained"] == losses[jit, "plain", "trained"]
+        np.testing.assert_allclose(losses[jit, "cublaslt"], losses[jit, "plain"], rtol=2e-2)
 
 
 def test_the_options_rung_gates_records_and_refuses_other_changes():
     """B9's rung function on a CPU (the engine skips it there: a GPU option changes nothing):
     every gate passes, the options are recorded, and a change beyond the options is refused."""
     lab = JaxLab(CFG, probe=False)
-    rung = RUNGS["B9"]
-    recipe = rung.change(SPLIT, CFG)
-    ev = rung.fn(lab, Given(rung=rung, recipe=recipe, base_name="B3", base_recipe=SPLIT))
+    rung, base = RUNGS["B9"], SPLIT.replace(jit="nnx")      # the H200 chain's step form
+    recipe = rung.change(base, CFG)
+    ev = rung.fn(lab, Given(rung=rung, recipe=recipe, base_name="B8", base_recipe=base))
     assert ev.details["xla_options"] == {"xla_gpu_enable_cublaslt": True}
     assert {"cublaslt_calls", "cublas_calls", "gemm_epilogues", "command_buffer_calls"} <= set(ev.details)
     names = [g.name for g in ev.gates]
     assert {"XLA options", "loss over steps", "model gate"} <= set(names), names
     assert all(g.passed for g in ev.gates) and min(ev.timing.windows) > 0
     with pytest.raises(AssertionError, match=r"XLA options alone; changed \['batch_size', 'xla_options'\]"):
-        rung.fn(lab, Given(rung=rung, recipe=recipe.replace(batch_size=2 * SPLIT.batch_size),
-                           base_name="B3", base_recipe=SPLIT))
+        rung.fn(lab, Given(rung=rung, recipe=recipe.replace(batch_size=2 * base.batch_size),
+                           base_name="B8", base_recipe=base))
 
 
 @pytest.mark.gpu
@@ -109,7 +121,7 @@ def test_option_rungs_on_gpu():
     and records its compile."""
     from perfladder.jax import Ladder
     run = Ladder(WIDE)
-    for name in ("B3", "B9", "B11"):
+    for name in ("B9", "B11"):
         r = run.run(name)
         assert r.kind == "rung", (name, r.error)
         assert r.gates and all(g.passed for g in r.gates), name

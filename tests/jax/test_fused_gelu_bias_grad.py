@@ -126,7 +126,7 @@ def test_fused_gelu_rung_on_gpu():
     from perfladder.jax import Ladder
     full = get_config("full")
     run = Ladder(get_config("smoke").replace(num_hiddens=full.num_hiddens, num_heads=full.num_heads))
-    for name in ("B3", "B7", "B8", "B10"):
+    for name in ("B7", "B8", "B10"):
         r = run.run(name)
         assert r.kind == "rung", (name, r.error)
         assert r.gates and all(g.passed for g in r.gates) and r.receipt.ok, name

@@ -49,3 +49,47 @@ def check_xla_options(options) -> tuple[tuple[str, object], ...]:
 def merged(base: dict, options) -> dict:
     """``base``'s compiler options with ``options`` (pairs or a dict) over them."""
     return {**base, **dict(options)}
+
+
+class WithOptions:
+    """``jitted`` (an ``nnx.jit`` or ``jax.jit`` step) whose every compile gets ``options``:
+    called, it compiles once per batch shape with them (``lower(...).compile(options)``, the
+    same program the jitted step would compile) and calls the compiled step, which updates an
+    ``nnx.jit`` step's model and optimizer in place as the jitted call does. ``lower`` returns
+    the step's own lowering, whose ``compile()`` gets the options too (a compile ahead of the
+    first call is the one the call then runs)."""
+
+    def __init__(self, jitted, options):
+        if not hasattr(jitted, "lower"):
+            raise ValueError(f"xla_options need a jitted step with a compiled program to lower; "
+                             f"got {jitted!r}")
+        self.jitted, self.xla_options = jitted, dict(check_xla_options(options))
+        self._compiled: dict = {}
+
+    def lower(self, *args):
+        return _Lowered(self.jitted.lower(*args), self, _signature(args))
+
+    def __call__(self, *args):
+        compiled = self._compiled.get(_signature(args))
+        if compiled is None:
+            compiled = self.lower(*args).compile()
+        return compiled(*args)
+
+
+def _signature(args) -> tuple:
+    """What selects a compiled program among a step's calls: its array arguments' shapes and
+    dtypes (the model and optimizer of one step keep their structure)."""
+    return tuple((tuple(a.shape), str(a.dtype)) for a in args if hasattr(a, "shape"))
+
+
+class _Lowered:
+    def __init__(self, lowered, owner: WithOptions, signature: tuple):
+        self._lowered, self._owner, self._signature = lowered, owner, signature
+
+    def compile(self):
+        compiled = self._lowered.compile(self._owner.xla_options)
+        self._owner._compiled.setdefault(self._signature, compiled)
+        return compiled
+
+    def __getattr__(self, name):
+        return getattr(self._lowered, name)

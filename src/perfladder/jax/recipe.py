@@ -36,7 +36,7 @@ class Recipe:
     embed_fp32: bool = False
     attn_impl: str | None = None
     fused: tuple[str, ...] = ()          # GPT(fused=...): Pallas kernels (perfladder.jax.fused)
-    # XLA debug options of the (split) step's compiles: perfladder.jax.compile_options
+    # XLA debug options of the jitted step's compiles: perfladder.jax.compile_options
     xla_options: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
@@ -57,6 +57,9 @@ class Recipe:
         if "attention" in self.fused and self.attn_impl is not None:
             raise ValueError(f"Recipe fused 'attention' replaces jax.nn.dot_product_attention: "
                              f"attn_impl must be None, got {self.attn_impl!r}")
+        if self.xla_options and self.jit == "none":
+            raise ValueError("Recipe xla_options are options of a compile: jit must be 'nnx' or "
+                             "'split', got 'none'")
         if self.attn_impl == "cudnn" and self.dtype != "bfloat16":
             raise ValueError(f"Recipe attn_impl='cudnn' needs dtype='bfloat16', got {self.dtype!r}")
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from perfladder.jax.compile_options import WithOptions
 from perfladder.jax.model import GPT, checkpoint_block, observing
 from perfladder.jax.program import _eqns, dot_flops
 from perfladder.jax.recipe import Recipe
@@ -312,8 +313,6 @@ class TrainStep:
     def __init__(self, model, optimizer, *, jit: str = "nnx", view=None, code: dict | None = None,
                  xla_options=()):
         code = {**CODE, **(code or {})}
-        if xla_options and jit != "split":   # only the split step's jit takes compiler options
-            raise ValueError(f"xla_options need jit='split', got jit={jit!r}")
         self.model, self.optimizer, self.jit = model, optimizer, jit
         self.observed: dict[str, str] = {}
         self.first_call_s: float | None = None
@@ -333,6 +332,8 @@ class TrainStep:
             self._call = lambda X, Y: body(model, optimizer, X, Y)
         elif jit == "nnx":
             self._jitted = code["jit_step"](body)
+            if xla_options:                   # each compile with them (jax.compile_options)
+                self._jitted = WithOptions(self._jitted, xla_options)
             self._call = lambda X, Y: self._jitted(model, optimizer, X, Y)
         elif jit == "split":
             self._split = SplitStep(model, optimizer, view=view, observe=self.observed,

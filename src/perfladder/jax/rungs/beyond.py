@@ -13,8 +13,8 @@
     B11 XLA's command buffers (CUDA graphs) for every command type, this step's compile only
 
 B9 and B11 set XLA debug options per program (``Recipe.xla_options``,
-``perfladder.jax.compile_options``): ``XLA_FLAGS`` is read once per process, so two rungs of
-one ladder could not differ in it. Both are GPU options, which the CPU compiler accepts and
+``perfladder.jax.compile_options``), in either jitted step form: ``XLA_FLAGS`` is read once per
+process, so two rungs of one ladder could not differ in it. Both are GPU options, which the CPU compiler accepts and
 ignores: on a CPU they would time their base's program again.
 
 Each builds on the fastest configuration so far (the engine's chain), changes one field of
@@ -164,7 +164,7 @@ def xla_options_rung(lab: JaxLab, given: Given) -> Evidence:
     options = dict(recipe.xla_options)
 
     def compiled_with(step, X, Y):
-        got = step._split.xla_options if step._split is not None else {}
+        got = getattr(step._split or getattr(step, "_jitted", None), "xla_options", {})
         if got != options:
             raise AssertionError(f"the step compiles with XLA options {got}, its recipe names {options}")
         return [Gate(name="XLA options", passed=True, values={"options": len(options)},
