@@ -183,8 +183,8 @@ def test_bad_embed_and_recipe_inputs_are_clear_errors():
     assert Ladder(CFG).chain.recipe_of("R3") == Recipe(batch_size=CFG.big_batch, dtype="bfloat16")
     with pytest.raises(TypeError, match="recipe must be a perfladder.jax.Recipe"):
         lab.build_step({"batch_size": 8})
-    with pytest.raises(ValueError, match=r"'B9'.*valid choices: .*B5, B6, B7, B8, R5"):
-        run_ladder(CFG, rungs=["B1", "B9"])
+    with pytest.raises(ValueError, match=r"'B99'.*valid choices: .*B7, B8, B9, B10, B11, R5"):
+        run_ladder(CFG, rungs=["B1", "B99"])
     with pytest.raises(ValueError, match="at least one"):
         step_stats([])
 
