@@ -11,6 +11,10 @@ For each configuration named, the step is built as its rung builds it, warmed up
   largest, each with the kernels that end before it and start after it. The step's own
   boundaries are among the gaps: the first kernel of a step waits for the host's call.
 
+XLA leaves its command buffers (CUDA graphs) out of a profiled run unless asked: every traced
+step is compiled with ``PROFILE_COMMAND_BUFFERS`` over its recipe's own XLA options, so the
+trace shows the step as it runs untraced (``--no-profile-command-buffers``: without it).
+
 A configuration is a rung's name: with ``--from RESULTS.json`` the recipe that rung ran in that
 results file (``fastest``: the file's fastest configuration); without, the recipe the engine's
 chain gives it when every beyond rung before it is kept, skipping alternatives and, on a CPU,
@@ -31,6 +35,7 @@ import sys
 from pathlib import Path
 
 HISTOGRAM_US = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)   # upper edges; the last bin open
+PROFILE_COMMAND_BUFFERS = {"xla_enable_command_buffers_during_profiling": True}
 
 
 def idle_gaps(spans, names, steps: int, top: int = 10) -> dict:
@@ -142,6 +147,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
     p.add_argument("--timed", type=int, default=20, help="steps timed one by one (default 20)")
     p.add_argument("--top", type=int, default=15, help="largest gaps kept (default 15)")
+    p.add_argument("--no-profile-command-buffers", dest="profile_command_buffers",
+                   action="store_false", help="profile without XLA's command buffers")
     args = p.parse_args(argv)
     from perfladder.checks import check_int
     from perfladder.config import CONFIG_NAMES, get_config
@@ -174,9 +181,13 @@ def main(argv=None) -> int:
                    for n in names]
     except ValueError as e:
         p.error(str(e))
+    if args.profile_command_buffers:
+        recipes = [(n, r.replace(xla_options={**dict(r.xla_options), **PROFILE_COMMAND_BUFFERS}))
+                   for n, r in recipes]
     result = {"tool": "benchmarks/idle_trace_jax.py", "config": args.config,
               "device": lab.device_name, "versions": versions(),
               "source": None if source is None else str(source), "steps": args.steps,
+              "profile_command_buffers": args.profile_command_buffers,
               "configurations": {}}
     for name, recipe in recipes:
         print(f"{name}: {recipe}", file=sys.stderr, flush=True)

@@ -90,6 +90,7 @@ def test_smoke_run_writes_each_configurations_gaps(tmp_path):
     data = json.loads(out.read_text())
     entry = data["configurations"]["B3"]
     assert entry["recipe"]["jit"] == "split" and data["steps"] == 2
+    assert entry["recipe"]["xla_options"] == {"xla_enable_command_buffers_during_profiling": True}
     idle = entry["idle"]
     assert idle["kernels_per_step"] > 0 and 0 < len(idle["largest"]) <= 3
     assert idle["idle_ms_per_step"] + idle["busy_ms_per_step"] == pytest.approx(idle["span_ms_per_step"])

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from perfladder.config import get_config  # noqa: E402
 from perfladder.jax import JaxLab, Recipe, has_gpu  # noqa: E402
-from perfladder.jax.compile_options import CUBLASLT, check_xla_options  # noqa: E402
+from perfladder.jax.compile_options import COMMAND_BUFFERS, CUBLASLT, check_xla_options  # noqa: E402
 from perfladder.jax.gates import model_gate  # noqa: E402
 from perfladder.jax.rungs import RUNGS  # noqa: E402
 from perfladder.jax.rungs import changes as ch  # noqa: E402
@@ -52,6 +52,9 @@ def test_the_changes_merge_their_options_into_the_base_recipes():
     b11 = ch.command_buffers(b9, CFG)
     assert dict(b11.xla_options)["xla_gpu_enable_cublaslt"] is True
     assert dict(b11.xla_options)["xla_gpu_graph_min_graph_size"] == 1
+    # the page shows the changes' literals: they are the module's named options
+    assert dict(ch.command_buffers(SPLIT, CFG).xla_options) == COMMAND_BUFFERS
+    assert dict(b9.xla_options) == CUBLASLT
     assert ch.fused_gelu_bias_grad(SPLIT, CFG).fused == ("gelu_bias_grad",)
     for name in ("B9", "B10", "B11"):
         assert RUNGS[name].stage == "beyond" and RUNGS[name].needs_gpu

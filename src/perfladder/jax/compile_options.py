@@ -18,7 +18,7 @@ The options of the rungs that set them:
 from __future__ import annotations
 
 CUBLASLT = {"xla_gpu_enable_cublaslt": True}
-COMMAND_BUFFER_TYPES = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+COMMAND_BUFFER_TYPES = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL"
 COMMAND_BUFFERS = {"xla_gpu_enable_command_buffer": COMMAND_BUFFER_TYPES,
                    "xla_gpu_graph_min_graph_size": 1}
 _VALUE_TYPES = (bool, int, float, str)

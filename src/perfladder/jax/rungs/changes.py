@@ -70,7 +70,8 @@ def command_buffers(recipe, config):
     sequence of one kernel up, compiled into this step alone."""
     return recipe.replace(xla_options={
         **dict(recipe.xla_options),
-        "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL",
+        "xla_gpu_enable_command_buffer":
+            "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL",
         "xla_gpu_graph_min_graph_size": 1})
 
 
