@@ -19,6 +19,7 @@ from perfladder.jax.compile_options import COMMAND_BUFFERS, CUBLASLT, check_xla_
 from perfladder.jax.gates import model_gate  # noqa: E402
 from perfladder.jax.rungs import RUNGS  # noqa: E402
 from perfladder.jax.rungs import changes as ch  # noqa: E402
+from perfladder.jax.rungs.beyond import compiled_calls  # noqa: E402
 from perfladder.ladder.rung import Given  # noqa: E402
 
 CFG = get_config("smoke")
@@ -108,13 +109,30 @@ def test_the_options_rung_gates_records_and_refuses_other_changes():
     recipe = rung.change(base, CFG)
     ev = rung.fn(lab, Given(rung=rung, recipe=recipe, base_name="B8", base_recipe=base))
     assert ev.details["xla_options"] == {"xla_gpu_enable_cublaslt": True}
-    assert {"cublaslt_calls", "cublas_calls", "gemm_epilogues", "command_buffer_calls"} <= set(ev.details)
+    assert {"cublaslt_calls", "cublas_calls", "gemm_epilogues", "command_buffers"} <= set(ev.details)
     names = [g.name for g in ev.gates]
     assert {"XLA options", "loss over steps", "model gate"} <= set(names), names
     assert all(g.passed for g in ev.gates) and min(ev.timing.windows) > 0
     with pytest.raises(AssertionError, match=r"XLA options alone; changed \['batch_size', 'xla_options'\]"):
         rung.fn(lab, Given(rung=rung, recipe=recipe.replace(batch_size=2 * base.batch_size),
                            base_name="B8", base_recipe=base))
+
+
+def test_compiled_calls_reads_gemms_epilogues_and_command_buffers():
+    text = """
+%command_buffer.2 (p: bf16[8]) -> bf16[8] { ... }
+%command_buffer.7 (p: bf16[8]) -> bf16[8] { ... }
+  %a = custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", backend_config={"epilogue":"BIAS_GELU"}
+  %b = custom-call(%y, %v), custom_call_target="__cublas$lt$matmul", backend_config={"epilogue":"DEFAULT"}
+  %c = custom-call(%y, %v), custom_call_target="__cublas$gemm", backend_config={"epilogue":"DEFAULT"}
+  %d = call(%a), to_apply=%command_buffer.2
+  %e = call(%b), to_apply=%command_buffer.7
+"""
+    assert compiled_calls(text) == {"cublaslt_calls": 2, "cublas_calls": 1,
+                                    "gemm_epilogues": {"BIAS_GELU": 1, "DEFAULT": 2},
+                                    "command_buffers": 2}
+    assert compiled_calls("") == {"cublaslt_calls": 0, "cublas_calls": 0, "gemm_epilogues": {},
+                                  "command_buffers": 0}
 
 
 @pytest.mark.gpu

@@ -152,6 +152,16 @@ def b4_attention_kernel(lab: JaxLab, given: Given) -> Evidence:
 
 
 _EPILOGUE = re.compile(r'"epilogue":"(\w+)"')
+_COMMAND_BUFFER = re.compile(r"%(command_buffer[\w.\-]*)")     # XLA's outlined computations
+
+
+def compiled_calls(text: str) -> dict:
+    """What a compiled step's HLO says of the options B9 and B11 set: its cuBLASLt and cuBLAS
+    GEMM calls, their epilogues (``{"BIAS_GELU": 6, ...}``) and its command buffers (the
+    computations XLA outlined to record into CUDA graphs)."""
+    return {"cublaslt_calls": text.count("__cublas$lt$matmul"), "cublas_calls": text.count("__cublas$gemm"),
+            "gemm_epilogues": dict(collections.Counter(_EPILOGUE.findall(text))),
+            "command_buffers": len(set(_COMMAND_BUFFER.findall(text)))}
 
 
 def xla_options_rung(lab: JaxLab, given: Given) -> Evidence:
@@ -171,10 +181,7 @@ def xla_options_rung(lab: JaxLab, given: Given) -> Evidence:
                      reference=f"{given.base_name}'s recipe", detail={"xla_options": options})]
 
     def calls(text, details):
-        return {"xla_options": options, "cublaslt_calls": text.count("__cublas$lt$matmul"),
-                "cublas_calls": text.count("__cublas$gemm"),
-                "gemm_epilogues": dict(collections.Counter(_EPILOGUE.findall(text))),
-                "command_buffer_calls": len(re.findall(r"calls=%?command_buffer", text))}
+        return {"xla_options": options, **compiled_calls(text)}
 
     return trial(lab, given, check=compiled_with, loss_gate_=True, inspect=calls,
                  details={"xla_options": options})
