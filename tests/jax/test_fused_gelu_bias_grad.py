@@ -7,6 +7,8 @@ another order); bf16 one rounding step of the output (the kernel computes the de
 fp32, the reference in bf16); a bf16 bias gradient, a sum over all rows, to its own rounding.
 """
 import shutil
+import subprocess
+from pathlib import Path
 
 from perfladder.jax.compiler import fast_cpu_compiles
 
@@ -22,7 +24,7 @@ from flax import nnx  # noqa: E402
 from perfladder.config import get_config  # noqa: E402
 from perfladder.jax import GPT, has_gpu  # noqa: E402
 from perfladder.jax.fused import check_fused  # noqa: E402
-from perfladder.jax.fused.gelu_bias_grad import gelu_bias, gelu_grad  # noqa: E402
+from perfladder.jax.fused.gelu_bias_grad import NUM_WARPS, gelu_bias, gelu_grad  # noqa: E402
 
 SMOKE = get_config("smoke").gpt()
 FP32 = dict(atol=2e-6, rtol=1e-5)
@@ -83,6 +85,55 @@ def test_bad_shapes_and_the_option():
         gelu_bias(jnp.zeros((2, 64)), jnp.zeros(32))
     with pytest.raises(ValueError, match="width divisible by 16.*got 40"):
         gelu_bias(jnp.zeros((2, 40)), jnp.zeros(40))
+
+
+def _lowered_for_cuda(modules=None) -> str:
+    """FC1's bias + GELU, forward and backward, at the full config's step (batch 2048, T 128,
+    hidden 2048, bf16), lowered on this machine for CUDA (Pallas's Triton lowering: no GPU)."""
+    full = get_config("full")
+    F = full.gpt().ffn_mult * full.num_hiddens
+    u = jax.ShapeDtypeStruct((4 * full.big_batch, full.num_steps, F), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((F,), jnp.bfloat16)
+
+    def loss(u, b):
+        return gelu_bias(u, b, interpret=False).astype(jnp.float32).sum()
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).trace(u, b).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_lowers_for_cuda_at_the_model_shape_and_compiles_for_sm90_without_spills(monkeypatch, tmp_path):
+    """The backward kernel as a GPU gets it: Pallas's Triton lowering at the full config's
+    shape, one kernel call; its TTIR compiled by the triton package (bundled ptxas, no GPU) to
+    an sm_90a cubin with no register spills (cuobjdump's STACK and LOCAL zero)."""
+    modules = []
+    try:
+        from jax._src.pallas.triton import pallas_call_registration as registration
+        lower = registration.lowering.lower_jaxpr_to_triton_module
+
+        def keep(*args, **kwargs):              # the Triton module Pallas hands to XLA, as text
+            result = lower(*args, **kwargs)
+            modules.append(result.module.operation.get_asm(enable_debug_info=False))
+            return result
+        monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep)
+    except (ImportError, AttributeError):
+        pass
+    text = _lowered_for_cuda()
+    assert text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call") == 1
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not modules or not cuobjdump.exists():
+        pytest.skip("no Triton module caught, or no cuobjdump to read the register use")
+    src = tmp_path / "gelu_bias_grad_bwd.ttir"
+    src.write_text(modules[0])
+    compiled = triton.compile(str(src), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=NUM_WARPS))
+    cubin = tmp_path / "gelu_bias_grad_bwd.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True,
+                           text=True, timeout=60).stdout
+    line = next(ln for ln in usage.splitlines() if "REG:" in ln)
+    fields = dict(f.split(":") for f in line.split() if ":" in f)
+    assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, line
 
 
 def _logits_and_grads(model, X):
