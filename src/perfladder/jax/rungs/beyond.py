@@ -239,7 +239,7 @@ B8 = Rung("B8", "fused_attention", "+fused attention", kernel_rung, **STAGE,
           gate=LOSS_GATE, needs_gpu=B7.needs_gpu)
 
 XLA_GPU = "XLA's GPU compiler options; the CPU compiler accepts and ignores them (tests/jax/test_compile_options.py)"
-B9 = Rung("B9", "xla_cublaslt", "+cuBLASLt epilogues (XLA)", xla_options_rung, **STAGE,
+B9 = Rung("B9", "xla_cublaslt", "+XLA cuBLASLt GEMMs", xla_options_rung, **STAGE,
           change=ch.xla_cublaslt, gate="compiled with its options; " + LOSS_GATE, needs_gpu=XLA_GPU)
 B10 = Rung("B10", "fused_gelu_bias_grad", "+fused GELU backward", kernel_rung, **STAGE,
            change=ch.fused_gelu_bias_grad, gate=LOSS_GATE,
