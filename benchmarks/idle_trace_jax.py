@@ -23,7 +23,9 @@ the rungs that need a GPU (as the engine skips them there).
     python benchmarks/idle_trace_jax.py --config full --from OUT/jax.json --rungs fastest,B11 \\
         --out OUT/idle_jax.json
 
-The JSON is written atomically; an existing file is replaced only by a complete run. On a CPU
+The JSON is written atomically, once every configuration was traced; one that fails (its
+compile, say) is recorded with its error in one line, the others still traced, and the exit
+status is then 1. On a CPU
 (``--config smoke``) the "kernels" are XLA:CPU ops on a thread pool: the numbers test the tool,
 not a device.
 """
@@ -189,18 +191,26 @@ def main(argv=None) -> int:
               "source": None if source is None else str(source), "steps": args.steps,
               "profile_command_buffers": args.profile_command_buffers,
               "configurations": {}}
+    failed = []
     for name, recipe in recipes:
         print(f"{name}: {recipe}", file=sys.stderr, flush=True)
-        entry = trace(lab, recipe, args.steps, args.top, args.timed)
-        idle = entry["idle"]
-        print(f"{name}: {idle['kernels_per_step']:.0f} kernels, {idle['gaps_per_step']:.0f} gaps, "
-              f"{idle['idle_ms_per_step']:.3f} ms idle of {idle['span_ms_per_step']:.3f} ms per step",
-              file=sys.stderr, flush=True)
+        try:
+            entry = trace(lab, recipe, args.steps, args.top, args.timed)
+        except Exception as e:       # recorded, and the other configurations still traced
+            first = (str(e).strip().splitlines() or [""])[0][:500]
+            entry = {"recipe": recipe.to_dict(), "error": f"{type(e).__name__}: {first}"}
+            failed.append(name)
+            print(f"{name}: failed: {entry['error']}", file=sys.stderr, flush=True)
+        else:
+            idle = entry["idle"]
+            print(f"{name}: {idle['kernels_per_step']:.0f} kernels, {idle['gaps_per_step']:.0f} gaps, "
+                  f"{idle['idle_ms_per_step']:.3f} ms idle of {idle['span_ms_per_step']:.3f} ms per step",
+                  file=sys.stderr, flush=True)
         result["configurations"][name] = entry
         lab.free()
     replace_atomically(out, (json.dumps(result, indent=1, default=str) + "\n").encode())
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
+    print(f"wrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -95,3 +95,20 @@ def test_smoke_run_writes_each_configurations_gaps(tmp_path):
     assert idle["kernels_per_step"] > 0 and 0 < len(idle["largest"]) <= 3
     assert idle["idle_ms_per_step"] + idle["busy_ms_per_step"] == pytest.approx(idle["span_ms_per_step"])
     assert entry["per_step"]["n"] == 3 and entry["host_overhead"]["dispatch_ms_per_step"] > 0
+
+
+def test_a_configuration_that_fails_is_recorded_and_the_others_traced(tmp_path, monkeypatch, capsys):
+    module = _module()
+
+    def trace(lab, recipe, *args):
+        if recipe.jit == "split":
+            raise RuntimeError("INVALID_ARGUMENT: planted compile failure\nsecond line")
+        return {"recipe": recipe.to_dict(), "idle": {"kernels_per_step": 1, "gaps_per_step": 0,
+                                                     "idle_ms_per_step": 0.0, "span_ms_per_step": 1.0}}
+    monkeypatch.setattr(module, "trace", trace)
+    out = tmp_path / "idle.json"
+    assert module.main(["--config", "smoke", "--rungs", "B3,R3", "--out", str(out)]) == 1
+    got = json.loads(out.read_text())["configurations"]
+    assert got["B3"]["error"] == "RuntimeError: INVALID_ARGUMENT: planted compile failure"
+    assert got["R3"]["idle"]["kernels_per_step"] == 1
+    assert "failed: B3" in capsys.readouterr().err
