@@ -12,8 +12,10 @@ The options of the rungs that set them:
 
 * ``CUBLASLT``: XLA's GEMMs through cuBLASLt, whose epilogues XLA's GEMM rewriter can give a
   matmul's bias add and GELU (``dot + bias -> gelu`` becomes one cuBLASLt call).
-* ``COMMAND_BUFFERS``: every command type XLA can record into CUDA graphs, recorded from the
-  smallest sequence (one kernel), so that more of the step's launches are replayed as graphs.
+* ``COMMAND_BUFFERS``: every command type of one device that XLA can record into CUDA graphs
+  (collectives left out), recorded from the smallest sequence (one kernel), so that more of the
+  step's launches are replayed as graphs. Compile options take the whole list: XLA_FLAGS's
+  ``+TYPE`` / ``-TYPE`` edits of the default list are refused here.
 """
 from __future__ import annotations
 
