@@ -1,4 +1,4 @@
-"""The JAX rungs beyond the seed (B1...B6), the kernel report and the model changes behind them.
+"""The JAX rungs beyond the seed (B1...B11), the kernel report and the model changes behind them.
 
 The ladder run is shared with tests/jax/test_rungs.py (conftest.jax_smoke_ladder); everything else
 here reuses its compiled programs (same structures, same batch shape) so the module stays cheap.
@@ -19,6 +19,7 @@ from flax import nnx  # noqa: E402
 
 from perfladder.config import get_config  # noqa: E402
 from perfladder.jax import GPT, RUNGS, JaxLab, Ladder, Recipe, has_gpu, run_ladder  # noqa: E402
+from perfladder.jax.compile_options import COMMAND_BUFFER_TYPES  # noqa: E402
 from perfladder.jax.model import EMBEDS  # noqa: E402
 from perfladder.jax.profile import step_stats  # noqa: E402
 from perfladder.jax.step import loss_fn  # noqa: E402
@@ -30,12 +31,18 @@ CFG = get_config("smoke")
 # the smoke sizes with head width 32: a GPU's Triton dots need K >= 16 for the fused attention
 # kernel's rotate-half halves (the smoke config's 16 runs only in the interpreter)
 GPU_KERNEL_CFG = CFG.replace(num_hiddens=64)
-B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8"]
+B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11"]
 # what each B rung changes in the recipe it builds on
 CHANGES = {"B1": {"embed_fp32": True}, "B2": {"embed": "onehot"}, "B3": {"jit": "split"},
            "B4": {"attn_impl": "cudnn"}, "B5": {"batch_size": 2 * CFG.big_batch},
            "B6": {"batch_size": 4 * CFG.big_batch}, "B7": {"fused": ["addnorm"]},
-           "B8": lambda base: {"fused": [*base["fused"], "attention"], "attn_impl": None}}
+           "B8": lambda base: {"fused": [*base["fused"], "attention"], "attn_impl": None},
+           "B9": lambda base: {"xla_options": {**base["xla_options"], "xla_gpu_enable_cublaslt": True}},
+           "B10": lambda base: {"fused": [*base["fused"], "gelu_bias_grad"]},
+           "B11": lambda base: {"xla_options": {**base["xla_options"], "xla_gpu_graph_min_graph_size": 1,
+                                                "xla_gpu_enable_command_buffer": COMMAND_BUFFER_TYPES}}}
+GPU_ONLY = {"B4": "cuDNN", "B7": "interpreter", "B8": "interpreter", "B9": "XLA's GPU compiler options",
+            "B10": "interpreter", "B11": "XLA's GPU compiler options"}
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +66,9 @@ def test_b_rungs_follow_the_seed_and_are_well_formed(run):
     assert names[names.index("R4") + 1:names.index("R5")] == B_NAMES
     for r in _b(res):
         assert r.stage == "beyond" and r.section == RUNGS[r.name].section
-        if r.name in ("B4", "B7", "B8") and not has_gpu():
+        if r.name in GPU_ONLY and not has_gpu():
             assert r.kind == "skipped" and r.tokens_per_s is None and r.kept is False
-            assert "not applicable on CPU" in r.error
-            assert ("cuDNN" if r.name == "B4" else "interpreter") in r.error
+            assert "not applicable on CPU" in r.error and GPU_ONLY[r.name] in r.error
             continue
         assert r.kind == "rung", (r.name, r.error)                  # no run-time failure on CPU
         assert r.tokens_per_s > 0 and r.timing.settled == CFG.windows and r.precision == "bf16"
@@ -183,8 +189,8 @@ def test_bad_embed_and_recipe_inputs_are_clear_errors():
     assert Ladder(CFG).chain.recipe_of("R3") == Recipe(batch_size=CFG.big_batch, dtype="bfloat16")
     with pytest.raises(TypeError, match="recipe must be a perfladder.jax.Recipe"):
         lab.build_step({"batch_size": 8})
-    with pytest.raises(ValueError, match=r"'B9'.*valid choices: .*B5, B6, B7, B8, R5"):
-        run_ladder(CFG, rungs=["B1", "B9"])
+    with pytest.raises(ValueError, match=r"'B99'.*valid choices: .*B7, B8, B9, B10, B11, R5"):
+        run_ladder(CFG, rungs=["B1", "B99"])
     with pytest.raises(ValueError, match="at least one"):
         step_stats([])
 

@@ -25,11 +25,13 @@ from perfladder.measure.gates import ModelGateError
 GATE_COMPILE = {"xla_gpu_autotune_level": 0}
 
 
-def gate_jit(fn, static: tuple[int, ...] = ()):
+def gate_jit(fn, static: tuple[int, ...] = (), xla_options=()):
     """``fn(model, *args)`` compiled as a pure function of the model's graph and state, with
-    ``GATE_COMPILE``; ``static``: the positions in ``args`` of hashable, static arguments. The
-    model is read, not updated (a gate's programs change no state)."""
-    @functools.partial(jax.jit, static_argnums=(0, *(2 + i for i in static)), compiler_options=GATE_COMPILE)
+    ``GATE_COMPILE`` (and a rung's ``xla_options`` over it); ``static``: the positions in
+    ``args`` of hashable, static arguments. The model is read, not updated (a gate's programs
+    change no state)."""
+    @functools.partial(jax.jit, static_argnums=(0, *(2 + i for i in static)),
+                       compiler_options={**GATE_COMPILE, **dict(xla_options)})
     def pure(graphdef, state, *args):
         return fn(nnx.merge(graphdef, state), *args)
 
@@ -108,24 +110,28 @@ def step_gradients(step_fn, model, X, Y, view=None):
     return loss, logits, capture.grads
 
 
-_step_gradients_jit = gate_jit(lambda model, X, Y, view, step_fn: step_gradients(step_fn, model, X, Y, view),
-                               static=(2, 3))                # model, X, Y, view, step_fn
+@functools.lru_cache(maxsize=None)
+def _step_gradients_jit(xla_options=()):
+    """The step's own gradients as a gate program, one per set of a rung's XLA options."""
+    return gate_jit(lambda model, X, Y, view, step_fn: step_gradients(step_fn, model, X, Y, view),
+                    static=(2, 3), xla_options=xla_options)   # model, X, Y, view, step_fn
 
 
-def compile_gradients(model, X, Y, view=None, step_fn=None) -> None:
+def compile_gradients(model, X, Y, view=None, step_fn=None, xla_options=()) -> None:
     """Compile, without running, the program ``gradients(model, X, Y, view, step_fn=step_fn)``
     runs (one chunk, compiled), so that its call finds it compiled."""
     if step_fn is None:
         _grads_jit.lower(model, X, Y, view).compile()
     else:
-        _step_gradients_jit.lower(model, X, Y, view, step_fn).compile()
+        _step_gradients_jit(tuple(xla_options)).lower(model, X, Y, view, step_fn).compile()
 
 
 def gradients(model, X, Y, view=None, chunks: int = 1, jit: bool = True, step_fn=None,
-              with_loss: bool = False):
+              with_loss: bool = False, xla_options=()):
     """``(logits as fp32 numpy, {parameter name: gradient})`` of the mean cross entropy on
     ``(X, Y)``, compiled (``jit``) or op by op; with ``with_loss``, ``(loss, logits, grads)``.
-    ``step_fn``: the loss and gradients are that training step's own (``step_gradients``).
+    ``step_fn``: the loss and gradients are that training step's own (``step_gradients``),
+    compiled with ``xla_options`` (a rung's XLA debug options: ``Recipe.xla_options``).
     ``chunks`` > 1 splits the batch into that many equal parts and averages their
     gradients: the same mean over the whole batch, computed at a smaller batch."""
     B = X.shape[0]
@@ -139,7 +145,7 @@ def gradients(model, X, Y, view=None, chunks: int = 1, jit: bool = True, step_fn
         if step_fn is None:
             lo, lg, g = run(model, Xi, Yi, view)                                # (n, T, V), ...
         else:
-            lo, lg, g = (_step_gradients_jit(model, Xi, Yi, view, step_fn) if jit
+            lo, lg, g = (_step_gradients_jit(tuple(xla_options))(model, Xi, Yi, view, step_fn) if jit
                          else step_gradients(step_fn, model, Xi, Yi, view))
         logits.append(np.asarray(lg.astype(jnp.float32)))
         loss += float(lo) / chunks

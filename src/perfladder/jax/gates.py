@@ -112,7 +112,8 @@ def true_fp32(on: bool):
 # -- the model gate -------------------------------------------------------------------------------
 def model_gate(reference, candidate, batches, *, view: Callable | None = None,
                reference_chunks: int = 1, reference_jit: bool = False, candidate_jit: bool = True,
-               step_fn: Callable | None = None, name: str = "model gate") -> GateResult:
+               step_fn: Callable | None = None, name: str = "model gate",
+               xla_options=()) -> GateResult:
     """The candidate computes the reference's model: forward and backward, parameter by parameter.
 
     ``reference``: the plain fp32 GPT (``Ladder.make_model()``); ``candidate``: the rung's model,
@@ -126,7 +127,8 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
     by op (the plain eager model) unless ``reference_jit``; the candidate is compiled unless
     ``candidate_jit`` is False. ``step_fn``: the candidate's loss and gradients are those of
     that training step function (the lab's ``train_step``: ``step_gradients``), not the gate's
-    own loss. Besides the logits,
+    own loss; ``xla_options``: XLA debug options the candidate's program compiles with (its
+    rung's, ``perfladder.jax.compile_options``). Besides the logits,
     the loss and every gradient, every matrix gradient's scale is compared (``scale/<name>``,
     ``perfladder.measure.gates.SCALE_TOL``: Adam would hide a scaled gradient from the loss gate).
     Raises ``ModelGateError`` (the worst parameter and its numbers); returns the ``GateResult``.
@@ -148,7 +150,8 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
             ref_loss, ref_logits, ref_grads = gradients(ref, X, Y, chunks=reference_chunks,
                                                         jit=reference_jit, with_loss=True)
         cand_loss, cand_logits, cand_grads = gradients(cand, X, Y, view, jit=candidate_jit,
-                                                       step_fn=step_fn, with_loss=True)
+                                                       step_fn=step_fn, with_loss=True,
+                                                       xla_options=xla_options)
         _worse(measured, "logits", _rel(cand_logits, ref_logits))
         _worse(measured, "loss", _rel([cand_loss], [ref_loss]))
         for k, g in ref_grads.items():
@@ -163,12 +166,12 @@ def model_gate(reference, candidate, batches, *, view: Callable | None = None,
         precision={"reference": p_ref, "candidate": p_cand}, measured=measured, tolerance=tolerance,
         details={"metric": METRIC, "batches": len(batches), "batch_shape": list(batches[0][0].shape),
                  "reference_chunks": reference_chunks, "reference_jit": reference_jit,
-                 "probe_qk_std": scale})
+                 "probe_qk_std": scale, **({"xla_options": dict(xla_options)} if xla_options else {})})
     return fail_if(result, ModelGateError)
 
 
 def model_gate_programs(reference, candidate, X, Y, *, view: Callable | None = None,
-                        step_fn: Callable | None = None) -> list[Callable[[], None]]:
+                        step_fn: Callable | None = None, xla_options=()) -> list[Callable[[], None]]:
     """Two jobs that compile, without running anything, the programs ``model_gate(reference,
     candidate, [(X, Y)], reference_jit=True, view=view, step_fn=step_fn)`` runs: the
     reference's gradients at full fp32 precision, and the candidate's (its step's own). A
@@ -179,7 +182,7 @@ def model_gate_programs(reference, candidate, X, Y, *, view: Callable | None = N
             compile_gradients(reference, X, Y)
 
     def the_candidate():
-        compile_gradients(candidate, X, Y, view, step_fn)
+        compile_gradients(candidate, X, Y, view, step_fn, xla_options)
     return [the_reference, the_candidate]
 
 

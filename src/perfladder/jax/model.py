@@ -153,14 +153,19 @@ class CausalAttention(nnx.Module):
 
 # -- 3. feed-forward -------------------------------------------------------------------------
 class FFN(nnx.Module):
-    """dense2(gelu_tanh(dense1(x))), hidden width ffn_mult * D."""
+    """dense2(gelu_tanh(dense1(x))), hidden width ffn_mult * D; ``fused_gelu``: FC1's bias and
+    GELU with a one-kernel backward (``fused.gelu_bias_grad``)."""
 
-    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, fused_gelu: bool = False):
         D, F = cfg.num_hiddens, cfg.ffn_mult * cfg.num_hiddens
+        self.fused_gelu = bool(fused_gelu)
         self.dense1 = _linear(D, F, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.dense2 = _linear(F, D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        if self.fused_gelu:
+            from perfladder.jax.fused.gelu_bias_grad import ffn
+            return ffn(self, x)                                            # (B, T, D)
         return self.dense2(jax.nn.gelu(self.dense1(x), approximate=True))  # (B, T, D)
 
 
@@ -172,7 +177,7 @@ class Block(nnx.Module):
         self.norm1 = _layer_norm(cfg.num_hiddens, cfg.ln_eps, **kw)
         self.attn = CausalAttention(cfg, attn_impl=attn_impl, fused_attention="attention" in fused, **kw)
         self.norm2 = _layer_norm(cfg.num_hiddens, cfg.ln_eps, **kw)
-        self.ffn = FFN(cfg, **kw)
+        self.ffn = FFN(cfg, fused_gelu="gelu_bias_grad" in fused, **kw)
 
     def __call__(self, H: jax.Array) -> jax.Array:
         H = H + self.attn(self.norm1(H))    # (B, T, D)
@@ -261,7 +266,8 @@ class GPT(nnx.Module):
     ``fused``: Pallas kernels for memory-bound ops (``perfladder.jax.fused``): ``'addnorm'``
     fuses each residual add into the LayerNorm after it, forward and backward; ``'attention'``
     runs the QKV split, RoPE, causal attention and the head merge as one kernel each way (not
-    with a pinned ``attn_impl``). The default ``()`` runs the reference ops; the parameters and
+    with a pinned ``attn_impl``); ``'gelu_bias_grad'`` runs GELU's backward and FC1's bias
+    gradient as one kernel. The default ``()`` runs the reference ops; the parameters and
     the math are the same either way.
     ``residual``: the dtype of the residual stream H between blocks. ``None`` (default): the
     compute dtype -- under ``dtype=bfloat16`` the stream is already bf16 here (every add of two

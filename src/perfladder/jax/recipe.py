@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from perfladder.checks import check_int
+from perfladder.jax.compile_options import check_xla_options
 from perfladder.jax.fused import check_fused
 from perfladder.jax.model import ATTN_IMPLS, EMBEDS
 
@@ -35,9 +36,12 @@ class Recipe:
     embed_fp32: bool = False
     attn_impl: str | None = None
     fused: tuple[str, ...] = ()          # GPT(fused=...): Pallas kernels (perfladder.jax.fused)
+    # XLA debug options of the jitted step's compiles: perfladder.jax.compile_options
+    xla_options: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "fused", check_fused(self.fused))
+        object.__setattr__(self, "xla_options", check_xla_options(self.xla_options))
         check_int("Recipe batch_size", self.batch_size)
         for name, valid in (("jit", JITS), ("dtype", DTYPES), ("embed", EMBEDS),
                             ("attn_impl", ATTN_IMPLS)):
@@ -53,6 +57,9 @@ class Recipe:
         if "attention" in self.fused and self.attn_impl is not None:
             raise ValueError(f"Recipe fused 'attention' replaces jax.nn.dot_product_attention: "
                              f"attn_impl must be None, got {self.attn_impl!r}")
+        if self.xla_options and self.jit == "none":
+            raise ValueError("Recipe xla_options are options of a compile: jit must be 'nnx' or "
+                             "'split', got 'none'")
         if self.attn_impl == "cudnn" and self.dtype != "bfloat16":
             raise ValueError(f"Recipe attn_impl='cudnn' needs dtype='bfloat16', got {self.dtype!r}")
 
@@ -84,7 +91,8 @@ class Recipe:
 
     def to_dict(self) -> dict:
         """JSON types only (``fused`` a list): a result in memory equals its file read back."""
-        return {**dataclasses.asdict(self), "fused": list(self.fused)}
+        return {**dataclasses.asdict(self), "fused": list(self.fused),
+                "xla_options": dict(self.xla_options)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Recipe":
@@ -109,4 +117,6 @@ class Recipe:
             parts.append("checkpointed blocks")
         if self.fused:
             parts.append(f"fused {'+'.join(self.fused)}")
+        if self.xla_options:
+            parts.append("XLA " + " ".join(f"{k}={v}" for k, v in self.xla_options))
         return ", ".join(parts)

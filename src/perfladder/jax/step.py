@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from perfladder.jax.compile_options import WithOptions
 from perfladder.jax.model import GPT, checkpoint_block, observing
 from perfladder.jax.program import _eqns, dot_flops
 from perfladder.jax.recipe import Recipe
@@ -136,7 +137,6 @@ def make_train_step(*, jit: bool = True, view: Callable | None = None) -> Callab
     return jitted
 
 
-
 def _pure_step(graphdef, view, state, X, Y, observe: dict | None = None):
     """One training step as a pure function of the split state: merge, step, split again."""
     model, optimizer = nnx.merge(graphdef, state)
@@ -166,11 +166,14 @@ class SplitStep:
     it is traced.
     """
 
-    def __init__(self, model, optimizer, view: Callable | None = None, observe: dict | None = None):
+    def __init__(self, model, optimizer, view: Callable | None = None, observe: dict | None = None,
+                 xla_options=()):
         self.model, self.optimizer, self.view = model, optimizer, view
         self.graphdef, self.state = nnx.split((model, optimizer))
-        self._jit = _split_jit if observe is None else jax.jit(
-            partial(_pure_step, observe=observe), static_argnums=(0, 1), donate_argnums=2)
+        self.xla_options = dict(xla_options)         # XLA debug options (jax.compile_options)
+        self._jit = _split_jit if observe is None and not xla_options else jax.jit(
+            partial(_pure_step, observe=observe), static_argnums=(0, 1), donate_argnums=2,
+            compiler_options=self.xla_options or None)
 
     def __call__(self, X, Y):
         self._batch = X          # only its shape and dtype are read (``receipt``)
@@ -197,7 +200,6 @@ def make_split_step(model, optimizer, view: Callable | None = None) -> SplitStep
     return SplitStep(model, optimizer, view)
 
 
-
 def scatter_add_dtypes(model, X, Y) -> dict[str, int]:
     """Dtypes of the scatter-adds into the embedding table in the traced gradient (before XLA).
 
@@ -213,7 +215,6 @@ def scatter_add_dtypes(model, X, Y) -> dict[str, int]:
         if "scatter" in eqn.primitive.name and tuple(getattr(out, "shape", ())) == table:
             counts[str(out.dtype)] += 1
     return dict(counts)
-
 
 
 # -- receipts recorded by the compiled step itself ------------------------------------------------
@@ -271,7 +272,6 @@ def step_receipt(step, model=None, X=None) -> dict | None:
     return None if got is None else dict(got)
 
 
-
 def traced_flops(model, X, Y) -> int:
     """Matmul FLOPs of one training step's forward and backward pass, read off the jaxpr.
 
@@ -288,7 +288,6 @@ def traced_flops(model, X, Y) -> int:
     grad = jax.value_and_grad(lambda s, X, Y: loss_fn(nnx.merge(graphdef, s), X, Y))
     return sum(dot_flops(eqn) for eqn in _eqns(jax.make_jaxpr(grad)(*shapes).jaxpr)
                if eqn.primitive.name == "dot_general")
-
 
 
 @functools.lru_cache(maxsize=None)
@@ -311,7 +310,8 @@ class TrainStep:
     (R2a's naive cast); gradients still reach the original parameters.
     """
 
-    def __init__(self, model, optimizer, *, jit: str = "nnx", view=None, code: dict | None = None):
+    def __init__(self, model, optimizer, *, jit: str = "nnx", view=None, code: dict | None = None,
+                 xla_options=()):
         code = {**CODE, **(code or {})}
         self.model, self.optimizer, self.jit = model, optimizer, jit
         self.observed: dict[str, str] = {}
@@ -332,9 +332,12 @@ class TrainStep:
             self._call = lambda X, Y: body(model, optimizer, X, Y)
         elif jit == "nnx":
             self._jitted = code["jit_step"](body)
+            if xla_options:                   # each compile with them (jax.compile_options)
+                self._jitted = WithOptions(self._jitted, xla_options)
             self._call = lambda X, Y: self._jitted(model, optimizer, X, Y)
         elif jit == "split":
-            self._split = SplitStep(model, optimizer, view=view, observe=self.observed)
+            self._split = SplitStep(model, optimizer, view=view, observe=self.observed,
+                                    xla_options=xla_options)
             self._call = self._split
         else:
             raise ValueError(f"jit={jit!r} is not valid; valid choices: ('none', 'nnx', 'split')")
@@ -343,7 +346,8 @@ class TrainStep:
     def of(cls, model, optimizer, recipe: Recipe, code: dict | None = None) -> "TrainStep":
         code = {**CODE, **(code or {})}
         return cls(model, optimizer, jit=recipe.jit, code=code,
-                   view=code["cast_arrays"] if recipe.naive_cast else None)
+                   view=code["cast_arrays"] if recipe.naive_cast else None,
+                   xla_options=recipe.xla_options)
 
     def __call__(self, X, Y):
         """One step; the first call (where a jitted step traces and compiles) times itself,

@@ -59,7 +59,8 @@ def gate_programs(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y) -> list[Ca
         return []
     n = min(GATE_ROWS, X.shape[0])
     reference = lab.model(Recipe(batch_size=recipe.batch_size), plain_code=True)
-    jobs = model_gate_programs(reference, step.model, X[:n], Y[:n], step_fn=lab.code["train_step"])
+    jobs = model_gate_programs(reference, step.model, X[:n], Y[:n], step_fn=lab.code["train_step"],
+                               xla_options=recipe.xla_options)
     if recipe.jit != "none" and "reference" not in lab.memo.get(_FORM_REFERENCE.format(jit=True), {}):
         model = lab.model(Recipe(batch_size=GATE_ROWS, jit=recipe.jit), plain_code=True)
         Xg, Yg = gate_batches(lab, lab.config.batch_size)[0]
@@ -87,7 +88,8 @@ def model_gates(lab: JaxLab, recipe: Recipe, step: TrainStep, X, Y,
     # the candidate one small program per rung
     with phase(watch, "gates/model"):
         model = model_gate(lab.model(plain, plain_code=True), step.model, [(X[:n], Y[:n])],
-                           reference_jit=True, step_fn=lab.code["train_step"]).evidence()
+                           reference_jit=True, step_fn=lab.code["train_step"],
+                           xla_options=recipe.xla_options).evidence()
     with phase(watch, "gates/step form"):
         form = step_form_gate(lab, recipe)
     return [model, form]

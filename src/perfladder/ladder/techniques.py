@@ -122,6 +122,19 @@ TECHNIQUES: dict[str, Technique] = {
                                  "a separate sum", (MEMORY,), S_FUSION,
                                  "the bias gradients' reductions over the output gradients",
                                  (NORM, MATMUL)),
+    "xla_cublaslt": Technique("compiles the step's GEMMs to cuBLASLt calls, whose epilogues XLA "
+                              "gives FC1's bias add and GELU", (MEMORY,), S_FUSION,
+                              "GELU and bias passes over the 4D-wide hidden activation (forward)",
+                              ("elementwise: GELU", E_REST)),
+    "fused_gelu_bias_grad": Technique("computes GELU's derivative and FC1's bias gradient in one "
+                                      "hand-written pass, so the hidden gradient is written once "
+                                      "and not read back for the bias sum", (MEMORY,), S_KERNEL,
+                                      "GELU's backward and the bias gradient's reduction over the "
+                                      "4D-wide hidden gradient", ("elementwise: GELU", E_REST)),
+    "command_buffers": Technique("records the step's kernels into CUDA graphs (XLA's command "
+                                 "buffers), so they launch as a few graphs instead of one by one",
+                                 (HOST,), S_OVERHEAD, "the idle time between kernels (no "
+                                 "roofline group: the device runs nothing then)"),
     "data_parallel": Technique("splits each batch across GPUs and sums the gradients every step",
                                section=S_DP, cost="one GPU's throughput: k GPUs, gradients all-reduced",
                                devices=True),

@@ -8,6 +8,14 @@
     B6  batch x4
     B7  residual add fused into the LayerNorm after it (a Pallas kernel under custom_vjp)
     B8  split + RoPE + causal attention + head merge in one Pallas kernel each way (GPU only)
+    B9  XLA's GEMMs through cuBLASLt (bias and GELU in their epilogues), this step's compile only
+    B10 GELU's backward with FC1's bias gradient in one Pallas kernel (GPU only)
+    B11 XLA's command buffers (CUDA graphs) for every command type, this step's compile only
+
+B9 and B11 set XLA debug options per program (``Recipe.xla_options``,
+``perfladder.jax.compile_options``), in either jitted step form: ``XLA_FLAGS`` is read once per
+process, so two rungs of one ladder could not differ in it. Both are GPU options, which the CPU compiler accepts and
+ignores: on a CPU they would time their base's program again.
 
 Each builds on the fastest configuration so far (the engine's chain), changes one field of
 its recipe, and is gated against its base: the losses of the first steps from the same
@@ -19,6 +27,9 @@ goes after the same cost, the embedding gradient's scatter. The others add somet
 earlier rung chose.
 """
 from __future__ import annotations
+
+import collections
+import re
 
 import jax.numpy as jnp
 
@@ -140,6 +151,42 @@ def b4_attention_kernel(lab: JaxLab, given: Given) -> Evidence:
     return trial(lab, given, check=parity, check_programs=programs, loss_gate_=True, inspect=calls)
 
 
+_EPILOGUE = re.compile(r'"epilogue":"(\w+)"')
+_COMMAND_BUFFER = re.compile(r"%(command_buffer[\w.\-]*)")     # XLA's outlined computations
+
+
+def compiled_calls(text: str) -> dict:
+    """What a compiled step's HLO says of the options B9 and B11 set: its cuBLASLt and cuBLAS
+    GEMM calls, their epilogues (``{"BIAS_GELU": 6, ...}``) and its command buffers (the
+    computations XLA outlined to record into CUDA graphs)."""
+    return {"cublaslt_calls": text.count("__cublas$lt$matmul"), "cublas_calls": text.count("__cublas$gemm"),
+            "gemm_epilogues": dict(collections.Counter(_EPILOGUE.findall(text))),
+            "command_buffers": len(set(_COMMAND_BUFFER.findall(text)))}
+
+
+def xla_options_rung(lab: JaxLab, given: Given) -> Evidence:
+    """Its base's step compiled with XLA debug options of its own (``Recipe.xla_options``), its
+    gate programs with them too: the loss gate and the model gate run what they compiled."""
+    recipe, ref = given.recipe, given.base_recipe
+    changed = sorted(k for k, v in recipe.to_dict().items() if ref.to_dict()[k] != v)
+    if changed != ["xla_options"]:
+        raise AssertionError(f"{given.rung.name} must change the XLA options alone; changed {changed}")
+    options = dict(recipe.xla_options)
+
+    def compiled_with(step, X, Y):
+        got = getattr(step._split or getattr(step, "_jitted", None), "xla_options", {})
+        if got != options:
+            raise AssertionError(f"the step compiles with XLA options {got}, its recipe names {options}")
+        return [Gate(name="XLA options", passed=True, values={"options": len(options)},
+                     reference=f"{given.base_name}'s recipe", detail={"xla_options": options})]
+
+    def calls(text, details):
+        return {"xla_options": options, **compiled_calls(text)}
+
+    return trial(lab, given, check=compiled_with, loss_gate_=True, inspect=calls,
+                 details={"xla_options": options})
+
+
 def kernel_rung(lab: JaxLab, given: Given) -> Evidence:
     """A Pallas kernel (under custom_vjp) in place of the ops it replaces: the loss gate."""
     return trial(lab, given, loss_gate_=True)
@@ -191,4 +238,15 @@ B8 = Rung("B8", "fused_attention", "+fused attention", kernel_rung, **STAGE,
           change=ch.fused_attention,
           gate=LOSS_GATE, needs_gpu=B7.needs_gpu)
 
-BEYOND = [B1, B2, B3, B4, B5, B6, B7, B8]
+XLA_GPU = "XLA's GPU compiler options; the CPU compiler accepts and ignores them (tests/jax/test_compile_options.py)"
+B9 = Rung("B9", "xla_cublaslt", "+XLA cuBLASLt GEMMs", xla_options_rung, **STAGE,
+          change=ch.xla_cublaslt, gate="compiled with its options; " + LOSS_GATE, needs_gpu=XLA_GPU)
+B10 = Rung("B10", "fused_gelu_bias_grad", "+fused GELU backward", kernel_rung, **STAGE,
+           change=ch.fused_gelu_bias_grad, gate=LOSS_GATE,
+           needs_gpu="a Pallas kernel compiles for a GPU; on CPU it runs only through Pallas's "
+                     "interpreter, in tests/jax/test_fused_gelu_bias_grad.py")
+B11 = Rung("B11", "command_buffers", "+command buffers", xla_options_rung, **STAGE,
+           change=ch.command_buffers, gate="compiled with its options; " + LOSS_GATE,
+           needs_gpu=XLA_GPU)
+
+BEYOND = [B1, B2, B3, B4, B5, B6, B7, B8, B9, B10, B11]

@@ -52,6 +52,29 @@ def fused_attention(recipe, config):
     return recipe.replace(fused=(*recipe.fused, "attention"), attn_impl=None)
 
 
+def xla_cublaslt(recipe, config):
+    """B9: XLA's GEMMs through cuBLASLt, compiled into this step alone,
+    so XLA can put FC1's bias and GELU in the GEMM's epilogue."""
+    return recipe.replace(xla_options={**dict(recipe.xla_options),
+                                       "xla_gpu_enable_cublaslt": True})
+
+
+def fused_gelu_bias_grad(recipe, config):
+    """B10: GPT(fused=(..., "gelu_bias_grad")): GELU's backward and FC1's
+    bias gradient in one Pallas kernel."""
+    return recipe.replace(fused=(*recipe.fused, "gelu_bias_grad"))
+
+
+def command_buffers(recipe, config):
+    """B11: every command type XLA can record into CUDA graphs, from a
+    sequence of one kernel up, compiled into this step alone."""
+    return recipe.replace(xla_options={
+        **dict(recipe.xla_options),
+        "xla_gpu_enable_command_buffer":
+            "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL",
+        "xla_gpu_graph_min_graph_size": 1})
+
+
 CHANGES = {f.__name__: f for f in (
     big_batch, fp32_embedding_lookup, onehot_embedding, split_jit, cudnn_attention, batch_x2,
-    batch_x4, fused_addnorm, fused_attention)}
+    batch_x4, fused_addnorm, fused_attention, xla_cublaslt, fused_gelu_bias_grad, command_buffers)}
