@@ -148,5 +148,26 @@ def test_option_rungs_on_gpu():
         r = run.run(name)
         assert r.kind == "rung", (name, r.error)
         assert r.gates and all(g.passed for g in r.gates), name
-    assert run.result.rung("B9").details["xla_options"]["xla_gpu_enable_cublaslt"] is True
-    assert run.result.rung("B9").details["cublaslt_calls"] > 0
+    details = run.result.rung("B9").details
+    assert details["xla_options"]["xla_gpu_enable_cublaslt"] is True
+    # which library runs the GEMMs also depends on XLA_FLAGS (Triton GEMMs unless the full
+    # config's cublas_gemms() turned them off before JAX started): the count is recorded, and
+    # test_a_compile_option_changes_what_the_gpu_compiler_emits proves the option is honoured
+    assert isinstance(details["cublaslt_calls"], int) and isinstance(details["cublas_calls"], int)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_gpu(), reason="XLA's GEMM libraries are GPU options")
+def test_a_compile_option_changes_what_the_gpu_compiler_emits():
+    """One matmul lowered once and compiled with XLA's Triton GEMMs on and off: the GPU compiler
+    emits a Triton fusion for one and a cuBLASLt call for the other, so an option given per
+    compile (B9's, B11's) reaches it. (``xla_gpu_enable_cublaslt`` itself would not tell: on
+    jax 0.11.2 XLA calls cuBLASLt for every GEMM on an H100 whatever it says.)"""
+    import jax
+
+    x, w = jnp.ones((256, 512), jnp.bfloat16), jnp.ones((512, 2048), jnp.bfloat16)
+    lowered = jax.jit(lambda x, w: x @ w).lower(x, w)
+    texts = {on: lowered.compile({"xla_gpu_enable_triton_gemm": on}).as_text() for on in (True, False)}
+    on, off = compiled_calls(texts[True]), compiled_calls(texts[False])
+    assert "triton" in texts[True] and on["cublaslt_calls"] + on["cublas_calls"] == 0, on
+    assert "triton" not in texts[False] and off["cublaslt_calls"] + off["cublas_calls"] > 0, off

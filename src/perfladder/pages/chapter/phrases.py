@@ -10,6 +10,7 @@ from typing import Callable
 
 from perfladder.config import expected_num_params
 from perfladder.pages.claims import call, config_of
+from perfladder.pages.story import rung_numbers
 from perfladder.pages.words import ratio
 from perfladder.results.committed import committed_runs, how_chosen
 from perfladder.results.record import LadderResult
@@ -127,3 +128,14 @@ def unmeasured_sentence(names: tuple[str, ...], why: str) -> Number:
             return ""
         return f"This run has no measurement of {_names(missing)}: {why}."
     return sentence
+
+
+def rung_value(name: str, field: str) -> Number:
+    """A rung's own glue value (``story.rung_numbers``) for a page's number: computed for every
+    run, so that a story naming a rung the run may lack (B15 needs nvmath-python) still formats."""
+    def value(result: LadderResult) -> str:
+        found = [r for r in result.rungs if r.name == name]
+        if not found:
+            raise KeyError(name)
+        return rung_numbers(result, found[0])[f"{name}_{field}"]
+    return value

@@ -15,6 +15,7 @@ from perfladder.pages.chapter.phrases import (
     config_numbers,
     gradient_numbers,
     multi_gpu_numbers,
+    rung_value,
     shown_rule,
     unmeasured_sentence,
     verdict_phrases,
@@ -38,7 +39,6 @@ from perfladder.pages.story import (
     ratio_of,
     regime,
     roofline_numbers,
-    rung_numbers,
     verdict,
 )
 
@@ -47,15 +47,6 @@ MISSING_WHY = ("B16 to B18 need a CUDA GPU, B17 and B18 nvmath-python too, and r
                "before they existed lack them")
 
 
-def rung_value(name: str, field: str):
-    """A rung's own glue value (``rung_numbers``) for a page's number: computed for every run, so
-    that a story naming a rung the run may lack (B15 needs nvmath-python) still formats."""
-    def value(result):
-        found = [r for r in result.rungs if r.name == name]
-        if not found:
-            raise KeyError(name)
-        return rung_numbers(result, found[0])[f"{name}_{field}"]
-    return value
 FRAMEWORK = "torch"
 
 CHECKS = [
