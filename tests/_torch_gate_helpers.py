@@ -38,3 +38,57 @@ def one_thread():
     torch.set_num_threads(1)                  # the smoke model's ops are tiny
     yield
     torch.set_num_threads(before)
+
+
+def one_cacheable_graph(model, X):
+    """``model(X).sum()`` compiled on the stand-in cuBLASLt backend (``fused.epilogue``): its one
+    dynamo graph (no break), which AOTAutograd's cache accepts (``check_cacheable`` raises
+    BypassAOTAutogradCache otherwise), so another process can load the step's compile."""
+    from torch._functorch._aot_autograd.autograd_cache import check_cacheable
+
+    from perfladder.torch.fused import epilogue as ep
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with ep.use_backend(ep.STAND_IN):
+        torch.compile(lambda x: model(x).sum(), backend=backend, fullgraph=True)(X)
+    assert len(graphs) == 1
+    check_cacheable(graphs[0])
+    return graphs[0]
+
+
+class StubGpuLab:
+    """A lab on a 'GPU' that has nothing to run: a rung refused before it builds anything is
+    recorded through the engine on it, and one that tries to build fails loudly."""
+    framework, on_gpu, device_name, seed_top = "torch", True, "stub GPU", "R3"
+
+    def __init__(self):
+        from perfladder.results.record import LadderResult
+        self.config = CFG
+        self.result = LadderResult(framework="torch", device=self.device_name,
+                                   config=CFG.to_dict(), baseline="R0")
+
+    def seed_recipe(self):
+        from perfladder.torch.recipe import Recipe
+        return Recipe.seed(CFG)
+
+    def recipe_from_dict(self, d):
+        from perfladder.torch.recipe import Recipe
+        return Recipe.from_dict(d)
+
+    def free(self):
+        pass
+
+
+# relative error norms of the cuBLASLt tests: fp32 the same arithmetic up to summation order;
+# bf16 against the reference's own bf16 run, both rounded to bf16 (unit roundoff 2^-8) at
+# different points
+FP32_REL, BF16_REL = 1e-5, 1e-2
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()

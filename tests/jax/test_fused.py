@@ -18,6 +18,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from _pallas_sm90 import assert_matches_reference, logits_and_grads  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from perfladder.config import get_config  # noqa: E402
@@ -103,15 +104,6 @@ def test_bad_options_and_shapes():
         add_layer_norm(jnp.zeros((2, 32)), jnp.zeros((3, 32)), jnp.ones(32), jnp.zeros(32))
 
 
-def _logits_and_grads(model, X):
-    def loss(m):
-        logits = m(X)
-        lp = jax.nn.log_softmax(logits.astype(jnp.float32))
-        return -jnp.take_along_axis(lp, X[..., None], axis=-1).mean(), logits
-    (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
-    return logits, {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(grads)}
-
-
 @pytest.mark.parametrize("dtype,checkpoint", [(jnp.float32, False), (jnp.bfloat16, True)])
 def test_fused_model_matches_reference(dtype, checkpoint):
     X = jax.random.randint(jax.random.key(1), (2, 16), 0, SMOKE.vocab_size)
@@ -120,8 +112,8 @@ def test_fused_model_matches_reference(dtype, checkpoint):
     # true fp32 matmuls: on a GPU, XLA's default runs fp32 dots as TF32, whose rounding
     # (~1e-3 relative) would swamp the fp32 comparison (seen on the H200)
     with jax.default_matmul_precision("highest"):
-        lr, gr = _logits_and_grads(ref, X)
-        lf, gf = _logits_and_grads(fused, X)
+        lr, gr = logits_and_grads(ref, X)
+        lf, gf = logits_and_grads(fused, X)
     assert lf.dtype == lr.dtype == dtype and gf.keys() == gr.keys()
     if dtype == jnp.float32:
         close(lf, lr, dict(atol=1e-5, rtol=1e-5))
@@ -135,11 +127,6 @@ def test_fused_model_matches_reference(dtype, checkpoint):
                 <= 3e-2 * scale + 1e-6, n
 
 
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 @pytest.mark.parametrize("dtype,fused,checkpoint", [(jnp.float32, ("attention",), False),
                                                     (jnp.bfloat16, ("addnorm", "attention"), True)])
 def test_fused_attention_model_matches_reference(dtype, fused, checkpoint):
@@ -147,11 +134,4 @@ def test_fused_attention_model_matches_reference(dtype, fused, checkpoint):
     X = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
     ref = GPT(cfg, rngs=nnx.Rngs(0), dtype=dtype, checkpoint=checkpoint)
     model = GPT(cfg, rngs=nnx.Rngs(0), dtype=dtype, checkpoint=checkpoint, fused=fused)
-    with jax.default_matmul_precision("highest"):
-        lr, gr = _logits_and_grads(ref, X)
-        lf, gf = _logits_and_grads(model, X)
-    assert lf.dtype == lr.dtype == dtype and gf.keys() == gr.keys()
-    for n in ("logits", *gr):
-        a, b = (lf, lr) if n == "logits" else (gf[n], gr[n])
-        # fp32: the same math in another order; bf16: rounding steps of bf16 (the gate's metric)
-        assert _rel(a, b) < (1e-5 if dtype == jnp.float32 else 2e-2), n
+    assert_matches_reference(ref, model, X, dtype)

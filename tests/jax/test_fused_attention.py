@@ -6,8 +6,6 @@ compiling for the GPU (done on a CPU). Without a GPU the kernels run in Pallas's
 """
 import math
 import shutil
-import subprocess
-from pathlib import Path
 
 from perfladder.jax.compiler import fast_cpu_compiles
 
@@ -18,6 +16,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from _pallas_sm90 import catch_triton_modules, compile_for_sm90, cuobjdump  # noqa: E402
 
 from perfladder.jax.fused import attention as fattn  # noqa: E402
 from perfladder.jax.model import rope, rope_tables  # noqa: E402
@@ -189,38 +188,15 @@ def test_compiles_for_sm90_without_spills(monkeypatch, tmp_path):
     configuration: Hopper's warp-group MMA for the dots, and no register spills (cuobjdump's
     STACK and LOCAL zero) -- a spilled accumulator or score tile would turn into memory
     traffic on every tile."""
-    triton = pytest.importorskip("triton")
-    from jax._src.pallas.triton import pallas_call_registration as registration
-    from triton.backends.compiler import GPUTarget
-
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not cuobjdump.exists():
-        pytest.skip(f"no cuobjdump at {cuobjdump} to read the register use")
-    modules = []
-    lower = registration.lowering.lower_jaxpr_to_triton_module
-
-    def keep(*args, **kwargs):              # the Triton module Pallas hands to XLA, as text
-        result = lower(*args, **kwargs)
-        modules.append(result.module.operation.get_asm(enable_debug_info=False))
-        return result
-
-    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep)
+    cuobjdump()
+    modules = catch_triton_modules(monkeypatch)
     _lowered_for_cuda(128)
     assert len(modules) == 2
     for name, text, cfg in zip(("fwd", "bwd"), modules, (fattn.FWD, fattn.BWD)):
-        src = tmp_path / f"rope_attention_{name}.ttir"
-        src.write_text(text)
-        compiled = triton.compile(str(src), target=GPUTarget("cuda", 90, 32),
-                                  options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-        cubin = tmp_path / f"rope_attention_{name}.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True,
-                               text=True, timeout=60).stdout
-        line = next(ln for ln in usage.splitlines() if "REG:" in ln)
-        print(name, cfg, line.strip())
-        fields = dict(f.split(":") for f in line.split() if ":" in f)
-        assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, (name, line)
-        assert "warp_group_dot" in compiled.asm["ttgir"], name
+        asm, fields = compile_for_sm90(text, tmp_path / f"rope_attention_{name}",
+                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, (name, fields)
+        assert "warp_group_dot" in asm["ttgir"], name
 
 
 @pytest.mark.gpu

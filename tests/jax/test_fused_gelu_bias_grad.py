@@ -7,8 +7,6 @@ another order); bf16 one rounding step of the output (the kernel computes the de
 fp32, the reference in bf16); a bf16 bias gradient, a sum over all rows, to its own rounding.
 """
 import shutil
-import subprocess
-from pathlib import Path
 
 from perfladder.jax.compiler import fast_cpu_compiles
 
@@ -19,6 +17,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from _pallas_sm90 import assert_matches_reference, catch_triton_modules, compile_for_sm90, rel  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from perfladder.config import get_config  # noqa: E402
@@ -61,10 +60,10 @@ def test_gelu_bias_matches_the_reference_forward_and_gradients(dtype, tol, shape
     du_t, db_t = dh_t.astype(dtype), dh_t.reshape(-1, F).sum(0).astype(dtype)
     close(du_f, du_t, tol)
     close(db_f, db_t, tol if dtype == jnp.float32 else dict(atol=0.0, rtol=1e-2))
-    assert _rel(du_f, du_t) <= _rel(du_r, du_t) + 1e-7 and _rel(db_f, db_t) <= _rel(db_r, db_t) + 1e-7
+    assert rel(du_f, du_t) <= rel(du_r, du_t) + 1e-7 and rel(db_f, db_t) <= rel(db_r, db_t) + 1e-7
     # against the reference itself, the model gate's metric and tolerance
-    assert _rel(du_f, du_r) < (1e-5 if dtype == jnp.float32 else 2e-2)
-    assert _rel(db_f, db_r) < (1e-5 if dtype == jnp.float32 else 2e-2)
+    assert rel(du_f, du_r) < (1e-5 if dtype == jnp.float32 else 2e-2)
+    assert rel(db_f, db_r) < (1e-5 if dtype == jnp.float32 else 2e-2)
 
 
 def test_the_derivative_is_gelus_and_the_bias_gradient_sums_every_row():
@@ -104,50 +103,14 @@ def test_lowers_for_cuda_at_the_model_shape_and_compiles_for_sm90_without_spills
     """The backward kernel as a GPU gets it: Pallas's Triton lowering at the full config's
     shape, one kernel call; its TTIR compiled by the triton package (bundled ptxas, no GPU) to
     an sm_90a cubin with no register spills (cuobjdump's STACK and LOCAL zero)."""
-    modules = []
-    try:
-        from jax._src.pallas.triton import pallas_call_registration as registration
-        lower = registration.lowering.lower_jaxpr_to_triton_module
-
-        def keep(*args, **kwargs):              # the Triton module Pallas hands to XLA, as text
-            result = lower(*args, **kwargs)
-            modules.append(result.module.operation.get_asm(enable_debug_info=False))
-            return result
-        monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", keep)
-    except (ImportError, AttributeError):
-        pass
+    modules = catch_triton_modules(monkeypatch)
     text = _lowered_for_cuda()
     assert text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call") == 1
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not modules or not cuobjdump.exists():
-        pytest.skip("no Triton module caught, or no cuobjdump to read the register use")
-    src = tmp_path / "gelu_bias_grad_bwd.ttir"
-    src.write_text(modules[0])
-    compiled = triton.compile(str(src), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=NUM_WARPS))
-    cubin = tmp_path / "gelu_bias_grad_bwd.cubin"
-    cubin.write_bytes(compiled.asm["cubin"])
-    usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True,
-                           text=True, timeout=60).stdout
-    line = next(ln for ln in usage.splitlines() if "REG:" in ln)
-    fields = dict(f.split(":") for f in line.split() if ":" in f)
-    assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, line
-
-
-def _logits_and_grads(model, X):
-    def loss(m):
-        logits = m(X)
-        lp = jax.nn.log_softmax(logits.astype(jnp.float32))
-        return -jnp.take_along_axis(lp, X[..., None], axis=-1).mean(), logits
-    (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
-    return logits, {"/".join(map(str, p)): v for p, v in nnx.to_flat_state(grads)}
-
-
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    pytest.importorskip("triton")
+    if not modules:
+        pytest.skip("no Triton module caught from this JAX's Pallas lowering")
+    _, fields = compile_for_sm90(modules[0], tmp_path / "gelu_bias_grad_bwd", num_warps=NUM_WARPS)
+    assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, fields
 
 
 @pytest.mark.parametrize("dtype,fused", [(jnp.float32, ("gelu_bias_grad",)),
@@ -159,14 +122,7 @@ def test_fused_gelu_model_matches_reference(dtype, fused):
     ref = GPT(SMOKE, rngs=nnx.Rngs(0), dtype=dtype)
     model = GPT(SMOKE, rngs=nnx.Rngs(0), dtype=dtype, fused=fused)
     assert model.blks[0].ffn.fused_gelu and not ref.blks[0].ffn.fused_gelu
-    with jax.default_matmul_precision("highest"):
-        lr, gr = _logits_and_grads(ref, X)
-        lf, gf = _logits_and_grads(model, X)
-    assert lf.dtype == lr.dtype == dtype and gf.keys() == gr.keys()
-    for n in ("logits", *gr):
-        a, b = (lf, lr) if n == "logits" else (gf[n], gr[n])
-        assert a.dtype == b.dtype, n
-        assert _rel(a, b) < (1e-5 if dtype == jnp.float32 else 2e-2), n
+    assert_matches_reference(ref, model, X, dtype)
 
 
 @pytest.mark.gpu

@@ -14,11 +14,11 @@ import sys
 
 import pytest
 import torch
+from _torch_gate_helpers import BF16_REL, FP32_REL, StubGpuLab, one_cacheable_graph, rel
 
 from perfladder.config import get_config
 from perfladder.ladder import engine
 from perfladder.ladder.rung import Given, NotSupported
-from perfladder.results.record import LadderResult
 from perfladder.torch import GPT, RUNGS
 from perfladder.torch.fused import check_fused
 from perfladder.torch.fused import epilogue as ep
@@ -29,13 +29,6 @@ from perfladder.torch.rungs import changes as ch
 SMOKE = get_config("smoke")
 CFG = SMOKE.gpt()
 ON_GPU = torch.cuda.is_available()
-# relative error norms: fp32 the same arithmetic up to summation order; bf16 against the
-# reference's own bf16 run, both rounded to bf16 (unit roundoff 2^-8) at different points
-FP32_REL, BF16_REL = 1e-5, 1e-2
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
 def ffn_pair(seed: int = 0, width: int | None = None):
@@ -103,22 +96,10 @@ def test_compiled_forward_and_gradients_match_the_reference():
 def test_a_compiled_model_with_the_epilogues_is_cacheable():
     """One dynamo graph with no break, which AOTAutograd's cache accepts (each piece an operator
     with its backward registered on it), so another process can load a B15 step's compile."""
-    from torch._functorch._aot_autograd.autograd_cache import check_cacheable
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
     torch.manual_seed(0)
     model = GPT(CFG, fused=("epilogue",))
-    X = torch.randint(0, CFG.vocab_size, (2, SMOKE.num_steps))
-    torch._dynamo.reset()
-    with ep.use_backend(ep.STAND_IN):
-        torch.compile(lambda x: model(x).sum(), backend=backend, fullgraph=True)(X)
-    assert len(graphs) == 1
-    assert any("perfladder.epilogue_ffn_fwd" in str(n.target) for n in graphs[0].graph.nodes)
-    check_cacheable(graphs[0])                                     # raises BypassAOTAutogradCache
+    graph = one_cacheable_graph(model, torch.randint(0, CFG.vocab_size, (2, SMOKE.num_steps)))
+    assert any("perfladder.epilogue_ffn_fwd" in str(n.target) for n in graph.graph.nodes)
 
 
 def test_a_width_that_is_not_a_multiple_of_8_pads_the_pre_activation():
@@ -252,23 +233,7 @@ def test_the_epilogues_are_not_taken_for_triton_kernels():
     assert triton.compiler == "triton" and triton.what == "our Triton kernels (attention)"
 
 
-class GpuLab:
-    """A lab on a 'GPU' that has nothing to run: B15 must stop before it builds anything."""
-    framework, on_gpu, device_name, seed_top = "torch", True, "stub GPU", "R3"
-
-    def __init__(self):
-        self.config = SMOKE
-        self.result = LadderResult(framework="torch", device="stub GPU", config=SMOKE.to_dict(),
-                                   baseline="R0")
-
-    def seed_recipe(self):
-        return Recipe.seed(SMOKE)
-
-    def recipe_from_dict(self, d):
-        return Recipe.from_dict(d)
-
-    def free(self):
-        pass
+GpuLab = StubGpuLab
 
 
 def test_b15_without_nvmath_is_refused_in_one_line_as_not_supported(no_nvmath):

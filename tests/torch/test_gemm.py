@@ -15,11 +15,11 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from _torch_gate_helpers import BF16_REL, FP32_REL, StubGpuLab, one_cacheable_graph, rel
 
 from perfladder.config import get_config
 from perfladder.ladder import engine
 from perfladder.ladder.rung import Given, NotSupported
-from perfladder.results.record import LadderResult
 from perfladder.torch import GPT, RUNGS
 from perfladder.torch.fused import check_fused, gemm
 from perfladder.torch.fused import epilogue as ep
@@ -29,11 +29,6 @@ from perfladder.torch.rungs import changes as ch
 SMOKE = get_config("smoke")
 CFG = SMOKE.gpt()
 ON_GPU = torch.cuda.is_available()
-FP32_REL, BF16_REL = 1e-5, 1e-2
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
 def linear_and_grads(fn, x, w, b, dy, bf16: bool):
@@ -143,22 +138,10 @@ def test_planned_and_autotuned_once_per_shape():
 
 
 def test_a_compiled_model_with_the_tuned_gemms_is_one_cacheable_graph():
-    from torch._functorch._aot_autograd.autograd_cache import check_cacheable
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
     torch.manual_seed(0)
     model = GPT(CFG, fused=("gemm_bgrad",))
-    X = torch.randint(0, CFG.vocab_size, (2, SMOKE.num_steps))
-    torch._dynamo.reset()
-    with ep.use_backend(ep.STAND_IN):
-        torch.compile(lambda x: model(x).sum(), backend=backend, fullgraph=True)(X)
-    assert len(graphs) == 1
-    assert sum("perfladder.gemm_linear" in str(n.target) for n in graphs[0].graph.nodes) == 9   # 4 x 2 + head
-    check_cacheable(graphs[0])
+    graph = one_cacheable_graph(model, torch.randint(0, CFG.vocab_size, (2, SMOKE.num_steps)))
+    assert sum("perfladder.gemm_linear" in str(n.target) for n in graph.graph.nodes) == 9   # 4 x 2 + head
 
 
 def test_compiled_under_autocast_matches_eager():
@@ -220,23 +203,7 @@ def test_the_tuned_gemms_are_not_taken_for_triton_kernels():
     assert lab.kernels(Recipe(batch_size=8, bf16=True, fused=("gemm_bgrad",))) == []
 
 
-class GpuLab:
-    """A lab on a 'GPU' that has nothing to run: a rung must stop before it builds anything."""
-    framework, on_gpu, device_name, seed_top = "torch", True, "stub GPU", "R3"
-
-    def __init__(self):
-        self.config = SMOKE
-        self.result = LadderResult(framework="torch", device=self.device_name,
-                                   config=SMOKE.to_dict(), baseline="R0")
-
-    def seed_recipe(self):
-        return Recipe.seed(SMOKE)
-
-    def recipe_from_dict(self, d):
-        return Recipe.from_dict(d)
-
-    def free(self):
-        pass
+GpuLab = StubGpuLab
 
 
 class CpuLab(GpuLab):
