@@ -55,7 +55,7 @@ def test_registry_names_keys_and_declarations():
     assert list(RUNGS) == list(KEYS)                                  # ladder order
     for r in RUNGS.values():
         assert r.label and r.section and r.gate and r.attacks, r.name
-    assert [n for n, r in RUNGS.items() if r.alternative] == ["B2"]
+    assert [n for n, r in RUNGS.items() if r.alternative] == ["B2", "B9", "B10", "B11"]
     assert [n for n, r in RUNGS.items() if r.needs_gpu] == ["B4", "B7", "B8", "B9", "B10", "B11"]
     assert {n: r.builds_on for n, r in RUNGS.items() if r.stage == "seed"} == {
         "R0": None, "R1": "R0", "R2a": "R1", "R2": "R1", "R3c": "R1", "R3": "R2", "R4": "R3"}

@@ -23,8 +23,11 @@ init on the same batches (``trial.loss_gate``), plus its own gate where it has o
 
 B2 is declared an ``alternative``: it replaces B1's lookup (a gather from the fp32 table)
 with another implementation of the same lookup (the lookup gate proves the same rows) and
-goes after the same cost, the embedding gradient's scatter. The others add something no
-earlier rung chose.
+goes after the same cost, the embedding gradient's scatter. B9, B10 and B11 are alternatives
+too: another implementation of what the step already does (the GEMMs' library and epilogues,
+GELU's backward, how the kernels are launched), none of which a multi-GPU rank that no ladder
+handed a configuration should assume (``perfladder.ladder.declared``). The others add something
+no earlier rung chose.
 """
 from __future__ import annotations
 
@@ -240,13 +243,13 @@ B8 = Rung("B8", "fused_attention", "+fused attention", kernel_rung, **STAGE,
 
 XLA_GPU = "XLA's GPU compiler options; the CPU compiler accepts and ignores them (tests/jax/test_compile_options.py)"
 B9 = Rung("B9", "xla_cublaslt", "+XLA cuBLASLt GEMMs", xla_options_rung, **STAGE,
-          change=ch.xla_cublaslt, gate="compiled with its options; " + LOSS_GATE, needs_gpu=XLA_GPU)
+          alternative=True, change=ch.xla_cublaslt, gate="compiled with its options; " + LOSS_GATE, needs_gpu=XLA_GPU)
 B10 = Rung("B10", "fused_gelu_bias_grad", "+fused GELU backward", kernel_rung, **STAGE,
-           change=ch.fused_gelu_bias_grad, gate=LOSS_GATE,
+           alternative=True, change=ch.fused_gelu_bias_grad, gate=LOSS_GATE,
            needs_gpu="a Pallas kernel compiles for a GPU; on CPU it runs only through Pallas's "
                      "interpreter, in tests/jax/test_fused_gelu_bias_grad.py")
 B11 = Rung("B11", "command_buffers", "+command buffers", xla_options_rung, **STAGE,
-           change=ch.command_buffers, gate="compiled with its options; " + LOSS_GATE,
+           alternative=True, change=ch.command_buffers, gate="compiled with its options; " + LOSS_GATE,
            needs_gpu=XLA_GPU)
 
 BEYOND = [B1, B2, B3, B4, B5, B6, B7, B8, B9, B10, B11]

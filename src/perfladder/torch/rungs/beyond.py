@@ -17,9 +17,9 @@
         epilogues (nvmath-python)                           nvmath-python (an alternative to B13)
     B16 CUDA graphs on the fastest fused step              the idle between kernels; CUDA only
     B17 every GEMM through a cuBLASLt plan autotuned once   cuBLAS's first-choice algorithms; GPU,
-        per shape (nvmath-python)                           nvmath-python
+        per shape (nvmath-python)                           nvmath-python (an alternative to cuBLAS's)
     B18 B17 with each bias gradient in its weight-gradient  the bias gradients' reductions; GPU,
-        GEMM's epilogue (cuBLASLt BGRADB)                   nvmath-python
+        GEMM's epilogue (cuBLASLt BGRADB)                   nvmath-python (an alternative to the sum)
 
 The engine (``perfladder.ladder.engine``) hands each rung the fastest configuration so far with
 the rung's change applied; ``perfladder.torch.trial.trial`` gates it (logits and every
@@ -152,8 +152,8 @@ BEYOND = [
          change=ch.fused_cuda_graphs, gate=OPT_GATE, needs_gpu=CUDA_GRAPHS_ON_CPU),
     Rung("B17", "tuned_gemms", "+tuned cuBLASLt GEMMs",
          without_cuda_graphs(with_nvmath(gated(), TUNED_GEMMS)), **BEYOND_,
-         change=ch.tuned_gemms, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
+         change=ch.tuned_gemms, alternative=True, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
     Rung("B18", "gemm_bias_grads", "+bias grads in GEMMs",
          without_cuda_graphs(with_nvmath(gated(), TUNED_GEMMS)),
-         **BEYOND_, change=ch.gemm_bias_grads, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
+         **BEYOND_, change=ch.gemm_bias_grads, alternative=True, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
 ]
