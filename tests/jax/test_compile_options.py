@@ -24,7 +24,7 @@ from perfladder.ladder.rung import Given  # noqa: E402
 
 # the smoke config at a shorter context: none of these programs is one the smoke ladder's tests
 # (test_rungs.py) count as compiled beside a rung, should they share this process
-CFG = get_config("smoke").replace(num_steps=8)
+CFG = get_config("smoke").replace(num_steps=8, num_blks=1)   # one block: every parameter kind
 SPLIT = Recipe(batch_size=CFG.batch_size, dtype="bfloat16", jit="split")
 WIDE = CFG.replace(num_hiddens=get_config("full").num_hiddens, num_heads=get_config("full").num_heads)
 BOGUS = {"xla_gpu_no_such_option_at_all": True}
