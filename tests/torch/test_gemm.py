@@ -150,7 +150,7 @@ def test_compiled_under_autocast_matches_eager():
     X = torch.randint(0, CFG.vocab_size, (2, SMOKE.num_steps))
 
     def run(fn):
-        model.zero_grad(set_to_none=True)
+        model.zero_grad()   # gradients set to None (the default)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = fn(X)
         F.cross_entropy(y.float().flatten(0, 1), X.flatten()).backward()
@@ -274,7 +274,7 @@ def test_tuned_gemms_match_the_plain_model_on_cuda(option):
     X = torch.randint(0, cfg.vocab_size, (8, 128), device="cuda")
 
     def run(m, fn):
-        m.zero_grad(set_to_none=True)
+        m.zero_grad()   # gradients set to None (the default)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = fn(X)
         F.cross_entropy(y.float().flatten(0, 1), X.flatten()).backward()
@@ -303,7 +303,7 @@ def test_the_fused_step_is_captured_as_cuda_graphs(fused):
     first, other = (torch.randint(0, cfg.vocab_size, (8, 128), device="cuda") for _ in range(2))
 
     def step(fn, X):
-        model.zero_grad(set_to_none=True)
+        model.zero_grad()   # gradients set to None (the default)
         torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = fn(X)
