@@ -66,7 +66,7 @@ def test_rung_declarations():
     assert RUNGS["R3c"].kind == "control" and RUNGS["R3c"].builds_on == "R1"   # R3 without bf16
     assert [RUNGS[n].builds_on for n in ("R1", "R2", "R3", "R4")] == ["R0", "R1", "R2", "R3"]
     assert all(RUNGS[n].stage == "beyond" for n in BEYOND + FUSED + ["B11"] + LATE + LATEST)
-    assert {n for n, r in RUNGS.items() if r.alternative} == {"B2", "B7", "B15"}
+    assert {n for n, r in RUNGS.items() if r.alternative} == {"B2", "B7", "B15", "B17", "B18"}
     assert {n for n, r in RUNGS.items() if r.needs_gpu} == {"B3", *FUSED, "B11", *KERNELS, "B15", *LATEST}
     assert {RUNGS[n].key for n in FUSED} == {"fused_rope", "fused_gelu", "fused_addnorm"}
     assert [RUNGS[n].key for n in LATE] == ["fused_attention", "fused_mlp", "bf16_residual",
