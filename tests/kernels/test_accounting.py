@@ -102,6 +102,10 @@ def test_the_workload_is_the_recipes_own():
     assert mlp.gelu_in_matmul and must_do(mlp)["elementwise: GELU"] == (0.0, 0.0)
     assert workload_of("torch", {"fused": ["attention", "epilogue"]}, GPT, **kw).gelu_in_matmul   # cuBLASLt's
     assert must_do(fastest)["elementwise: GELU"][0] > 0
+    # JAX's B10: GELU's forward in FC1's cuBLASLt epilogue, its backward our kernel's pass
+    b10 = workload_of("jax", {"dtype": "bfloat16", "fused": ["attention", "gelu_bias_grad"]}, GPT, **kw)
+    assert b10.gelu_fwd_in_matmul and not b10.gelu_in_matmul
+    assert 0 < must_do(b10)["elementwise: GELU"][0] == 3 / 5 * must_do(jax)["elementwise: GELU"][0]
     with pytest.raises(ValueError, match="framework='tf'"):
         workload_of("tf", {}, GPT, **kw)
 

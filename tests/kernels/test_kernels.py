@@ -78,6 +78,7 @@ NAMED = [
     ("_bwd_kernel", "attention"),
     ("rope_attention_fwd", "attention"),
     ("_rope_fwd_kernel", "elementwise"),
+    ("gelu_bias_grad_bwd", "elementwise"),      # the Pallas GELU backward (JAX B10)
     # XLA:CPU YNNPACK fusions: a dot or a reduction alike, the name cannot tell
     ("ynn_fusion.4", "other"),
     ("some_kernel_nobody_knows", "other"),

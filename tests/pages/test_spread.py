@@ -10,7 +10,7 @@ import matplotlib
 import pytest
 
 from perfladder.pages import spread
-from perfladder.results.committed import committed_runs, read_run, reference_run
+from perfladder.results.committed import committed_runs, read_run, reference_card, reference_run
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,14 @@ def shown(framework):
 @pytest.mark.parametrize("framework", ("torch", "jax"))
 def test_every_committed_run_is_a_dot_and_the_shown_one_is_marked(framework):
     runs = spread.evidence(framework, ROOT)
-    assert len(runs) == len(committed_runs(ROOT, framework)) > 1
+    card = reference_card(ROOT)
+    on_card = [run for run in committed_runs(ROOT, framework) if card in run.device]
+    assert len(runs) == len(on_card) > 1 and all(card in r.device for r in runs)
+    # a committed run of another card is another population: drawn beside the strip, not a dot of it
+    other = [run for run in committed_runs(ROOT, framework) if card not in run.device]
+    assert other, "the test needs a committed run of another card"
+    other_run = read_run(other[-1].path)
+    assert not spread.joins(runs, other_run) and not any(d.shown for d in spread.dots(runs, "R1", other_run))
     assert all(json.loads(run.path.read_text())["schema_version"] == 2
                for run in committed_runs(ROOT, framework))
     show = shown(framework)

@@ -8,6 +8,7 @@ from _ladders import H200, ROOT
 
 from perfladder.results.committed import (
     committed_runs,
+    complete_on_their_cards,
     complete_runs,
     how_chosen,
     multi_gpu_run,
@@ -17,14 +18,44 @@ from perfladder.results.committed import (
 
 
 def test_the_committed_pointer_states_a_rule_and_the_rule_picks_the_newest_complete_run():
+    text = (ROOT / "benchmarks/results/reference.txt").read_text()
+    assert "rule newest-complete" in text and "card H200" in text
     for fw in ("torch", "jax"):
-        assert "rule newest-complete" in (ROOT / "benchmarks/results/reference.txt").read_text()
-        runs, complete = committed_runs(ROOT, fw), complete_runs(ROOT, fw)
+        runs, complete = committed_runs(ROOT, fw), complete_runs(ROOT, fw, "H200")
         assert set(complete) < set(runs)                 # earlier ladders are evidence, not shown
         assert reference_run(ROOT, fw) == complete[-1].folder
         assert all(run.created <= complete[-1].created for run in complete)
+        assert all("H200" in run.device for run in complete)
         assert all(json.loads(run.path.read_text())["config"]["name"] == "full" for run in runs)
-        assert "newest complete run" in how_chosen(ROOT, fw)
+        assert "newest complete run" in how_chosen(ROOT, fw) and "(H200)" in how_chosen(ROOT, fw)
+        # every complete run on its own card is complete against that card's newest ladder
+        assert set(complete) <= set(complete_on_their_cards(ROOT, fw))
+
+
+def test_a_card_keeps_the_rule_to_the_reference_machine(tmp_path):
+    pointer = tmp_path / "benchmarks" / "results"
+    rungs = [{"name": "R0", "key": "eager"}, {"name": "R1", "key": "compile"}, {"name": "B9", "key": "x"}]
+    for name, created, device, n in (("h200-old", "2026-01-01", "NVIDIA H200", 2),
+                                     ("h200-new", "2026-02-01", "NVIDIA H200", 2),
+                                     ("h100-newest", "2026-03-01", "NVIDIA H100 80GB HBM3", 3)):
+        (pointer / name).mkdir(parents=True)
+        (pointer / name / "torch.json").write_text(json.dumps(
+            {"schema_version": 2, "config": {"name": "full"}, "created": created, "device": device,
+             "rungs": rungs[:n], "learning": {}}))
+    (pointer / "reference.txt").write_text("rule newest-complete\n")
+    assert reference_run(tmp_path, "torch").name == "h100-newest"    # the newest ladder, any card
+    (pointer / "reference.txt").write_text("rule newest-complete\ncard H200\n")
+    assert reference_run(tmp_path, "torch").name == "h200-new"       # the newest H200 ladder
+    assert "(H200)" in how_chosen(tmp_path, "torch")
+    assert [r.name for r in complete_runs(tmp_path, "torch")] == ["h100-newest"]
+    assert [r.name for r in complete_on_their_cards(tmp_path, "torch")] == ["h200-old", "h200-new", "h100-newest"]
+    (pointer / "reference.txt").write_text("rule newest-complete\ncard RTX 4090\n")
+    with pytest.raises(ValueError, match=r"no complete committed torch run on a card named 'RTX 4090' "
+                                         r"\(the committed runs' cards: NVIDIA H100 80GB HBM3, NVIDIA H200\)"):
+        reference_run(tmp_path, "torch")
+    (pointer / "reference.txt").write_text("h200-old\ncard H200\n")
+    with pytest.raises(ValueError, match="names a card \\(H200\\) but no rule"):
+        reference_run(tmp_path, "torch")
 
 
 def test_a_rule_and_folders_in_the_pointer(tmp_path):
@@ -76,7 +107,7 @@ def test_reference_run_reads_the_committed_pointer(tmp_path):
         reference_run(tmp_path, "mxnet")
     (pointer / "reference.txt").write_text("numpy run-c\n")
     with pytest.raises(ValueError,
-                       match=r"line 'numpy run-c' is not 'rule NAME', 'FOLDER' or 'FRAMEWORK FOLDER'"):
+                       match=r"line 'numpy run-c' is not 'rule NAME', 'card NAME', 'FOLDER' or 'FRAMEWORK FOLDER'"):
         reference_run(tmp_path, "jax")
     (pointer / "reference.txt").unlink()
     with pytest.raises(FileNotFoundError, match="reference.txt is missing"):

@@ -55,6 +55,12 @@ def gelu_in_matmul(recipe: dict) -> bool:
     return bool({"mlp", "epilogue"} & set((recipe or {}).get("fused") or ()))
 
 
+def gelu_fwd_in_matmul(recipe: dict) -> bool:
+    """Is GELU's forward in FC1's GEMM epilogue while its backward is a kernel of its own (JAX's
+    'gelu_bias_grad': XLA fuses the plain forward into cuBLASLt's GELU epilogue)?"""
+    return "gelu_bias_grad" in ((recipe or {}).get("fused") or ())
+
+
 def workload_of(framework: str, recipe: dict, gpt, *, batch: int, seq: int, precision: str,
                 embed: str | None = None) -> Workload:
     """The roofline's ``Workload`` of ``recipe`` (a recipe's ``to_dict()``) on model ``gpt``."""
@@ -63,7 +69,8 @@ def workload_of(framework: str, recipe: dict, gpt, *, batch: int, seq: int, prec
                     blocks=gpt.num_blks, vocab=gpt.vocab_size, precision=precision,
                     stream_fp32=stream_fp32(framework, recipe, precision),
                     embed=embed or recipe.get("embed", "gather"),
-                    rope_in_attention=rope_in_attention(recipe), gelu_in_matmul=gelu_in_matmul(recipe))
+                    rope_in_attention=rope_in_attention(recipe), gelu_in_matmul=gelu_in_matmul(recipe),
+                 gelu_fwd_in_matmul=gelu_fwd_in_matmul(recipe))
 
 
 # -- judging a roofline's rows -------------------------------------------------------------------
@@ -126,7 +133,8 @@ def reread_report(kb: dict, framework: str) -> dict:
     w = dict(rl["workload"])
     if recipe is not None:
         w.update(stream_fp32=stream_fp32(framework, recipe, w.get("precision", "bf16")),
-                 rope_in_attention=rope_in_attention(recipe), gelu_in_matmul=gelu_in_matmul(recipe))
+                 rope_in_attention=rope_in_attention(recipe), gelu_in_matmul=gelu_in_matmul(recipe),
+                 gelu_fwd_in_matmul=gelu_fwd_in_matmul(recipe))
     names = {f.name for f in dataclasses.fields(Workload)}
     rf = rl["roofs"]
     redone = roofline(new, Workload(**{k: v for k, v in w.items() if k in names}),

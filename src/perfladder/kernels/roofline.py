@@ -36,7 +36,9 @@ Each group's formula is in ``GROUPS`` (and printed by ``Roofline.markdown``):
 * elementwise: GELU -- forward reads the pre-activation and writes the activation
   (``2 N F a``), backward reads the pre-activation and the incoming gradient and writes the
   outgoing one (``3 N F a``): ``5 N F a`` per block; nothing when the FFN's GEMMs apply it
-  (``Workload.gelu_in_matmul``: PyTorch's fused 'mlp').
+  (``Workload.gelu_in_matmul``: PyTorch's fused 'mlp'); the backward's ``3 N F a`` alone when
+  only the forward is in FC1's epilogue (``Workload.gelu_fwd_in_matmul``: JAX's
+  'gelu_bias_grad', whose forward XLA fuses into cuBLASLt's GELU epilogue).
 * elementwise: rest -- the embedding lookup and its gradient: ``2 N D r`` (write the rows,
   read their gradient); casts between dtypes must move nothing.
 * layernorm/reductions -- 2L LayerNorms fused with the residual add before them, and the
@@ -114,6 +116,7 @@ class Workload:
     embed: str = "gather"
     rope_in_attention: bool = False  # the attention kernel rotates q and k (no RoPE pass of its own)
     gelu_in_matmul: bool = False     # the FFN's GEMMs apply GELU and its derivative (no GELU pass)
+    gelu_fwd_in_matmul: bool = False  # FC1's epilogue applies GELU; its backward is a pass of its own
 
     def __post_init__(self):
         for name in ("batch", "seq", "width", "heads", "blocks", "vocab", "ffn_mult"):
@@ -199,6 +202,7 @@ def must_do(w: Workload) -> dict[str, tuple[float, float]]:
     rope = ((0.0, 0.0) if w.rope_in_attention       # read with q and k by the attention kernel
             else (L * 8 * N * D * a, L * 12.0 * N * D))  # ~6 FLOPs per pair each way
     gelu = ((0.0, 0.0) if w.gelu_in_matmul            # in the GEMMs' prologue and epilogue
+            else (L * 3 * N * F * a, L * 15.0 * N * F) if w.gelu_fwd_in_matmul   # the backward pass
             else (L * 5 * N * F * a, L * 25.0 * N * F))  # ~10 fwd + ~15 bwd per element
     rest = (embed_bytes, 0.0)
     norm_bytes = (2 * L * (5 * r + 4 * a) + (4 * r + 2 * a)) * N * D + 3 * N * V * 4

@@ -66,6 +66,8 @@ PATTERNS: tuple[tuple[str, str, str], ...] = (
     ("matmul", r"cudnn.*(gemm|matmul|conv)", "cuDNN GEMM engines (XLA's cuDNN GEMM fusions)"),
     ("elementwise", r"^_(rope|gelu)_(fwd|bwd)_kernel$",
      "perfladder's own Triton kernels: the fused RoPE apply and GELU (perfladder.torch.fused)"),
+    ("elementwise", r"^gelu_bias_grad",
+     "perfladder's Pallas GELU backward with FC1's bias partial sums (perfladder.jax.fused)"),
     ("reduction/norm", r"^_ln_(fwd|bwd)_kernel$",
      "perfladder's own fused residual add + LayerNorm (Triton; the Pallas ones say layer_norm)"),
     ("other", r"cudnn", "any other cuDNN kernel: its kind is not in its name (kept in other_names)"),

@@ -4,8 +4,8 @@ At batch 64 a step is short enough that how fast the host issues it can decide t
 same code measures differently from one build to the next on the same GPU type. A page shows
 one run (``perfladder.results.committed.reference_run``); this module shows all of them:
 
-* ``evidence(framework)``: every committed full-configuration run of today's schema, read the
-  one way pages read runs (``committed.read_run``), oldest first;
+* ``evidence(framework)``: every committed full-configuration run of today's schema on the
+  book's reference card, read the one way pages read runs (``committed.read_run``), oldest first;
 * ``figure(framework, shown)``: a dot strip per batch-64 rung, every run a dot (its rate, and
   its ratio to the rung it builds on), the run the page shows drawn larger and named, each dot
   shaped by what set the pace of that run's step (host or device);
@@ -24,7 +24,7 @@ from typing import Callable
 
 from perfladder.pages.claims import call, regime_of
 from perfladder.pages.words import rate, ratio
-from perfladder.results.committed import committed_runs, read_run
+from perfladder.results.committed import committed_runs, read_run, reference_card
 from perfladder.results.record import LadderResult
 
 BATCH64 = {"torch": ("R0", "R1", "R2"), "jax": ("R0", "R1", "R2a", "R2")}
@@ -37,11 +37,15 @@ VERDICT_WORDS = {"faster": "faster", "slower": "slower", "within noise": "within
 
 @lru_cache(maxsize=4)
 def _evidence(root: str | None, framework: str) -> tuple[LadderResult, ...]:
-    return tuple(read_run(run.path) for run in committed_runs(root, framework))
+    card = reference_card(root)
+    return tuple(read_run(run.path) for run in committed_runs(root, framework)
+                 if card is None or card in run.device)
 
 
 def evidence(framework: str, root: str | Path | None = None) -> list[LadderResult]:
-    """Every committed full-configuration run of ``framework`` (today's schema), oldest first."""
+    """Every committed full-configuration run of ``framework`` (today's schema) on the book's
+    reference card (``reference.txt``'s ``card``; every card when it names none), oldest first:
+    a run of another GPU is another population, drawn beside the strip, never counted in it."""
     return list(_evidence(None if root is None else str(root), framework))
 
 

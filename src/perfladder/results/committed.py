@@ -10,7 +10,7 @@
   schema, oldest first: the evidence every claim of the pages is checked against;
 * ``reference_run(root, framework)``: the run a page shows when its own build cannot measure
   one, chosen by the rule ``benchmarks/results/reference.txt`` states (``SHOWN_RULES``: today
-  the newest complete run), or a folder it names;
+  the newest complete run on the card it names), or a folder it names;
 * ``multi_gpu_run(folder)``: the committed R5 run (``r5.json`` of ``benchmarks/r5_multi_gpu.py``);
 * ``repo_root(start)``: the repository (the book root) those folders live in.
 
@@ -102,6 +102,7 @@ class CommittedRun:
     created: str
     rungs: tuple[tuple[str, str], ...]  # (name, technique key), in ladder order
     learned: bool                       # did the run record its learning check?
+    device: str = ""                    # the GPU's name as the run recorded it
 
     @property
     def folder(self) -> Path:
@@ -131,7 +132,7 @@ def committed_runs(root: str | Path | None = None, framework: str = "torch") -> 
             continue
         out.append(CommittedRun(path, data.get("created") or "",
                                 tuple((r.get("name"), r.get("key")) for r in data.get("rungs") or []),
-                                data.get("learning") is not None))
+                                data.get("learning") is not None, str(data.get("device") or "")))
     return sorted(out, key=lambda run: (run.created, run.name))
 
 
@@ -142,20 +143,35 @@ def todays_ladder(runs: list[CommittedRun]) -> tuple[tuple[str, str], ...]:
     return done[-1].rungs if done else ()
 
 
-def complete_runs(root: str | Path | None = None, framework: str = "torch") -> list[CommittedRun]:
+def complete_runs(root: str | Path | None = None, framework: str = "torch",
+                  card: str | None = None) -> list[CommittedRun]:
     """The committed runs (``committed_runs``) that record every rung of today's ladder, by name
     and technique key, and their learning check, oldest first. A run of an earlier ladder (fewer
-    rungs, or a name that meant another technique) is evidence for the rungs it shares only."""
-    runs = committed_runs(root, framework)
+    rungs, or a name that meant another technique) is evidence for the rungs it shares only.
+    ``card`` (e.g. ``H200``): only the runs on a GPU of that name, today's ladder being the
+    newest that card's runs record."""
+    runs = [run for run in committed_runs(root, framework) if card is None or card in run.device]
     ladder = set(todays_ladder(runs))
     return [run for run in runs if run.learned and ladder <= set(run.rungs)]
 
 
-def newest_complete(root: str | Path | None = None, framework: str = "torch") -> Path:
-    """The folder of the newest complete run of ``framework`` (``complete_runs``)."""
-    runs = complete_runs(root, framework)
+def complete_on_their_cards(root: str | Path | None = None, framework: str = "torch") -> list[CommittedRun]:
+    """The committed runs complete against the newest ladder of their own card (``complete_runs``
+    per card), oldest first: a card whose runs predate a rung is not thereby incomplete."""
+    cards = {run.device for run in committed_runs(root, framework)}
+    runs = {run for card in cards for run in complete_runs(root, framework, card)}
+    return sorted(runs, key=lambda run: (run.created, run.name))
+
+
+def newest_complete(root: str | Path | None = None, framework: str = "torch",
+                    card: str | None = None) -> Path:
+    """The folder of the newest complete run of ``framework`` (``complete_runs``), on ``card``
+    when one is named."""
+    runs = complete_runs(root, framework, card)
     if not runs:
-        raise ValueError(f"no complete committed {framework} run under {_book_root(root) / RESULTS}")
+        cards = sorted({run.device for run in committed_runs(root, framework)} - {""})
+        on = f" on a card named {card!r} (the committed runs' cards: {', '.join(cards) or 'none'})" if card else ""
+        raise ValueError(f"no complete committed {framework} run{on} under {_book_root(root) / RESULTS}")
     return runs[-1].folder
 
 
@@ -168,13 +184,22 @@ SHOWN_RULES = {
 }
 
 
-def _pointer(base: Path) -> tuple[Path, str | None, dict[str, str], str | None]:
-    """reference.txt: (its path, the FOLDER for every framework, FRAMEWORK -> FOLDER, the rule)."""
+@dataclass(frozen=True)
+class Pointer:
+    """What ``reference.txt`` states."""
+    path: Path
+    default: str | None            # FOLDER: the run of every framework
+    named: dict[str, str]          # FRAMEWORK -> FOLDER
+    rule: str | None               # a rule of SHOWN_RULES
+    card: str | None               # the rule chooses among the runs on this card only
+
+
+def _pointer(base: Path) -> Pointer:
     pointer = base / REFERENCE_FILE
     if not pointer.is_file():
         raise FileNotFoundError(f"{pointer} is missing: it states the rule that picks the committed "
                                 "run a page shows (or names a folder under benchmarks/results/)")
-    default, named, rule = None, {}, None
+    default, named, rule, card = None, {}, None, None
     for ln in pointer.read_text().splitlines():
         words = ln.split()
         if not words or words[0].startswith("#"):
@@ -184,17 +209,22 @@ def _pointer(base: Path) -> tuple[Path, str | None, dict[str, str], str | None]:
                 raise ValueError(f"{pointer}: rule {words[1]!r} is not valid; valid choices: "
                                  f"{', '.join(SHOWN_RULES)}")
             rule = rule or words[1]
+        elif len(words) >= 2 and words[0] == "card":
+            card = card or " ".join(words[1:])
         elif len(words) == 1:
             default = default or words[0]
         elif len(words) == 2 and words[0] in FRAMEWORKS:
             named.setdefault(words[0], words[1])
         else:
-            raise ValueError(f"{pointer}: line {ln.strip()!r} is not 'rule NAME', 'FOLDER' or "
-                             f"'FRAMEWORK FOLDER' (FRAMEWORK one of {', '.join(FRAMEWORKS)})")
+            raise ValueError(f"{pointer}: line {ln.strip()!r} is not 'rule NAME', 'card NAME', 'FOLDER' "
+                             f"or 'FRAMEWORK FOLDER' (FRAMEWORK one of {', '.join(FRAMEWORKS)})")
     if rule and default:
         raise ValueError(f"{pointer} states a rule ({rule}) and names a folder for every framework "
                          f"({default}): keep one")
-    return pointer, default, named, rule
+    if card and not rule:
+        raise ValueError(f"{pointer} names a card ({card}) but no rule to choose among its runs: "
+                         f"add 'rule NAME' (valid choices: {', '.join(SHOWN_RULES)}) or drop the card")
+    return Pointer(pointer, default, named, rule, card)
 
 
 def reference_run(root: str | Path | None = None, framework: str | None = None) -> Path:
@@ -202,32 +232,41 @@ def reference_run(root: str | Path | None = None, framework: str | None = None) 
     under ``benchmarks/results/`` chosen as ``benchmarks/results/reference.txt`` says.
 
     Each line that is neither blank nor a ``#`` comment is ``rule NAME`` (a rule of
-    ``SHOWN_RULES``, applied to each framework's runs), ``FOLDER`` (the run of every framework)
-    or ``FRAMEWORK FOLDER`` (that framework's run, which wins for it). ``root``: the
-    repository (default: the book root above the working directory, else above this package).
+    ``SHOWN_RULES``, applied to each framework's runs), ``card NAME`` (the rule chooses among
+    the runs on a GPU of that name only: the book's reference machine), ``FOLDER`` (the run of
+    every framework) or ``FRAMEWORK FOLDER`` (that framework's run, which wins for it).
+    ``root``: the repository (default: the book root above the working directory, else above
+    this package).
     """
     base = _book_root(root)
     _framework(framework)
-    pointer, default, named, rule = _pointer(base)
-    name = named.get(framework)
-    if name is None and rule is not None:
-        return SHOWN_RULES[rule][0](base, framework or FRAMEWORKS[0])
-    name = name or default
+    ptr = _pointer(base)
+    name = ptr.named.get(framework)
+    if name is None and ptr.rule is not None:
+        return SHOWN_RULES[ptr.rule][0](base, framework or FRAMEWORKS[0], ptr.card)
+    name = name or ptr.default
     if name is None:
-        raise ValueError(f"{pointer} names no run folder" + (f" for {framework}" if framework else ""))
-    folder = pointer.parent / name
+        raise ValueError(f"{ptr.path} names no run folder" + (f" for {framework}" if framework else ""))
+    folder = ptr.path.parent / name
     if not folder.is_dir() or "/" in name or name in (".", ".."):
-        choices = sorted(p.name for p in pointer.parent.iterdir() if p.is_dir())
-        raise ValueError(f"{pointer} names {name!r}, which is not a run folder; "
+        choices = sorted(p.name for p in ptr.path.parent.iterdir() if p.is_dir())
+        raise ValueError(f"{ptr.path} names {name!r}, which is not a run folder; "
                          f"valid choices: {', '.join(choices)}")
     return folder
 
 
+def reference_card(root: str | Path | None = None) -> str | None:
+    """The card ``reference.txt`` names (``card NAME``: the book's reference machine), or None."""
+    return _pointer(_book_root(root)).card
+
+
 def how_chosen(root: str | Path | None = None, framework: str | None = None) -> str:
     """How the run a page shows was chosen, in words, for the page to state."""
-    _, _, named, rule = _pointer(_book_root(root))
-    if named.get(framework) is None and rule is not None:
-        return f"chosen by the rule in {REFERENCE_FILE.as_posix()}: {SHOWN_RULES[rule][1]}"
+    ptr = _pointer(_book_root(root))
+    if ptr.named.get(framework) is None and ptr.rule is not None:
+        on = (f", measured on the book's reference card ({ptr.card}); runs on other cards are "
+              "evidence beside it" if ptr.card else "")
+        return f"chosen by the rule in {REFERENCE_FILE.as_posix()}: {SHOWN_RULES[ptr.rule][1]}{on}"
     return f"named in {REFERENCE_FILE.as_posix()}"
 
 
