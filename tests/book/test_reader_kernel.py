@@ -34,13 +34,15 @@ print("LEDGER", _json.dumps({
     "code": {k: getattr(f, "__doc__", "") for k, f in page.ladder.lab.code.items()},
     "chain": sorted(page.ladder.chain.recipes)}))
 """
-# a measurement that holds until it is interrupted (a long compile, a slow GPU), once
+# a measurement that holds until it is interrupted (a long compile, a slow GPU), once: the lab's
+# own measure is put back before the test is told to interrupt, so an interrupt that lands at
+# once cannot leave the slow one in place for the run after it
 SLOW_MEASURE = """
 import time as _time
 _measure = page.ladder.lab.measure
 def _slow(*a, **k):
-    open({ready!r}, "w").close()
     page.ladder.lab.measure = _measure
+    open({ready!r}, "w").close()
     while True:
         _time.sleep(0.05)
 page.ladder.lab.measure = _slow
