@@ -187,12 +187,12 @@ def test_the_chapters_rtx_4090_run_reads_true():
 
 
 @pytest.mark.parametrize("framework", PAGES)
-def test_every_h200_run_prints_the_story_its_evidence_supports(framework):
-    """Each committed H200 run (complete or of an earlier ladder) has every claim decided and
+def test_every_committed_run_prints_the_story_its_evidence_supports(framework):
+    """Each committed run, of any card (complete or of an earlier ladder), has every claim decided and
     every number computed; it picks, for each machine-dependent passage, a version whose test
     holds on it (never a version it contradicts), and the runs between them print more than
     one version of the batch-64 passages: the page is not written for one run."""
-    seen = {}
+    seen, complete = {}, complete_on_their_cards(ROOT, framework)
     for run in committed_runs(ROOT, framework):
         res = read_run(run.path)
         assert all(isinstance(c.judge(res)[0], bool) for c in checks_for(framework))   # decided, never raised
@@ -202,7 +202,7 @@ def test_every_h200_run_prints_the_story_its_evidence_supports(framework):
                 assert story.versions[i][0](res)[0], (run.name, story.key)
             seen.setdefault(story.key, set()).add(i)
         page = rendered(framework, res)
-        if run in complete_on_their_cards(ROOT, framework):   # an earlier ladder lacks later rungs' keys
+        if run in complete:                  # an earlier ladder lacks later rungs' keys
             assert "<missing" not in page, run.name
         for c in checks_for(framework):
             assert c.judge(res)[0] or c.marker(res) in page, (run.name, c.key)

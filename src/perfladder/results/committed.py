@@ -143,6 +143,12 @@ def todays_ladder(runs: list[CommittedRun]) -> tuple[tuple[str, str], ...]:
     return done[-1].rungs if done else ()
 
 
+def _complete(runs: list[CommittedRun], card: str | None) -> list[CommittedRun]:
+    runs = [run for run in runs if card is None or card in run.device]
+    ladder = set(todays_ladder(runs))
+    return [run for run in runs if run.learned and ladder <= set(run.rungs)]
+
+
 def complete_runs(root: str | Path | None = None, framework: str = "torch",
                   card: str | None = None) -> list[CommittedRun]:
     """The committed runs (``committed_runs``) that record every rung of today's ladder, by name
@@ -150,17 +156,16 @@ def complete_runs(root: str | Path | None = None, framework: str = "torch",
     rungs, or a name that meant another technique) is evidence for the rungs it shares only.
     ``card`` (e.g. ``H200``): only the runs on a GPU of that name, today's ladder being the
     newest that card's runs record."""
-    runs = [run for run in committed_runs(root, framework) if card is None or card in run.device]
-    ladder = set(todays_ladder(runs))
-    return [run for run in runs if run.learned and ladder <= set(run.rungs)]
+    return _complete(committed_runs(root, framework), card)
 
 
 def complete_on_their_cards(root: str | Path | None = None, framework: str = "torch") -> list[CommittedRun]:
     """The committed runs complete against the newest ladder of their own card (``complete_runs``
     per card), oldest first: a card whose runs predate a rung is not thereby incomplete."""
-    cards = {run.device for run in committed_runs(root, framework)}
-    runs = {run for card in cards for run in complete_runs(root, framework, card)}
-    return sorted(runs, key=lambda run: (run.created, run.name))
+    runs = committed_runs(root, framework)
+    complete = {run for device in {run.device for run in runs}
+                for run in _complete([r for r in runs if r.device == device], None)}
+    return [run for run in runs if run in complete]
 
 
 def newest_complete(root: str | Path | None = None, framework: str = "torch",
