@@ -269,9 +269,12 @@ def how_chosen(root: str | Path | None = None, framework: str | None = None) -> 
     """How the run a page shows was chosen, in words, for the page to state."""
     ptr = _pointer(_book_root(root))
     if ptr.named.get(framework) is None and ptr.rule is not None:
-        on = (f", measured on the book's reference card ({ptr.card}); runs on other cards are "
-              "evidence beside it" if ptr.card else "")
-        return f"chosen by the rule in {REFERENCE_FILE.as_posix()}: {SHOWN_RULES[ptr.rule][1]}{on}"
+        if ptr.card:
+            return (f"chosen by the rule in {REFERENCE_FILE.as_posix()}: the newest complete run among "
+                    f"the committed full-configuration runs on the book's reference card ({ptr.card}), "
+                    "complete meaning every rung of the newest ladder recorded on that card and its "
+                    "learning check; runs on other cards are evidence, not shown")
+        return f"chosen by the rule in {REFERENCE_FILE.as_posix()}: {SHOWN_RULES[ptr.rule][1]}"
     return f"named in {REFERENCE_FILE.as_posix()}"
 
 

@@ -73,7 +73,7 @@ def shown_rule(framework: str) -> Number:
             return (f"this build's own run, measured on {result.device} while the book was built; "
                     f"the dot strips below add it to the committed runs")
         return (f"the committed run benchmarks/results/{runs[0].name}, {how_chosen(None, framework)}; "
-                "the dot strips below show the committed runs of the reference card beside it")
+                "the dot strips below show the reference card's committed runs beside it")
     return words
 
 
