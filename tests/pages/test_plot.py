@@ -153,7 +153,7 @@ def test_ceiling_line_exactly_when_the_run_has_roofs():
     assert expected == pytest.approx(800e12 / 118_296_576)
     assert len(lines) == 1 and lines[0].get_ydata()[0] == pytest.approx(expected / 1e6)   # M: the ceiling sets the unit
     assert "M tokens/s" in ax.get_ylabel()
-    assert any("ceiling of the torch run on NVIDIA H200: 6.76M tokens/s (its probe: bf16 matmul "
+    assert any("ceiling of the torch run on NVIDIA H200:\n6.76M tokens/s (its probe: bf16 matmul "
                "800 TFLOP/s)" in t for t in legend_texts(ax.figure))
     assert texts(ax, "ceiling") == ["ceiling 6.76M tokens/s"]
 
@@ -310,11 +310,23 @@ def _ticks_apart(ax):
         lb.get_window_extent().width for lb in labels)
 
 
+def _verdicts_apart(ax) -> bool:
+    """No verdict label prints over its neighbour's, and none leaves the axes."""
+    ax.figure.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.texts if t.get_gid() == "verdict" and t.get_text()]
+    inside = ax.get_window_extent().y1 + 1
+    return (not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+            and all(b.y1 <= inside for b in boxes))
+
+
 def test_committed_figures_fit_the_column_and_their_labels_do_not_collide():
     ladders = [read_run(H200 / f"{fw}.json") for fw in ("torch", "jax")]
-    for r in ladders:
+    # the most crowded committed ladder: 22 bars, many of about one height
+    crowded = read_run(H200.parent / "h100-book-2026-12-06" / "torch.json")
+    assert len(crowded.waterfall()) > 20
+    for r in [*ladders, crowded]:
         fig = waterfall(r)
-        assert _fits(fig) and _ticks_apart(fig.axes[0])
+        assert _fits(fig) and _ticks_apart(fig.axes[0]) and _verdicts_apart(fig.axes[0])
         assert all(f"{x.name} {x.label}" in [t.get_text() for t in fig.axes[0].get_xticklabels()]
                    for x in r.waterfall())
     assert _fits(compare(ladders))

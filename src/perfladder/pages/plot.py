@@ -43,6 +43,7 @@ CEILING_COLOR = "#444444"
 FRAMEWORK_COLORS = {"torch": "#ee4c2c", "jax": "#4a7fd6"}
 UNSETTLED_HATCH = "///"
 PAGE_WIDTH_IN = 7.5        # the book's text column at 100 dpi
+CROWDED_BARS = 14          # past this many bars a waterfall staggers its verdict labels
 UNITS = {"k": 1e3, "M": 1e6}
 SCALES = ("auto", "linear", "log")
 LOG_SPAN = 25              # auto: log when the top drawn is more than 25x the lowest bar
@@ -144,7 +145,7 @@ def bar_label(result: LadderResult, r: RungResult, left: RungResult | None = Non
 
 def _ceiling_handle(c: dict) -> Line2D:
     return Line2D([], [], color=CEILING_COLOR, linestyle="--",
-                  label=f"model ceiling of the {c['framework']} run on {c['device']}: "
+                  label=f"model ceiling of the {c['framework']} run on {c['device']}:\n"
                         f"{rate(c['tokens_per_s'])} tokens/s "
                         f"(its probe: bf16 matmul {c['tflops']:.0f} TFLOP/s)")
 
@@ -208,7 +209,7 @@ def _beyond_divider(ax, bars: list[RungResult]) -> None:
 def _save(fig, path):
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")   # the legend below the axes too
     return fig
 
 
@@ -248,6 +249,7 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
     ax.set_ylim(floor if which == "log" else 0, ymax)
     hatched = False
     dead = dead_ends(result)
+    crowded, verdicts = len(bars) > CROWDED_BARS, []
     for i, (b, r) in enumerate(zip(drawn, bars)):
         hatched = _shade(b, r) or hatched
         if r.name in dead:
@@ -265,8 +267,8 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
             inside = floor * (heights[i] / floor) ** 0.04 if which == "log" else 0.012 * ymax
             ax.text(x, inside, rate(r.tokens_per_s), ha="center", va="bottom", fontsize=6,
                     color="#222222" if colors[i] in DARK_TEXT or r.name in dead else "white", gid="value")
-        ax.text(x, highs[i] / s, label, ha="center", va="bottom", fontsize=7, linespacing=0.95,
-                gid="verdict")
+        verdicts.append(ax.text(x, highs[i] / s, label, ha="center", va="bottom",
+                                fontsize=6.5 if crowded else 7, linespacing=0.95, gid="verdict"))
     for c in ceilings:
         ax.axhline(c["tokens_per_s"] / s, color=CEILING_COLOR, linestyle="--", linewidth=1)
         ax.text(len(bars) - 0.5, c["tokens_per_s"] / s, f"ceiling {rate(c['tokens_per_s'])} tokens/s",
@@ -291,7 +293,28 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
     else:
         ax.legend(handles=handles, loc="upper left", ncols=2, fontsize=6.5, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
+    _unstack(ax, verdicts)
     return _save(fig, path)
+
+
+def _unstack(ax, labels) -> None:
+    """Raise each label that would print over its left neighbour's to just above it (bars of
+    about one height side by side), and the axis top with them when one would leave it."""
+    ax.figure.canvas.draw()            # the layout first: it moves the axes, and the labels with them
+    renderer = ax.figure.canvas.get_renderer()
+    prev, top = None, None
+    for t in labels:
+        box = t.get_window_extent(renderer)
+        if prev is not None and t.get_text() and box.overlaps(prev):
+            x, y = t.get_position()
+            shown = ax.transData.transform((x, y))
+            t.set_position((x, ax.transData.inverted().transform((shown[0], shown[1] + prev.y1 + 2 - box.y0))[1]))
+            box = t.get_window_extent(renderer)
+        if t.get_text():
+            prev, top = box, box.y1 if top is None else max(top, box.y1)
+    if top is not None and top > ax.get_window_extent(renderer).y1:
+        x0, _ = ax.transData.inverted().transform((0, 0))
+        ax.set_ylim(top=ax.transData.inverted().transform((x0, top + 4))[1])
 
 
 def compare(results: list[LadderResult], path: str | Path | None = None, title: str | None = None,
