@@ -92,3 +92,14 @@ FP32_REL, BF16_REL = 1e-5, 1e-2
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def assert_trains_like(ref, model, X, grad_rel=1e-4) -> None:
+    """``model`` (the reference's weights, another way of computing) gives ``ref``'s logits and,
+    after the same backward, its parameters' gradients; run it inside the caller's backend."""
+    outs = [m(X) for m in (ref, model)]
+    for y in outs:
+        y.square().mean().backward()
+    assert rel(outs[1].detach(), outs[0].detach()) <= FP32_REL
+    for (name, p), q in zip(ref.named_parameters(), model.parameters()):
+        assert rel(q.grad, p.grad) <= grad_rel, name

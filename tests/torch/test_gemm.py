@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from _torch_gate_helpers import BF16_REL, FP32_REL, StubGpuLab, one_cacheable_graph, rel
+from _torch_gate_helpers import BF16_REL, FP32_REL, StubGpuLab, assert_trains_like, one_cacheable_graph, rel
 
 from perfladder.config import get_config
 from perfladder.ladder import engine
@@ -104,12 +104,7 @@ def test_the_model_option_matches_the_plain_model(option):
                            for m in linears)
     X = torch.randint(0, CFG.vocab_size, (2, SMOKE.num_steps))
     with ep.use_backend(ep.STAND_IN) as plans:
-        outs = [m(X) for m in (ref, model)]
-        for y in outs:
-            y.square().mean().backward()
-    assert rel(outs[1].detach(), outs[0].detach()) <= FP32_REL
-    for (name, p), q in zip(ref.named_parameters(), model.parameters()):
-        assert rel(q.grad, p.grad) <= 1e-4, name
+        assert_trains_like(ref, model, X)
     # per block QKV, W_o, FC1, FC2 and the head: 5 forward, 5 input- and 5 weight-gradient shapes,
     # the layers of both blocks sharing theirs
     assert plans.planned == 15 and plans.tuned == 15
