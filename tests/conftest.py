@@ -30,6 +30,13 @@ if not gpu_present():
     # (perfladder.torch.compiler, which this framework-free file does not import): for the tests
     # that compile without a lab too, and the processes they start
     os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+    # and XLA's LLVM optimisations off for every JAX compile of the session, as a smoke lab on a
+    # CPU turns them off (perfladder.jax.compiler.FAST_COMPILE_FLAG, about 3x cheaper compiles):
+    # a test module that calls fast_cpu_compiles() at import is too late once another module's
+    # collection has started JAX's backend (a skipif asking jax.default_backend(), say), and
+    # every xdist worker imports every module before its first test
+    if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 # The fault tests send SIGINT to a build or a ladder, as a reader's Ctrl-C does. A suite started
 # in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored,
 # and so would every process it starts, which then rightly ignores the test's signal: give the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,12 @@ def test_the_cli_makes_the_full_configs_setting_before_the_backend(monkeypatch, 
     fw = FakeJax()
     assert cli.before_backend(fw, framework, config) is made
     assert fw.calls == int(made)
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="the CPU suite's setting")
+def test_the_suites_own_compiles_on_a_cpu_skip_llvms_optimisations():
+    """Every JAX program the CPU suite compiles does so as a smoke lab's would (the flag is in
+    ``XLA_FLAGS`` before any test module can start the backend: tests/conftest.py), whichever
+    module the worker collected first."""
+    from perfladder.jax.compiler import FAST_COMPILE_FLAG, xla_flags
+    assert FAST_COMPILE_FLAG in xla_flags().split()
