@@ -21,6 +21,14 @@ case "${1:-}" in
     OUT=${2:?start OUT}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
     rm -rf "$JOB"; mkdir -p "$JOB"; echo "$OUT" > "$JOB/out"
     export PY=${PYTHON:-python3} CONFIG=${CONFIG:-full}
+    # perfladder's own packages (jsonschema writes the results) named now, not after the
+    # compiles and the first rung in a detached job's log
+    PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} "$PY" -c 'import sys
+from perfladder.run_checks import CLIError, check_packages
+try:
+    check_packages()
+except CLIError as e:
+    sys.exit(f"gpu_run.sh: {e}")' || exit 2
     # run from a copy: a checkout replaced while the job runs would pull the code from under it
     rm -rf /tmp/perfladder-tree && cp -a . /tmp/perfladder-tree && cd /tmp/perfladder-tree
     setsid bash -c '

@@ -226,3 +226,28 @@ def test_the_memory_cap_reaches_the_lab_and_the_file(monkeypatch, tmp_path):
     assert seen == [12.0] and json.loads(out.read_text())["memory_cap_gib"] == 12.0
     assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet"]) == 0
     assert seen[-1] == 12.0                           # without the flag: the variable
+
+
+def test_the_packages_checked_before_a_run_are_perfladders_own_dependencies():
+    from pathlib import Path
+
+    import tomllib
+
+    from perfladder.run_checks import RUNTIME_PACKAGES
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert sorted(RUNTIME_PACKAGES.values()) == sorted(project["project"]["dependencies"])
+
+
+def test_a_missing_results_package_is_named_before_any_work(monkeypatch, capsys):
+    """A python with the frameworks but without perfladder's install (jsonschema missing) is
+    refused in one line before the ladder starts, not after its compiles and first rung."""
+    import importlib.util
+
+    import perfladder.torch as pt
+    fake, real = FakeRun(), importlib.util.find_spec
+    monkeypatch.setattr(pt, "run_ladder", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jsonschema" else real(name, *a))
+    assert main(["run", "torch", "--config", "smoke", "--rungs", "R0", "--no-learn", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fake.calls == [] and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "jsonschema is not installed" in err and "pip install 'jsonschema>=4'" in err

@@ -1,9 +1,11 @@
 """What ``perfladder run`` checks before any work, each refused in one line (``CLIError``):
-the rungs asked for, the machine's corpus and compile cache folders, the ``--resume`` file,
-the memory cap."""
+the rungs asked for, the packages that write the results, the machine's corpus and compile
+cache folders, the ``--resume`` file, the memory cap."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from perfladder.faults import UserError
@@ -15,8 +17,26 @@ from perfladder.results.record import LadderResult
 CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR")
 
 
+# perfladder's own dependencies (pyproject.toml's, a test keeps them equal), each as its import
+# name and its requirement. A python that has the frameworks but not perfladder's install (a GPU
+# image run with PYTHONPATH=src) lacks them only when the results are validated and written,
+# after the compiles and the first rung: named before any work instead.
+RUNTIME_PACKAGES = {"numpy": "numpy>=1.24", "matplotlib": "matplotlib>=3.7", "jsonschema": "jsonschema>=4"}
+
+
 class CLIError(UserError):
     pass
+
+
+def check_packages() -> None:
+    """Refuse in one line when a package perfladder needs to write its results is missing."""
+    missing = [name for name in RUNTIME_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        reqs = " ".join(repr(RUNTIME_PACKAGES[n]) for n in missing)
+        raise CLIError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed in "
+                       f"this python ({sys.executable}), and perfladder needs "
+                       f"{'it' if len(missing) == 1 else 'them'} to write its results: "
+                       f"pip install {reqs} (or install perfladder itself: pip install -e .)")
 
 
 def parse_rungs(text: str | None, valid: list[str]) -> list[str] | None:
@@ -36,6 +56,7 @@ def check_environment() -> None:
     """What a run needs from the machine, named before any work: the packaged corpus, and a
     compile cache folder that a variable points at (one that exists but cannot be written is
     the lab's to turn off for the run: ``perfladder.compile_cache``)."""
+    check_packages()
     from perfladder.data import CorpusError, read_corpus
     try:
         read_corpus()
