@@ -377,3 +377,21 @@ def test_kernel_rungs_on_cuda():
         assert r.tokens_per_s > 0 and r.precision == "bf16", name
     assert "rope" not in run.result.rung("B12").recipe["fused"]
     assert "gelu" not in run.result.rung("B13").recipe["fused"]
+
+
+@pytest.mark.parametrize("name, base", [("B16", ("epilogue",)), ("B17", ()), ("B18", ())])
+def test_cuda_graphs_over_cublaslt_plans_are_refused_in_one_line_before_any_work(name, base):
+    """B16 over a kept B15, or B17 / B18 over a kept B16, would replay CUDA graphs over nvmath's
+    plans, whose workspace the graph tree refuses: not supported, before the lab is touched (it
+    is None here), and never compiled ahead (perfladder.ahead.torch.compiles)."""
+    from perfladder.ahead.torch import compiles
+    from perfladder.ladder.rung import Given, NotSupported
+    rung = RUNGS[name]
+    before = Recipe(batch_size=8, bf16=True, fused=base).with_mode(None if name == "B16" else "reduce-overhead")
+    recipe = rung.change(before, CFG)
+    assert recipe.graphs_over_cublaslt_plans and not compiles(recipe)
+    with pytest.raises(NotSupported, match="CUDA graph trees refuse"):
+        rung.fn(None, Given(rung=rung, recipe=recipe))
+    plain = recipe.replace(cudagraphs=False)
+    assert not plain.graphs_over_cublaslt_plans and compiles(plain)
+    assert not Recipe(batch_size=8, fused=("rope",)).with_mode("reduce-overhead").graphs_over_cublaslt_plans

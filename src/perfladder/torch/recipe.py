@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from perfladder.checks import check_int
-from perfladder.torch.fused import check_fused
+from perfladder.torch.fused import NOT_TRITON, check_fused
 from perfladder.torch.model import check_attn_backend, check_embed, check_residual
 from perfladder.torch.step import CUDAGRAPH_MODES, OPTIMIZERS, check_mode
 
@@ -71,6 +71,14 @@ class Recipe:
         if self.autotune:
             return "max-autotune" if self.cudagraphs else "max-autotune-no-cudagraphs"
         return "reduce-overhead" if self.cudagraphs else None
+
+    @property
+    def graphs_over_cublaslt_plans(self) -> bool:
+        """CUDA graphs replayed over GEMMs run through nvmath-python's cuBLASLt plans (fused
+        'epilogue', 'gemm', 'gemm_bgrad'): a plan keeps its workspace between calls, and a
+        workspace first allocated inside a CUDA-graph tree's pool is memory the tree refuses to
+        record ("tensors in the cudagraph pool not tracked as outputs"). No rung runs it."""
+        return self.cudagraphs and any(f in NOT_TRITON for f in self.fused)
 
     @property
     def precision(self) -> str:

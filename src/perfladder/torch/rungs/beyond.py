@@ -59,15 +59,14 @@ def with_nvmath(measure, *what: str):
 
 
 def without_cuda_graphs(measure):
-    """``measure``, refused in one line on a configuration replayed as CUDA graphs (B16 kept):
-    an nvmath plan keeps its cuBLASLt workspace between calls, and a workspace first allocated
-    inside a CUDA-graph tree's pool is memory the tree refuses to record ("tensors in the
-    cudagraph pool not tracked as outputs")."""
+    """``measure``, refused in one line on a configuration that would replay CUDA graphs over
+    nvmath-python's cuBLASLt plans (``Recipe.graphs_over_cublaslt_plans``): B16 over a kept B15,
+    B17 or B18 over a kept B16."""
     def fn(lab, given: Given) -> Evidence:
-        if given.recipe.cudagraphs:
-            raise NotSupported("the tuned cuBLASLt GEMMs keep their workspace between calls, which "
-                               "CUDA graph trees refuse; this configuration replays CUDA graphs (B16)",
-                               recipe=given.recipe)
+        if given.recipe.graphs_over_cublaslt_plans:
+            raise NotSupported("nvmath-python's cuBLASLt plans keep their workspace between calls, "
+                               "which CUDA graph trees refuse; this configuration would replay CUDA "
+                               "graphs over them", recipe=given.recipe)
         return measure(lab, given)
     return fn
 
@@ -148,8 +147,8 @@ BEYOND = [
          needs_gpu="cuBLASLt's epilogues are GPU kernels (on CPU PyTorch ops stand in for them, "
                    "in tests/torch/test_epilogue.py)"),
     # the idle between kernels: B3 tried CUDA graphs only on the unfused step at the seed's batch
-    Rung("B16", "fused_cuda_graphs", "+CUDA graphs, fused", gated(optimizer=True), **BEYOND_,
-         change=ch.fused_cuda_graphs, gate=OPT_GATE, needs_gpu=CUDA_GRAPHS_ON_CPU),
+    Rung("B16", "fused_cuda_graphs", "+CUDA graphs, fused", without_cuda_graphs(gated(optimizer=True)),
+         **BEYOND_, change=ch.fused_cuda_graphs, gate=OPT_GATE, needs_gpu=CUDA_GRAPHS_ON_CPU),
     Rung("B17", "tuned_gemms", "+tuned cuBLASLt GEMMs",
          without_cuda_graphs(with_nvmath(gated(), TUNED_GEMMS)), **BEYOND_,
          change=ch.tuned_gemms, alternative=True, gate=GATE, needs_gpu=CUBLASLT_ON_CPU),
