@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfladder.kernels.accounting import rederive, reread_report
-from perfladder.results import SCHEMA_VERSION
 from perfladder.results.record import FRAMEWORKS, LadderResult
+from perfladder.results.version import SCHEMA_VERSION
 
 RESULTS = Path("benchmarks") / "results"
 REFERENCE_FILE = RESULTS / "reference.txt"

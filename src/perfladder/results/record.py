@@ -32,8 +32,8 @@ from perfladder.measure.evidence import (
 )
 from perfladder.measure.learning import LearningCheck
 from perfladder.measure.timing import did_settle
-from perfladder.results import SCHEMA_VERSION, ResultsError
 from perfladder.results.schema import load_json, upgrade, validate
+from perfladder.results.version import SCHEMA_VERSION, ResultsError
 
 FRAMEWORKS = ("torch", "jax")
 KINDS = ("rung", "control", "multi-gpu", "skipped")

@@ -20,8 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from perfladder.results import SCHEMA_VERSION, ResultsError
 from perfladder.results.schema.v1 import to_v2
+from perfladder.results.version import SCHEMA_VERSION, ResultsError
 
 MAX_DEPTH = 64          # results nest a handful of levels; anything deeper is not ours
 

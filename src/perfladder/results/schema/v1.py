@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from perfladder.measure.evidence import dtype_name
-from perfladder.results import ResultsError
+from perfladder.results.version import ResultsError
 
 # v1 rung names -> technique keys (B names differed per framework in v1).
 KEYS = {
