@@ -267,7 +267,7 @@ def stage(config, rungs=None, reserve_bytes: float = 0.0) -> dict:
 def compiles(recipe) -> bool:
     """Whether ``recipe``'s step is compiled ahead: a compiled one, unless max-autotune times
     its GEMM choices at compile time (they must be made on an idle GPU), or it is one its rung
-    refuses (CUDA graphs over cuBLASLt plans: compiled ahead, it failed in its helper)."""
+    refuses before building (CUDA graphs over cuBLASLt plans), which nothing would load."""
     return recipe.compiled and not recipe.autotune and not recipe.graphs_over_cublaslt_plans
 
 
