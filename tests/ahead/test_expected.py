@@ -38,7 +38,8 @@ def test_the_guess_is_the_reference_runs_compiled_steps_one_per_set_of_graphs(fu
     assert "R1" not in got                                  # its first call is the chapter's compile
     assert last.name not in got
     assert all(r.compiled for r in got.values())
-    assert all(got[n] == measured[n] for n in got)          # the reference's own recipes
+    listed = {r.name for r in ref.rungs}
+    assert all(got[n] == measured[n] for n in got if n in listed)   # the reference's own recipes
     keys = [ahead._key(r) for r in got.values()]
     assert len(set(keys)) == len(keys)
     # every other compiled, measured one-GPU rung is there, or shares its graphs with one that is
@@ -122,3 +123,39 @@ def test_the_summary_line_says_what_compiled_where_and_what_failed():
     assert "; 2 of them were in the cache" in ahead.summary({**report, "already_cached": 2}, "x", "y", "z")
     assert ahead.summary({**report, "steps": 0}, "x", "y", "z") == ("compiled ahead: nothing (no "
                                                                    "compiled step expected)")
+
+
+def test_rungs_added_after_the_reference_ran_are_guessed_on_top_of_what_it_kept(full_lab, reference):
+    """A rung the reference does not list (added to the ladder since) is still compiled ahead:
+    built on the reference's last kept step, and kept or not for the rungs after it as most
+    other runs of the ladder that measured it went (as if kept where none did)."""
+    ref = copy.deepcopy(reference)
+    last_kept = next(r for r in reversed(ref.rungs) if r.stage == "beyond" and r.kept)
+    later = [n for n in NAMES if NAMES.index(n) > NAMES.index(last_kept.name)
+             and RUNGS[n].stage == "beyond"]
+    ref.rungs = [r for r in ref.rungs if r.name not in later]
+    graphs, after = next((g, a) for g, a in zip(later, later[1:])
+                         if RUNGS[g].change(full_lab.recipe_from_dict(last_kept.recipe),
+                                            full_lab.config).cudagraphs)
+    alone = ahead.expected_recipes(full_lab, RUNGS, NAMES, ref, [ref], compiles=lambda r: True)
+    base = full_lab.recipe_from_dict(last_kept.recipe)
+    assert set(later) <= set(alone)
+    assert alone[graphs] == RUNGS[graphs].change(base, full_lab.config)
+    assert alone[after].cudagraphs                  # no run measured the CUDA-graph rung: kept
+
+    def measured(kept_graphs):
+        run = copy.deepcopy(reference)
+        run.created = f"with-{kept_graphs}"
+        extra = copy.deepcopy(last_kept)
+        extra.name, extra.kept = graphs, kept_graphs
+        run.rungs = [*[r for r in run.rungs if r.name not in later], extra]
+        return run
+    history = [ref, measured(False), measured(False), measured(True)]
+    assert ahead.newer_rungs(full_lab, ref, history) == {graphs: False}
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, ref, history, compiles=lambda r: True)
+    assert not got[after].cudagraphs                # most runs did not keep it: built past it
+    assert got[after] == RUNGS[after].change(base, full_lab.config)
+    # the guess never takes a rung that another ladder (config) measured for a vote
+    other = measured(True)
+    other.config = {**other.config, "name": "smoke"}
+    assert ahead.newer_rungs(full_lab, ref, [other]) == {}

@@ -116,7 +116,11 @@ def test_the_jax_guess_is_the_reference_runs_jitted_steps_without_r1():
     measured = {r.name: r for r in reference.rungs if r.measured}
     assert "R1" not in got and "R0" not in got and "R2" in got
     assert all(r.jit != "none" for r in got.values())
-    assert all(got[n] == lab.recipe_from_dict(measured[n].recipe) for n in got if " if " not in n)
+    assert all(got[n] == lab.recipe_from_dict(measured[n].recipe) for n in got
+               if " if " not in n and n in measured)
+    # rungs newer than the reference (here B9-B11, measured by later runs) are guessed too
+    newer = [n for n in got if " if " not in n and n not in measured]
+    assert all(RUNGS[n].stage == "beyond" for n in newer)
     jobs = ahead_mod().expected_jobs(lab, got)
     assert "R0 (un-jitted, one step)" not in jobs
     # the order the threads take them in: the guess's steps, the gates', then the other ways

@@ -54,6 +54,20 @@ def _walk(lab, rungs: dict, names, kept: dict | None = None) -> dict:
     return out
 
 
+def newer_rungs(lab, reference, history) -> dict:
+    """``{name: kept}`` for the beyond rungs that ``reference`` does not list (added to the
+    ladder after it ran) but other ``history`` runs of the same ladder measured: kept where at
+    least half of those runs kept it. A rung no run measured is walked as kept."""
+    listed = {r.name for r in reference.rungs}
+    votes: dict[str, list] = {}
+    for run in history:
+        if _same_ladder(lab, run):
+            for r in run.rungs:
+                if r.name not in listed and r.stage == "beyond" and r.measured:
+                    votes.setdefault(r.name, []).append(bool(r.kept))
+    return {n: 2 * sum(v) >= len(v) for n, v in votes.items()}
+
+
 def undecided(lab, reference, history) -> list[str]:
     """Beyond rungs that went the other way from ``reference`` in at least ``FLIP_SHARE`` of
     the ``history`` runs (committed ``LadderResult``s of this framework and config that
@@ -109,7 +123,8 @@ def expected_recipes(lab, rungs: dict, names, reference=None, history=(),
     distinct set of graphs, without ``COLD`` or multi-GPU rungs, nor any recipe
     ``compiles(recipe)`` says is not compiled ahead (the framework's call). ``reference``:
     a committed ``LadderResult`` of the same framework and config, whose measured recipes are
-    the guess; without one, the declared chain with every beyond rung kept. ``history``: other
+    the guess, and the rungs it does not list (added to the ladder since) walked on top of what
+    it kept (``newer_rungs``); without one, the declared chain with every beyond rung kept. ``history``: other
     committed runs of it; for each rung ``undecided`` names, the later rungs' steps as they
     would be had it gone the other way are added, under names like ``'B10 if B9 is not kept'``
     (only those whose model graphs are new)."""
@@ -124,6 +139,10 @@ def expected_recipes(lab, rungs: dict, names, reference=None, history=(),
                     guess[r.name] = lab.recipe_from_dict(r.recipe)
                 except (TypeError, ValueError):     # a recipe field this version lacks
                     continue
+        kept.update(newer_rungs(lab, reference, history))
+        for n, recipe in _walk(lab, rungs, names, kept).items():
+            if n not in {r.name for r in reference.rungs}:
+                guess[n] = recipe
         for v in undecided(lab, reference, history):
             if v not in kept:
                 continue
