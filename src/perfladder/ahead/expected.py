@@ -122,9 +122,9 @@ def expected_recipes(lab, rungs: dict, names, reference=None, history=(),
     """``{name: Recipe}``: the compiled steps the ladder is expected to build, one per
     distinct set of graphs, without ``COLD`` or multi-GPU rungs, nor any recipe
     ``compiles(recipe)`` says is not compiled ahead (the framework's call). ``reference``:
-    a committed ``LadderResult`` of the same framework and config, whose measured recipes are
-    the guess, and the rungs it does not list (added to the ladder since) walked on top of what
-    it kept (``newer_rungs``); without one, the declared chain with every beyond rung kept. ``history``: other
+    a committed ``LadderResult`` of the same framework and config: the chain of ``names``
+    walked over what it kept (its measured recipes where ``names`` are its rungs; the rungs it
+    does not list, added to the ladder since, as ``newer_rungs`` says); without one, the declared chain with every beyond rung kept. ``history``: other
     committed runs of it; for each rung ``undecided`` names, the later rungs' steps as they
     would be had it gone the other way are added, under names like ``'B10 if B9 is not kept'``
     (only those whose model graphs are new)."""
@@ -140,9 +140,10 @@ def expected_recipes(lab, rungs: dict, names, reference=None, history=(),
                 except (TypeError, ValueError):     # a recipe field this version lacks
                     continue
         kept.update(newer_rungs(lab, reference, history))
-        for n, recipe in _walk(lab, rungs, names, kept).items():
-            if n not in {r.name for r in reference.rungs}:
-                guess[n] = recipe
+        # the chain walked over what the reference kept gives its own recipes where this run's
+        # rungs are its rungs, and what this run builds where it leaves one out or adds one; a
+        # change the walk cannot make (it needs what only a run knows) keeps the measured recipe
+        guess.update(_walk(lab, rungs, names, kept))
         for v in undecided(lab, reference, history):
             if v not in kept:
                 continue
