@@ -124,10 +124,11 @@ def expected_recipes(lab, rungs: dict, names, reference=None, history=(),
     ``compiles(recipe)`` says is not compiled ahead (the framework's call). ``reference``:
     a committed ``LadderResult`` of the same framework and config: the chain of ``names``
     walked over what it kept (its measured recipes where ``names`` are its rungs; the rungs it
-    does not list, added to the ladder since, as ``newer_rungs`` says); without one, the declared chain with every beyond rung kept. ``history``: other
-    committed runs of it; for each rung ``undecided`` names, the later rungs' steps as they
-    would be had it gone the other way are added, under names like ``'B10 if B9 is not kept'``
-    (only those whose model graphs are new)."""
+    does not list, added to the ladder since, as ``newer_rungs`` says); without one, the
+    declared chain with every beyond rung kept. ``history``: other committed runs of it; for
+    each rung ``undecided`` names, the later rungs' steps as they would be had it gone the other
+    way are added, under names like ``'B10 if B9 is not kept'`` (only those whose model graphs
+    are new)."""
     names = [n for n in names if n in rungs and rungs[n].stage != "multi-gpu" and n not in COLD]
     guess = {}
     if _same_ladder(lab, reference):
