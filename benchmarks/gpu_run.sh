@@ -12,15 +12,23 @@
 #    `perfladder run --resume` continues each ladder from its file (the prediction is printed
 #    before every launch).
 # With one GPU, step 2 runs the ladders one after the other and step 3 predicts only.
-# Environment: PYTHON (default python3), CONFIG (default full; smoke runs it all on a CPU).
+# Environment: PYTHON (default python3), CONFIG (default full; smoke runs it all on a CPU),
+# FRAMEWORKS (default "torch jax": which ladders, in that order; "torch" alone fits a shorter lease).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOB=/tmp/perfladder-run
 case "${1:-}" in
   start)
     OUT=${2:?start OUT}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+    export PY=${PYTHON:-python3} CONFIG=${CONFIG:-full} FRAMEWORKS=${FRAMEWORKS:-torch jax}
+    seen=" "
+    for fw in $FRAMEWORKS; do
+      case "$fw" in torch|jax) ;; *) echo "gpu_run.sh: FRAMEWORKS names '$fw'; valid: torch, jax" >&2; exit 2 ;; esac
+      case "$seen" in *" $fw "*) echo "gpu_run.sh: FRAMEWORKS names '$fw' twice; valid: torch, jax, each once" >&2; exit 2 ;; esac
+      seen="$seen$fw "
+    done
+    [ "$seen" != " " ] || { echo "gpu_run.sh: FRAMEWORKS is empty; valid: torch, jax" >&2; exit 2; }
     rm -rf "$JOB"; mkdir -p "$JOB"; echo "$OUT" > "$JOB/out"
-    export PY=${PYTHON:-python3} CONFIG=${CONFIG:-full}
     # perfladder's own packages (jsonschema writes the results) named now, not after the
     # compiles and the first rung in a detached job's log
     PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} "$PY" -c 'import sys
@@ -45,8 +53,10 @@ except CLIError as e:
           --out "$OUT/$1.json" --png "$OUT/$1_waterfall.png" > "$OUT/$1.log" 2>&1
         echo "$1 single-GPU rungs exit $?" >> '"$JOB"'/status
       }
-      if [ "$ngpu" -ge 2 ]; then run1 torch 0 & run1 jax 1 & wait; else run1 torch 0; run1 jax 0; fi
-      for fw in torch jax; do
+      set -- $FRAMEWORKS
+      if [ "$ngpu" -ge 2 ] && [ $# -eq 2 ]; then run1 "$1" 0 & run1 "$2" 1 & wait
+      else for fw in "$@"; do run1 "$fw" 0; done; fi
+      for fw in "$@"; do
         "$PY" -m perfladder run $fw --config "$CONFIG" --resume "$OUT/$fw.json" --rungs "$(multi $fw)" \
           --no-learn --out "$OUT/$fw.json" --png "$OUT/${fw}_waterfall.png" > "$OUT/${fw}_multi.log" 2>&1
         echo "$fw multi-GPU rungs exit $?" >> '"$JOB"'/status
