@@ -13,7 +13,7 @@
 #    before every launch).
 # With one GPU, step 2 runs the ladders one after the other and step 3 predicts only.
 # Environment: PYTHON (default python3), CONFIG (default full; smoke runs it all on a CPU),
-# FRAMEWORKS (default "torch jax": which ladders, in that order; "torch" alone fits a shorter lease).
+# FRAMEWORKS (default "torch jax": which ladders, in that order; one alone takes about half the time).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOB=/tmp/perfladder-run
