@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from perfladder.book.lock import LockHeld, acquire, main
+from perfladder.book.lock import LockHeld, acquire, main, running
 
 HOLD = ("import fcntl, os, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
         "f.truncate(0); f.write(f'{os.getpid()} 2026-01-01T00:00:00Z'); f.flush(); "
@@ -68,3 +69,20 @@ def test_the_command_line_refuses_in_one_line(lockfile, capsys):
         os.close(fd)
         p.kill()
         p.wait()
+
+
+def test_running_counts_live_processes_only():
+    """The one process check of the build and its lock: no PID is not a process, an exited
+    child not yet reaped (a zombie) no longer runs, nor does one reaped."""
+    assert running(os.getpid()) and not running(0) and not running(-1)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while True:     # exited, not reaped: a zombie
+        try:
+            if open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except FileNotFoundError:
+            pytest.skip("no /proc here")
+        time.sleep(0.01)
+    assert not running(child.pid)
+    child.wait()
+    assert not running(child.pid)

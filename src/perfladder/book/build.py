@@ -34,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from perfladder.book.lock import running
+
 FAILED_FILE = "BUILD-FAILED.txt"
 PREVIOUS = "html.previous"
 BANNER_ID = "perfladder-build-failed"
@@ -63,20 +65,6 @@ def tree(root: int, kids: dict[int, list[int]] | None = None) -> list[int]:
         order.append(pid)
         todo.extend(kids.get(pid, []))
     return order
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting for its parent to reap it does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):      # no /proc (macOS): the signal answered, so it exists
-        return True
 
 
 def _signal(pids, sig) -> None:

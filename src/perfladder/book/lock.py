@@ -19,6 +19,7 @@ import datetime as _dt
 import fcntl
 import os
 import sys
+from pathlib import Path
 
 EXIT_HELD = 3
 
@@ -27,8 +28,9 @@ class LockHeld(RuntimeError):
     """Another build holds the lock."""
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user counts)."""
+def running(pid: int) -> bool:
+    """Whether a process ``pid`` still runs (one of another user counts; a zombie waiting for
+    its parent to reap it does not)."""
     if pid <= 0:
         return False
     try:
@@ -37,7 +39,10 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):      # no /proc (macOS): the signal answered, so it exists
+        return True
 
 
 def _holder(fd: int) -> tuple[int | None, str]:
@@ -62,7 +67,7 @@ def acquire(fd: int, pid: int, folder: str = "this build folder") -> str:
         when = f", started {started}" if started else ""
         if other is None:
             msg = f"another book build is running in {folder}; wait for it to finish"
-        elif pid_alive(other):
+        elif running(other):
             msg = (f"another book build (PID {other}{when}) is running in {folder}; wait for it "
                    f"to finish or stop it (kill {other})")
         else:

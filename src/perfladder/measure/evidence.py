@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfladder.measure.timing import Throughput, spread_of
+from perfladder.measure.timing import SettledWindows, Throughput
 
 
 def _plain(x):
@@ -50,7 +50,7 @@ class Record:
 
 
 @dataclass
-class Timing(Record):
+class Timing(Record, SettledWindows):
     """The windows a rung was timed with (all of them) and what settled."""
     windows: list[float]                # tokens/s of every window, in order
     seconds: list[float]
@@ -71,27 +71,6 @@ class Timing(Record):
                    steps_per_window=t.steps_per_window, warmup=t.warmup,
                    batch_shape=list(t.batch_shape), remeasured=remeasured,
                    window_s=pilot.get("window_s"))
-
-    @property
-    def settled_windows(self) -> list[float]:
-        return self.windows[-self.settled:]
-
-    @property
-    def spread(self) -> float:
-        return spread_of(self.settled_windows)
-
-    @property
-    def low(self) -> float:
-        return min(self.settled_windows)
-
-    @property
-    def high(self) -> float:
-        return max(self.settled_windows)
-
-    @property
-    def step_time_s(self) -> float:
-        secs = sorted(self.seconds[-self.settled:])
-        return secs[len(secs) // 2] / self.steps_per_window
 
 
 @dataclass

@@ -109,8 +109,36 @@ def measure_settled(measure: Callable[[], Any], settled: Callable[[Any], bool] =
     return measure(), True
 
 
+class SettledWindows:
+    """What a set of timed windows says, read the same way from the timer's live measurement
+    (``Throughput``) and from a rung's stored record (``perfladder.measure.evidence.Timing``):
+    both hold ``windows`` (tokens/s), ``seconds``, ``settled`` and ``steps_per_window``."""
+
+    @property
+    def settled_windows(self) -> list[float]:
+        return self.windows[-self.settled:]
+
+    @property
+    def spread(self) -> float:
+        """Spread of the settled windows: the noise of the reported number."""
+        return spread_of(self.settled_windows)
+
+    @property
+    def low(self) -> float:
+        return min(self.settled_windows)
+
+    @property
+    def high(self) -> float:
+        return max(self.settled_windows)
+
+    @property
+    def step_time_s(self) -> float:
+        """Median seconds per step over the settled windows."""
+        return statistics.median(self.seconds[-self.settled:]) / self.steps_per_window
+
+
 @dataclass
-class Throughput:
+class Throughput(SettledWindows):
     """What one ``throughput(...)`` call measured."""
     tokens_per_s: float                 # median of the settled windows
     windows: list[float]                # tokens/s of every window, in order (all kept)
@@ -127,20 +155,6 @@ class Throughput:
     def __post_init__(self):
         if not self.settled:
             self.settled = len(self.windows)
-
-    @property
-    def settled_windows(self) -> list[float]:
-        return self.windows[-self.settled:]
-
-    @property
-    def spread(self) -> float:
-        """Spread of the settled windows: the noise of the reported number."""
-        return spread_of(self.settled_windows)
-
-    @property
-    def step_time_s(self) -> float:
-        """Median seconds per step over the settled windows."""
-        return statistics.median(self.seconds[-self.settled:]) / self.steps_per_window
 
     def __str__(self) -> str:
         state = "settled" if self.stable else "DID NOT SETTLE"

@@ -4,10 +4,7 @@ the ladder page shows each in its rung's cell (``page.run(name, change=...)`` me
 one). The recipe's fields are ``perfladder.jax.recipe.Recipe``; the model and the step read them."""
 from __future__ import annotations
 
-
-def big_batch(recipe, config):
-    """R3c and R3: the chapter's big batch, more sequences per step."""
-    return recipe.replace(batch_size=config.big_batch)
+from perfladder.ladder.changes import batch_x2, batch_x4, big_batch  # the same on both sides
 
 
 def fp32_embedding_lookup(recipe, config):
@@ -29,16 +26,6 @@ def split_jit(recipe, config):
 def cudnn_attention(recipe, config):
     """B4: GPT(attn_impl="cudnn"): cuDNN's fused attention kernel."""
     return recipe.replace(attn_impl="cudnn")
-
-
-def batch_x2(recipe, config):
-    """B5: twice the big batch."""
-    return recipe.replace(batch_size=2 * config.big_batch)
-
-
-def batch_x4(recipe, config):
-    """B6: four times the big batch."""
-    return recipe.replace(batch_size=4 * config.big_batch)
 
 
 def fused_addnorm(recipe, config):
