@@ -11,6 +11,7 @@ from conftest import make_result, timing_of
 
 from perfladder.measure.evidence import Gate, ProfileSummary, Receipt, Timing
 from perfladder.measure.learning import LearningCheck, check_learning
+from perfladder.measure.timing import Throughput
 from perfladder.measure.verdict import MIN_EFFECT, VERDICTS, regime, verdict
 from perfladder.pages.report import text_table
 from perfladder.results import SCHEMA_VERSION, ResultsError
@@ -446,5 +447,13 @@ def test_timing_evidence():
     assert t.settled_windows == [98.0, 100.0, 102.0] and (t.low, t.high) == (98.0, 102.0)
     assert t.spread == pytest.approx(0.04) and t.step_time_s == pytest.approx(0.25)
     assert not math.isnan(Timing.from_dict(t.to_dict()).spread)
+    # an even number of settled windows: the stored record reads the step time as the live
+    # measurement does (the median of the two middle windows), from the one definition
+    even = dict(windows=[90.0, 100.0, 110.0, 120.0], seconds=[1.0, 2.0, 3.0, 4.0], settled=4,
+                steps_per_window=2, warmup=1)
+    live = Throughput(tokens_per_s=105.0, tokens_per_window=8, **even)
+    stored = Timing(stable=True, target_spread=0.5, **even)
+    assert stored.step_time_s == live.step_time_s == pytest.approx(1.25)
+    assert (stored.low, stored.high, stored.spread) == (live.low, live.high, live.spread)
     assert Receipt("bf16", {"logits": "bfloat16"}, "x").ok
     assert not Receipt("bf16", {"logits": "float32"}, "x").ok and not Receipt("bf16", {}, "x").ok
