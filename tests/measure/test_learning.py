@@ -11,6 +11,7 @@ from perfladder.config import get_config
 from perfladder.data import TimeMachine
 from perfladder.measure import learning as L
 from perfladder.measure.gates import GateError
+from perfladder.measure.timing import Stopwatch
 
 FALLING = [3.3 - 0.01 * i for i in range(60)]
 
@@ -95,3 +96,31 @@ def test_rows_are_read_off_the_arrays_not_their_names():
     for bad in (Xv.copy(), Xv[::2], np.zeros((3, c.num_steps), np.int32)):
         with pytest.raises(ValueError, match="not a slice of this corpus"):
             data.rows_of(bad)
+
+
+def test_train_and_check_runs_the_parts_in_order_for_either_framework():
+    """The learning check's order, framework-free: validation before, training, validation
+    after, each part timed; a stream that draws the validation rows is refused."""
+    c = get_config("smoke")
+    data = TimeMachine(c.batch_size, c.num_steps, num_train=c.num_train, num_val=c.num_val)
+    calls, watch = [], Stopwatch()
+    val = iter([3.3, 2.2])
+
+    def val_loss():
+        calls.append("val")
+        return next(val)
+
+    def train():
+        calls.append("train")
+        return FALLING
+
+    check = L.train_and_check(train, val_loss, data, iter(()), window=10, watch=watch)
+    assert calls == ["val", "train", "val"] and check.passed
+    assert (check.val_before, check.val_after) == (3.3, 2.2)
+    assert check.rows == {"train": [0, c.num_train], "val": [c.num_train, c.num_train + c.num_val]}
+    assert list(watch.seconds) == ["data", "val before", "train", "val after"]
+
+    class OnValRows:
+        rows = [c.num_train, c.num_train + 4]
+    with pytest.raises(L.HeldOutRowsError):
+        L.train_and_check(lambda: FALLING, iter([3.3, 2.2]).__next__, data, OnValRows(), window=10)

@@ -19,8 +19,8 @@ from flax import nnx
 from perfladder.data import TimeMachine
 from perfladder.jax.gate_programs import gate_jit
 from perfladder.jax.model import GPT
-from perfladder.measure.learning import LearningCheck, check_learning, split_rows, val_threshold
-from perfladder.measure.timing import Stopwatch, phase
+from perfladder.measure.learning import LearningCheck, train_and_check
+from perfladder.measure.timing import Stopwatch
 
 REFERENCE = ("the plain fp32 JAX GPT (gather embedding, XLA attention, no checkpointing, "
              "'highest' matmul precision) with the trained weights loaded")
@@ -74,19 +74,15 @@ def learning_check(step: Callable, stream, data: TimeMachine, *, model, steps: i
     ``watch`` (a ``Stopwatch``) records the seconds of each part. The rows trained on and
     evaluated are recorded (``split_rows``, read off the arrays evaluated) and must not
     overlap (``HeldOutRowsError``)."""
-    if threshold is None:
-        with phase(watch, "data"):
-            threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
     X_val, Y_val = data.val_arrays()
-    rows = split_rows(data, stream, X_val)
-    with phase(watch, "val before"):
-        before = mean_loss(reference_model(model), X_val, Y_val)
-    with phase(watch, "train"):
+
+    def train():
         losses = [step(*next(stream)) for _ in range(steps)]                   # device scalars
         curve = np.asarray(jax.device_get(jnp.stack(losses)), np.float64).tolist()
-    if commit is not None:
-        commit()
-    with phase(watch, "val after"):
-        after = mean_loss(reference_model(model), X_val, Y_val)
-    return check_learning(curve, before, after, threshold=threshold, window=window,
-                          evaluated_with=REFERENCE, rows=rows)
+        if commit is not None:
+            commit()
+        return curve
+
+    return train_and_check(train, lambda: mean_loss(reference_model(model), X_val, Y_val),
+                           data, stream, window=window, threshold=threshold, watch=watch,
+                           evaluated_with=REFERENCE)

@@ -48,6 +48,7 @@ import numpy as np
 
 from perfladder.checks import check_int
 from perfladder.measure.gates import GateError
+from perfladder.measure.timing import Stopwatch, phase
 
 THRESHOLD_FRACTION = 0.85
 DEFAULT_WINDOW = 20          # steps averaged at each end of the training curve
@@ -217,3 +218,24 @@ def check_learning(losses, val_before: float | None = None, val_after: float | N
         err.check = check
         raise err
     return check
+
+
+def train_and_check(train, val_loss, data, stream, *, window: int = DEFAULT_WINDOW,
+                    threshold: float | None = None, watch: Stopwatch | None = None,
+                    evaluated_with: str = "") -> LearningCheck:
+    """The learning check's order, the same for both frameworks: the threshold (``val_threshold``
+    of the training split unless given), the rows trained on and evaluated (``split_rows``),
+    ``val_loss()`` before, ``train()`` (the training losses, host floats), ``val_loss()`` after,
+    then ``check_learning``. ``watch`` records each part's seconds."""
+    if threshold is None:
+        with phase(watch, "data"):
+            threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
+    rows = split_rows(data, stream, data.val_arrays()[0])
+    with phase(watch, "val before"):
+        before = val_loss()
+    with phase(watch, "train"):
+        curve = train()
+    with phase(watch, "val after"):
+        after = val_loss()
+    return check_learning(curve, before, after, threshold=threshold, window=window,
+                          evaluated_with=evaluated_with, rows=rows)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from perfladder.data import TimeMachine
-from perfladder.measure.learning import LearningCheck, check_learning, split_rows, val_threshold
-from perfladder.measure.timing import Stopwatch, phase
+from perfladder.measure.learning import LearningCheck, train_and_check
+from perfladder.measure.timing import Stopwatch
 from perfladder.torch.gates import true_fp32
 from perfladder.torch.model import GPT
 
@@ -65,17 +65,12 @@ def learning_check(step, stream, data: TimeMachine, *, steps: int, window: int =
     ``watch`` (a ``Stopwatch``) records the seconds of each part. The rows trained on and
     evaluated are recorded (``split_rows``, read off the arrays evaluated) and must not
     overlap (``HeldOutRowsError``)."""
-    if threshold is None:
-        with phase(watch, "data"):
-            threshold = val_threshold(data.train_arrays()[1], len(data.vocab))
     X_val, Y_val = data.val_arrays()
-    rows = split_rows(data, stream, X_val)
-    with phase(watch, "val before"):
-        before = mean_loss(reference_model(step.model), X_val, Y_val)
-    with phase(watch, "train"):
+
+    def train():
         losses = [step(*next(stream)) for _ in range(steps)]              # device scalars
-        curve = torch.stack(losses).float().cpu().tolist()                 # one host read
-    with phase(watch, "val after"):
-        after = mean_loss(reference_model(step.model), X_val, Y_val)
-    return check_learning(curve, before, after, threshold=threshold, window=window,
-                          evaluated_with=REFERENCE, rows=rows)
+        return torch.stack(losses).float().cpu().tolist()                  # one host read
+
+    return train_and_check(train, lambda: mean_loss(reference_model(step.model), X_val, Y_val),
+                           data, stream, window=window, threshold=threshold, watch=watch,
+                           evaluated_with=REFERENCE)
