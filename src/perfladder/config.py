@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 
 from perfladder.checks import check_int, check_positive
+from perfladder.measure.timing import DEFAULT_TARGET_SPREAD
 
 POSITIONS = ("rope", "learned")
 
@@ -120,7 +121,7 @@ class LadderConfig:
     num_train: int = 10000
     num_val: int = 5000
     learn_num_train: int = 10000  # training windows of the learning check (validation follows them)
-    target_spread: float = 0.03   # timed windows count as settled within this (max-min)/median
+    target_spread: float = DEFAULT_TARGET_SPREAD   # windows settled within this (max-min)/median
     max_windows: int = 12         # give up settling after this many windows (then: unstable)
     # wall seconds of timed windows per measurement after which no window is opened (and no
     # second attempt made once half is spent): what bounds a rung whose windows wander

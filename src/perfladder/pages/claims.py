@@ -22,7 +22,7 @@ from perfladder.kernels.ceiling import ceiling  # noqa: F401  (the one ceiling, 
 from perfladder.kernels.ceiling import model_flops_per_token as _flops_per_token
 from perfladder.measure import verdict as _verdict
 from perfladder.measure.timing import LEGACY_TARGET_SPREAD, did_settle
-from perfladder.pages.words import percent, rate, ratio
+from perfladder.pages.words import percent, ratio
 from perfladder.results.record import LadderResult, RungResult
 
 
@@ -71,10 +71,6 @@ def unsettled_clause(*rungs: RungResult) -> str:
                      f"{percent(target(r))} target" for r in bad)
 
 
-def windows_text(r: RungResult) -> str:
-    """The settled windows' range, "546k–559k" ("" without windows)."""
-    t = r.timing
-    return "" if t is None or not t.windows else f"{rate(t.low)}–{rate(t.high)}"
 
 
 def compiled(r: RungResult) -> bool:

@@ -311,8 +311,6 @@ def sections_html(rungs) -> str:
     return table_html(["rung", "technique", "chapter section"], rows)
 
 
-def sections_text(rungs) -> str:
-    return "\n".join(f"{r.name:<4} {r.label:<28} {r.section or '-'}{_optional(r)}" for r in rungs)
 
 
 # -- a rung's sentences --------------------------------------------------------------------------

@@ -186,13 +186,6 @@ def regime(name: str, *words: str) -> Test:
     return test
 
 
-def largest_share(name: str, category: str) -> Test:
-    """``category`` takes the largest share of the rung's profiled kernel time."""
-    def test(result):
-        shares = _rung(result, name).profile.shares
-        top = max(shares, key=shares.get)
-        return top == category, f"{name}'s largest kernel share: {top} {shares[top]:.0%}"
-    return test
 
 
 def settled(name: str, yes: bool = True) -> Test:

@@ -8,6 +8,7 @@ the runs (``v_<rung>``, ``sp_...``).
 """
 from __future__ import annotations
 
+from perfladder.measure.timing import DEFAULT_TARGET_SPREAD
 from perfladder.pages import spread
 from perfladder.pages.chapter.machine import Story, hardware_numbers, values_of
 from perfladder.pages.chapter.phrases import (
@@ -48,7 +49,7 @@ MISSING_WHY = ("B9 to B11 need a GPU (XLA's GPU options, a Pallas kernel compile
                "committed before they existed lack them")
 
 
-SMALL = 0.03      # "little": within 3% of the base, about the spread a window may have
+SMALL = DEFAULT_TARGET_SPREAD   # "little": within the spread a settled window may have
 FRAMEWORK = "jax"
 
 
