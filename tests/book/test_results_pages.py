@@ -116,8 +116,8 @@ def test_every_number_the_text_pages_paste_is_glued(reference):
     assert keys and keys <= set(values), sorted(keys - set(values))
     # the one ceiling of the PyTorch reference run (its own probe), as its waterfall draws it
     from perfladder.kernels.ceiling import ceiling
-    from perfladder.pages.words import rate
     from perfladder.results.committed import read_run
+    from perfladder.words import rate
     ceil = ceiling(read_run(reference_run(framework="torch") / "torch.json"))
     assert values["h200_bf16_tflops"].strip("'") == f"{ceil['tflops']:.0f}"
     assert values["h200_ceiling"].strip("'") == rate(ceil["tokens_per_s"])

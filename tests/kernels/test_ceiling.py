@@ -25,7 +25,7 @@ def test_every_page_reads_the_same_ceiling_of_a_run():
     highest rate measured on the device)."""
     from perfladder.pages import claims, plot
     from perfladder.pages.story import ladder_numbers
-    from perfladder.pages.words import rate
+    from perfladder.words import rate
     res = read_run(reference_run(framework="torch") / "torch.json")
     c = ceiling(res)
     assert c["tflops"] == res.roofs["matmul_bf16_tflops"]

@@ -17,8 +17,8 @@ from perfladder.measure.evidence import ProfileSummary
 from perfladder.multigpu import costmodel
 from perfladder.pages import comparison, plot, report, scaling
 from perfladder.pages.ladder import read_run
-from perfladder.pages.words import rate
 from perfladder.results.committed import reference_run
+from perfladder.words import rate
 
 matplotlib.use("Agg")
 

@@ -49,8 +49,8 @@ def test_one_prediction_per_r5_rung_on_a_page():
     committed two-GPU measurement beside it, with that measurement's prediction. The card and
     the table show the same one."""
     from perfladder.pages import cards
-    from perfladder.pages.words import rate
     from perfladder.results.committed import read_run, reference_run
+    from perfladder.words import rate
     res = read_run(reference_run(framework="torch") / "torch.json")
     r5 = res.rung("R5")
     assert not r5.measured and r5.prediction is not None

@@ -30,9 +30,9 @@ from perfladder.pages.plot import (
     device_ceilings,
     waterfall,
 )
-from perfladder.pages.words import rate  # noqa: E402
 from perfladder.results.committed import read_run  # noqa: E402
 from perfladder.results.record import LadderResult  # noqa: E402
+from perfladder.words import rate  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROOFS = {"matmul_bf16_tflops": 800.0, "source": "test probe"}

@@ -97,7 +97,7 @@ def test_the_result_line_and_the_table_quote_the_same_windows():
     r = res.rung("R2")
     rows = dict(cards.compact_rows(res, r))
     lo, hi = min(r.timing.settled_windows), max(r.timing.settled_windows)
-    from perfladder.pages.words import rate
+    from perfladder.words import rate
     assert f"{rate(lo)}–{rate(hi)}" in rows["windows"]
     assert f"last {r.timing.settled} of {len(r.timing.windows)}" in rows["windows"]
     assert rate(r.tokens_per_s) in cards.result_line(res, r)

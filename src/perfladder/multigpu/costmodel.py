@@ -32,9 +32,9 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from perfladder import words
 from perfladder.checks import check_int, check_positive
 from perfladder.measure.evidence import Prediction
-from perfladder.pages import words
 
 GRAD_BYTES_PER_PARAM = 4          # fp32 gradients (masters stay fp32 in both forms)
 PREDICT_KS = (2, 4, 8)            # printed before launch on every build, whatever the machine

@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from perfladder import words
 from perfladder.measure.evidence import Timing
 from perfladder.measure.timing import (
     DEFAULT_TARGET_SPREAD,
@@ -26,7 +27,6 @@ from perfladder.measure.timing import (
     spread_of,
 )
 from perfladder.multigpu.costmodel import ring_allreduce_seconds
-from perfladder.pages import words
 
 FORMS = ("seed", "fast")          # seed: the seed's step at its batch; fast: the fastest recipe
 FRAMEWORKS = ("torch", "jax")

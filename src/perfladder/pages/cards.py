@@ -26,8 +26,8 @@ from perfladder.pages.claims import (
 )
 from perfladder.pages.multigpu import shown_prediction
 from perfladder.pages.report import MUTED, esc, table_html
-from perfladder.pages.words import gib, rate, tflops
 from perfladder.results.record import LadderResult, RungResult
+from perfladder.words import gib, rate, tflops
 
 PROFILE_ROWS = 8
 _SKIP_DETAILS = {"profile_table", "traceback", "kernels_recipe"}

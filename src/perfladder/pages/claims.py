@@ -1,7 +1,7 @@
 """What a page may claim from a ladder's numbers (framework-free).
 
 * a reason in a few words (``short_reason``) and the model's ceiling at the measured matmul
-  rate (numbers as words: ``perfladder.pages.words``);
+  rate (numbers as words: ``perfladder.words``);
 * ``call(result, rung)``: the verdict of ``perfladder.measure.verdict`` turned into what may be said:
   a speedup is credited by the one credit rule (``perfladder.measure.verdict.credit``: the
   verdict is 'faster', both settled); an unsettled comparison credits nothing and prints no
@@ -22,8 +22,8 @@ from perfladder.kernels.ceiling import ceiling  # noqa: F401  (the one ceiling, 
 from perfladder.kernels.ceiling import model_flops_per_token as _flops_per_token
 from perfladder.measure import verdict as _verdict
 from perfladder.measure.timing import LEGACY_TARGET_SPREAD, did_settle
-from perfladder.pages.words import percent, ratio
 from perfladder.results.record import LadderResult, RungResult
+from perfladder.words import percent, ratio
 
 
 # -- words for a table cell ---------------------------------------------------------------------

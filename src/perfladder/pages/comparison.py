@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from perfladder.measure.verdict import above_unsettled_base, certain_gain
 from perfladder.pages.claims import against, call, config_of, regime_of, settled
 from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
-from perfladder.pages.words import rate
 from perfladder.results.record import LadderResult, RungResult
+from perfladder.words import rate
 
 # The chapter's RTX 4090 results (section 13.7's printed outputs: tokens/s, ms, efficiencies).
 CHAPTER = {

@@ -13,8 +13,8 @@ time.
 from __future__ import annotations
 
 from perfladder.pages.report import esc, table_html
-from perfladder.pages.words import gib, rate
 from perfladder.results.record import LadderResult
+from perfladder.words import gib, rate
 
 
 def asked_rows(asked: dict) -> list[tuple[str, str]]:

@@ -44,10 +44,10 @@ from perfladder.pages.report import (
     run_label,
 )
 from perfladder.pages.story import glue_values
-from perfladder.pages.words import rate
 from perfladder.results import ResultsError
 from perfladder.results.committed import MULTI_GPU_RUN, read_run, reference_run
 from perfladder.results.record import FRAMEWORKS, LadderResult
+from perfladder.words import rate
 
 
 def _show_figure(fig) -> None:

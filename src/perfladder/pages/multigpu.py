@@ -6,12 +6,12 @@ H200s joined by NVLink): every measurement with the prediction written before it
 """
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from perfladder.multigpu import costmodel
-from perfladder.pages.words import gbps, percent, rate
+from perfladder.pages import report
 from perfladder.results.committed import MULTI_GPU_RUN, multi_gpu_run
+from perfladder.words import gbps, percent, rate
 
 # which committed measurements belong to which rung: (form, mechanisms)
 FOR_RUNG = {"R5": ("seed", ("ddp", "mesh")), "R5x": ("fast", ("ddp", "mesh", "jax.distributed")),
@@ -90,12 +90,10 @@ def recipe_note(rows: list[dict]) -> str:
 
 def table_html(rows: list[dict]) -> str:
     """Prediction beside measurement, one row per committed measurement."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEAD)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells(m)) + "</tr>"
-                   for m in rows)
     note = recipe_note(rows)
-    return (f'<table class="perfladder-table"><tr>{head}</tr>{body}</table>'
-            + (f"<p>{html.escape(note)}</p>" if note else ""))
+    esc = report.esc
+    return (report.table_html([esc(h) for h in HEAD], [[esc(c) for c in cells(m)] for m in rows])
+            + (f"<p>{esc(note)}</p>" if note else ""))
 
 
 def table_text(rows: list[dict]) -> str:

@@ -31,8 +31,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from perfladder.pages import rerun
 from perfladder.pages.claims import call, ceiling, is_smoke, settled
-from perfladder.pages.words import rate
 from perfladder.results.record import LadderResult, RungResult
+from perfladder.words import rate
 
 BASE_COLOR = "#7f7f7f"     # the baseline bar (and anything left of it)
 GAIN_COLOR = "#1f77b4"     # a credited step (verdict 'faster')

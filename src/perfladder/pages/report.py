@@ -27,8 +27,8 @@ from perfladder.pages.claims import (
     settled,
     short_reason,
 )
-from perfladder.pages.words import gib, percent, rate, ratio, tflops
 from perfladder.results.record import LadderResult, RungResult
+from perfladder.words import gib, percent, rate, ratio, tflops
 
 __all__ = ["banner", "banner_html", "banner_text", "config_of", "text_table",
            "ladder_table_html", "comparison_html", "comparison_markdown", "sections_html",

@@ -5,8 +5,8 @@ its own cell runs again. The rule that sets the marks is ``perfladder.ladder.rer
 entries carry them (``RungResult.built_on_earlier``, ``RungResult.replaces``)."""
 from __future__ import annotations
 
-from perfladder.pages.words import rate
 from perfladder.results.record import LadderResult, RungResult
+from perfladder.words import rate
 
 
 def _names(names: list[str]) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Callable
 
 from perfladder.pages.kernel_report import fastest_roofline
-from perfladder.pages.words import ms as words_ms
 from perfladder.results.record import LadderResult
+from perfladder.words import ms as words_ms
 
 Test = Callable[[LadderResult], tuple[bool, str]]
 

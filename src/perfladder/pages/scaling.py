@@ -10,8 +10,9 @@ import html
 from pathlib import Path
 
 from perfladder.multigpu import costmodel
-from perfladder.pages.words import rate
+from perfladder.pages.report import esc, table_html
 from perfladder.results.committed import MULTI_GPU_RUN, RESULTS, multi_gpu_run
+from perfladder.words import rate
 
 FRAMEWORK_NAMES = {"torch": "PyTorch", "jax": "JAX"}
 # "fast" is the two-GPU run's own fast recipe (recorded with each measurement), not a ladder's
@@ -25,10 +26,8 @@ def pct(v: float) -> str:
 
 
 def table(head: list[str], rows: list[list[str]]) -> str:
-    """An HTML table of already-escaped cells."""
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    tr = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="perfladder-table"><thead><tr>{th}</tr></thead><tbody>{tr}</tbody></table>'
+    """An HTML table of plain-text headings and already-escaped cells (``report.table_html``)."""
+    return table_html([esc(h) for h in head], rows)
 
 
 def read_r5(root: Path | None) -> dict | None:

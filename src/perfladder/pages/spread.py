@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 from perfladder.pages.claims import call, regime_of
-from perfladder.pages.words import rate, ratio
 from perfladder.results.committed import committed_runs, read_run, reference_card
 from perfladder.results.record import LadderResult
+from perfladder.words import rate, ratio
 
 BATCH64 = {"torch": ("R0", "R1", "R2"), "jax": ("R0", "R1", "R2a", "R2")}
 HOST = "host-bound"

@@ -24,9 +24,9 @@ from perfladder.measure.verdict import certain_gain
 from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
 from perfladder.pages.comparison import CHAPTER
 from perfladder.pages.roofline_story import largest_gap, roofline_numbers, roofline_of  # noqa: F401
-from perfladder.pages.words import gib, percent, rate, ratio
-from perfladder.pages.words import ms as words_ms
 from perfladder.results.record import LadderResult, RungResult
+from perfladder.words import gib, percent, rate, ratio
+from perfladder.words import ms as words_ms
 
 Test = Callable[[LadderResult], tuple[bool, str]]
 NOT_SUPPORTED = "⚠ not supported by the run shown"

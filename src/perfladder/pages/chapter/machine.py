@@ -24,8 +24,8 @@ from typing import Callable
 from perfladder.hardware import peak_for
 from perfladder.pages.comparison import CHAPTER
 from perfladder.pages.story import glue_values
-from perfladder.pages.words import ratio
 from perfladder.results.record import LadderResult
+from perfladder.words import ratio
 
 CHAPTER_GPU = "NVIDIA GeForce RTX 4090"      # the chapter's GPU, by the peak table's name
 

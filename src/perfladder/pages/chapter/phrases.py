@@ -11,9 +11,9 @@ from typing import Callable
 from perfladder.config import expected_num_params
 from perfladder.pages.claims import call, config_of
 from perfladder.pages.story import rung_numbers
-from perfladder.pages.words import ratio
 from perfladder.results.committed import committed_runs, how_chosen
 from perfladder.results.record import LadderResult
+from perfladder.words import ratio
 
 Number = Callable[[LadderResult], str]
 
@@ -84,7 +84,7 @@ def multi_gpu_numbers(framework: str) -> dict[str, Number]:
     priced), ``mg_gpus``; and the chapter's own: ``ch_r5_comm_ms``, ``ch_r5_compute_ms``."""
     from perfladder.pages.comparison import CHAPTER
     from perfladder.pages.multigpu import FOR_RUNG, measurements
-    from perfladder.pages.words import percent
+    from perfladder.words import percent
 
     def rows():
         return [m for name in FOR_RUNG for m in measurements(framework, name)]

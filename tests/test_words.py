@@ -1,7 +1,7 @@
-"""perfladder.pages.words: one formatter per unit, the words every page and the CLI print."""
+"""perfladder.words: one formatter per unit, the words every page and the CLI print."""
 from __future__ import annotations
 
-from perfladder.pages import words
+from perfladder import words
 
 
 def test_tflops():
@@ -21,3 +21,9 @@ def test_each_unit():
 def test_nothing_measured_is_a_dash_in_every_unit():
     assert {f(None) for f in (words.rate, words.tflops, words.gbps, words.gib, words.ms,
                               words.percent, words.ratio)} == {"-"}
+
+
+def test_the_old_import_path_hands_on_the_same_functions():
+    import perfladder.pages.words as old
+    public = [n for n in vars(words) if not n.startswith("_") and n != "annotations"]
+    assert public and all(getattr(old, n) is getattr(words, n) for n in public)
