@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfladder.measure.verdict import COMPUTE, HOST, MEMORY
+
 
 @dataclass(frozen=True)
 class Technique:
@@ -25,7 +27,6 @@ class Technique:
     noun: str = ""                     # how a sentence names a control ("fp32 control")
 
 
-HOST, MEMORY, COMPUTE = "host-bound", "memory-bound", "compute-bound"
 
 S_MEASURE, S_ROOF, S_COMPILE, S_OVERHEAD = ("13.1 measurement and profiling",
                                             "13.1 roofline: arithmetic intensity",

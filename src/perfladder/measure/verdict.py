@@ -11,7 +11,11 @@ from perfladder.kernels.accounting import ROOF_ERROR
 from perfladder.measure.timing import did_settle
 
 VERDICTS = ("faster", "slower", "within noise", "unsettled")
-REGIMES = ("host-bound", "compute-bound", "memory-bound", "mixed", "device-bound", "not profiled")
+# the regime words, one home: the verdict says them, the techniques and the pages name them
+HOST, COMPUTE, MEMORY = "host-bound", "compute-bound", "memory-bound"
+MIXED, DEVICE_BOUND, NOT_PROFILED = "mixed", "device-bound", "not profiled"
+REGIMES = (HOST, COMPUTE, MEMORY, MIXED, DEVICE_BOUND, NOT_PROFILED)
+DEVICE_REGIMES = (MEMORY, COMPUTE, MIXED, DEVICE_BOUND)   # the device sets the pace
 
 # A window range is the settled windows' [min, max]. Two ranges that overlap cannot be told
 # apart; ranges that do not are a real difference. An effect under MIN_EFFECT is called noise
@@ -121,16 +125,16 @@ def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) 
     out.update(host_ms=host_ms, device_ms=p.device_ms, step_ms=step_ms, busy=busy,
                compute_share=compute, memory_share=memory, accounting=flags)
     if busy is not None and busy < HOST_BOUND:
-        out.update(regime="host-bound", why=f"kernels are busy {100 * busy:.0f}% of the "
+        out.update(regime=HOST, why=f"kernels are busy {100 * busy:.0f}% of the "
                    f"{step_ms:.1f} ms step; the rest the device waits for the host")
     elif not shares:
-        out.update(regime="device-bound", why="the kernels keep the device busy; the profile has "
+        out.update(regime=DEVICE_BOUND, why="the kernels keep the device busy; the profile has "
                    "no kernel categories to say which kind")
     elif compute >= COMPUTE_SHARE and (frac is None or frac >= COMPUTE_ROOF):
-        out.update(regime="compute-bound", why=f"matmul and attention take {100 * compute:.0f}% of "
+        out.update(regime=COMPUTE, why=f"matmul and attention take {100 * compute:.0f}% of "
                    "kernel time" + ("" if frac is None else f" at {100 * frac:.0f}% of the matmul roof"))
     elif memory >= MEMORY_SHARE:
-        out.update(regime="memory-bound", why=f"elementwise, norm, copy and optimizer kernels take "
+        out.update(regime=MEMORY, why=f"elementwise, norm, copy and optimizer kernels take "
                    f"{100 * memory:.0f}% of kernel time")
     else:
         out.update(regime="mixed", why=f"matmul and attention {100 * compute:.0f}%, memory-bound "

@@ -18,6 +18,7 @@ import html
 import re
 
 from perfladder.config import LadderConfig
+from perfladder.measure.verdict import COMPUTE, DEVICE_BOUND, HOST, MEMORY, MIXED
 from perfladder.pages import rerun
 from perfladder.pages.claims import (
     call,
@@ -187,13 +188,13 @@ def _regime_cell(r: RungResult) -> tuple[str, str]:
     word = regime_of(r)
     if not r.measured:
         return "", ""
-    if word == "host-bound":
+    if word == HOST:
         return word, f"busy {percent(reg['busy'])}"
     shares = reg.get("compute_share") or reg.get("memory_share")
-    if word in ("compute-bound", "memory-bound", "mixed") and shares:
+    if word in (COMPUTE, MEMORY, MIXED) and shares:
         return word, (f"matmul+attn {percent(reg.get('compute_share', 0))}, "
                       f"memory {percent(reg.get('memory_share', 0))}")
-    if word in ("mixed", "device-bound"):
+    if word in (MIXED, DEVICE_BOUND):
         return word, "no breakdown"
     return word, ""
 

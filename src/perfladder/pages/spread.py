@@ -22,13 +22,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from perfladder.measure.verdict import HOST
 from perfladder.pages.claims import call, regime_of
 from perfladder.results.committed import committed_runs, read_run, reference_card
 from perfladder.results.record import LadderResult
 from perfladder.words import rate, ratio
 
 BATCH64 = {"torch": ("R0", "R1", "R2"), "jax": ("R0", "R1", "R2a", "R2")}
-HOST = "host-bound"
 DOT_COLOR, SHOWN_COLOR = "#9a9a9a", "#d62728"
 MARKERS = {HOST: "o", "not profiled": "D"}     # any other regime: the device sets the pace, "s"
 VERDICT_WORDS = {"faster": "faster", "slower": "slower", "within noise": "within the noise",
@@ -127,7 +127,7 @@ def host_text(ds: list[Dot]) -> str:
     ds = [d for d in ds if d.regime != "not profiled"]
     if not ds:
         return "not profiled in any run"
-    return _counted(sum(d.regime == HOST for d in ds), len(ds), "host-bound")
+    return _counted(sum(d.regime == HOST for d in ds), len(ds), HOST)
 
 
 def _ms_range(values: list[float]) -> str:

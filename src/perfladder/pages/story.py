@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from perfladder.measure.verdict import certain_gain
+from perfladder.measure.verdict import DEVICE_REGIMES, HOST, certain_gain  # noqa: F401 (HOST: the checks name it from here)
 from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
 from perfladder.pages.comparison import CHAPTER
 from perfladder.pages.roofline_story import largest_gap, roofline_numbers, roofline_of  # noqa: F401
@@ -39,8 +39,7 @@ CARD_OUTCOMES = ("does_not_fit", "not_supported", "not_applicable")
 class NotOnThisCard(ValueError):
     """A claim's rung that the card could not run (it did not fit, or its precision or kernels
     are not supported here)."""
-HOST = "host-bound"                                              # the regimes a claim may name
-DEVICE = ("memory-bound", "compute-bound", "mixed", "device-bound")  # the device sets the pace
+DEVICE = DEVICE_REGIMES          # the regimes a claim may name: HOST, or the device sets the pace
 
 
 @dataclass(frozen=True)
