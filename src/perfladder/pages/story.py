@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from perfladder.measure.verdict import DEVICE_REGIMES, HOST, certain_gain  # noqa: F401 (HOST: the checks name it from here)
+from perfladder.measure.verdict import DEVICE_REGIMES, HOST, certain_gain  # noqa: F401 (HOST: named here)
 from perfladder.pages.claims import against, call, ceiling, first_call_text, regime_of
 from perfladder.pages.comparison import CHAPTER
 from perfladder.pages.roofline_story import largest_gap, roofline_numbers, roofline_of  # noqa: F401
