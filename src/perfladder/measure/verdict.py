@@ -108,7 +108,7 @@ def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) 
     out = {"tflops": r.tflops, "roof_tflops": roof_tflops,
            "fraction_of_roof": (r.tflops / roof_tflops) if (r.tflops and roof_tflops) else None}
     if p is None or not p.device_ms:
-        out.update(regime="not profiled", why="no profile of this rung's step")
+        out.update(regime=NOT_PROFILED, why="no profile of this rung's step")
         return out
     shares = p.shares or {}
     compute = sum(shares.get(c, 0.0) for c in COMPUTE_CATEGORIES)
@@ -137,7 +137,7 @@ def regime(r, roof_tflops: float | None = None, copy_gbps: float | None = None) 
         out.update(regime=MEMORY, why=f"elementwise, norm, copy and optimizer kernels take "
                    f"{100 * memory:.0f}% of kernel time")
     else:
-        out.update(regime="mixed", why=f"matmul and attention {100 * compute:.0f}%, memory-bound "
+        out.update(regime=MIXED, why=f"matmul and attention {100 * compute:.0f}%, memory-bound "
                    f"kernels {100 * memory:.0f}% of kernel time")
     return out
 
