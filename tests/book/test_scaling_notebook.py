@@ -35,11 +35,11 @@ def execute(cwd: Path):
 
 def predicted_cells(text: str) -> dict[tuple[str, int], list[str]]:
     """The k = 2/4/8 table: (row label, k) -> the cell's text."""
-    table = text[text.index("<th>k = 2</th>"):]
+    table = text[re.search(r"<th[^>]*>k = 2</th>", text).start():]
     body = table[:table.index("</table>")].split("<tbody>", 1)[1]
     out = {}
     for row in re.findall(r"<tr>(.*?)</tr>", body):
-        cells = re.findall(r"<td>(.*?)</td>", row)
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
         for k, cell in zip((2, 4, 8), cells[3:]):
             out[cells[0], k] = cell
     return out
