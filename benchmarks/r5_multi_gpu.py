@@ -5,7 +5,7 @@
 
 For each framework and form (seed: the seed's step at batch 64 per device; fast: the
 configuration the rung declarations walk to, per device: ``fast_recipe`` of each framework's
-``parallel`` package) it measures the single-device baseline (settled: re-measured once if its
+``rungs.recipes``) it measures the single-device baseline (settled: re-measured once if its
 windows did not settle, by the ladder's rule and the config's target_spread), prints the cost
 model's prediction, and only then launches k = all visible GPUs (and k = 2 when there are more). Stages, each its own
 process, in order of importance (a stage that would overrun ``--budget`` records skips):
@@ -143,7 +143,7 @@ def stage_torch(args, s: Stage, only: str | None = None) -> None:
     from perfladder.multigpu.measurement import not_measured
     from perfladder.torch.device import versions
     from perfladder.torch.parallel import measure as dp
-    from perfladder.torch.parallel.launch import fast_recipe, recipe_for
+    from perfladder.torch.rungs.recipes import fast_recipe, recipe_for
     cfg = get_config(args.config)
     s.doc["versions"] = versions()
     forms = ["fast"] if only else args.forms
@@ -172,10 +172,11 @@ def stage_jax(args, s: Stage) -> None:
     from perfladder.config import get_config
     from perfladder.jax.device import versions
     from perfladder.jax.parallel import measure as dp
+    from perfladder.jax.rungs.recipes import recipe_for
     cfg = get_config(args.config)
     s.doc["versions"] = versions()
     for form in args.forms:
-        recipe = dp.recipe_for(cfg, form, None)
+        recipe = recipe_for(cfg, form)
         s.doc.setdefault("recipes", {})[form] = recipe.to_dict()
         timing = s.timing(form)
         base = s.baseline(form, lambda: dp.measure_baseline(cfg, form, recipe, **timing))

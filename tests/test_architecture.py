@@ -10,7 +10,13 @@ inside functions, parsed with ``ast``, nothing executed) forms a graph in which
   modules);
 * the compile-ahead annex (``ahead/``) has one door: outside it, modules import the package
   (``perfladder.ahead``) and none of its modules, but for the re-exports left at the annex's
-  old import paths.
+  old import paths;
+* on each framework side the parallel machinery sits below the rungs that use it: nothing in
+  ``parallel/`` imports ``rungs/``, directly or through other modules (the side's package
+  included, whose ``__init__`` imports its rungs). An import by name at run time
+  (``importlib.import_module("...")``) is an edge this graph cannot see, so a ``parallel/``
+  module may name a ``rungs/`` module in a string only where it hands on what lives there
+  (``PARALLEL_SHIMS``).
 
 The checker is run on the package and on a small planted tree, where it must find each kind
 of violation. Importing ``a.b.c`` also runs the package ``a.b``'s ``__init__``; that implicit
@@ -31,6 +37,10 @@ BOTH_SIDES = ("", "parity")
 ANNEX = "ahead"                                   # optional: reached through its package alone
 # the annex's old import paths, which hand its names on (a user's import keeps working)
 ANNEX_SHIMS = ("torch.ahead", "jax.ahead", "book.ahead", "ladder.expected")
+# the parallel modules that hand on, imported by name at first use, the rungs' recipe resolution
+# (a user's import from the old path, and the CLI's -m path, keep working): {module: the one named}
+PARALLEL_SHIMS = {"torch.parallel.launch": "torch.rungs.recipes",
+                  "jax.parallel.measure": "jax.rungs.recipes", "jax.parallel.launch": "jax.rungs.recipes"}
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -63,6 +73,13 @@ def imported(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
             mod = mod.rpartition(".")[0]
         resolved.add(mod or target.split(".")[0])
     return resolved - {name}
+
+
+def named(path: Path, mods: dict[str, Path]) -> set[str]:
+    """The modules of ``mods`` a module names in a string (an import by name at run time, which
+    ``imported`` does not see)."""
+    return {n.value for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in mods}
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -124,6 +141,10 @@ def violations(root: Path) -> list[str]:
             return area(m)
         last = m.split(".")[-1]
         return last if last in FRAMEWORKS and m.count(".") == 2 else None
+
+    def layer(m: str) -> str | None:
+        """The folder of a framework side a module is in (``parallel``, ``rungs``, ...)."""
+        return m.split(".")[2] if area(m) in FRAMEWORKS and m.count(".") >= 2 else None
     for m, path in mods.items():
         targets = imported(m, path, mods)
         if area(m) in LOWER:
@@ -135,6 +156,16 @@ def violations(root: Path) -> list[str]:
             for t in sorted(targets):
                 if area(t) == ANNEX and t != f"{pkg}.{ANNEX}":
                     found.append(f"{m} imports {t}: only {pkg}.{ANNEX} opens onto {ANNEX}/")
+        if layer(m) == "parallel":
+            below = f"{area(m)}/parallel/ may not import {area(m)}/rungs/"
+            for t, via in sorted(reached(graph, m, stop=lambda t: layer(t) == "rungs").items()):
+                if area(t) == area(m) and layer(t) == "rungs":
+                    chain = f" (through {' -> '.join(via)})" if via else ""
+                    found.append(f"{m} imports {t}{chain}: {below}")
+            shim = PARALLEL_SHIMS.get(m.removeprefix(pkg).lstrip("."))
+            for t in sorted(named(path, mods)):
+                if area(t) == area(m) and layer(t) == "rungs" and t != f"{pkg}.{shim}":
+                    found.append(f"{m} names {t}: {below}, by name neither (PARALLEL_SHIMS)")
         if m.removeprefix(pkg).lstrip(".") in BOTH_SIDES:
             continue
         for t in sorted(targets):
@@ -161,7 +192,7 @@ def test_the_checker_finds_each_planted_violation(tmp_path):
     pkg = plant(tmp_path / "pkg", {
         "__init__.py": "",
         "measure/__init__.py": "", "pages/__init__.py": "", "ladder/__init__.py": "",
-        "torch/__init__.py": "", "jax/__init__.py": "",
+        "torch/__init__.py": "", "jax/__init__.py": "from .rungs import seed\n",
         # an upward import that closes a circle through a page module
         "measure/timing.py": "from pkg.pages.words import rate\n",
         "pages/words.py": "from ..measure import timing\n",
@@ -184,6 +215,13 @@ def test_the_checker_finds_each_planted_violation(tmp_path):
         "ladder/engine2.py": "from pkg.ahead import torch\n",
         "ladder/expected.py": "from pkg.ahead.torch import compile_ahead\n",
         "torch/rungs.py": "from pkg import ahead\n",
+        # each side's parallel/ below its rungs/: directly, through the side's package, and by
+        # name at run time (a listed hand-on excepted)
+        "torch/parallel/__init__.py": "", "torch/parallel/measure.py": "from pkg.torch import rungs\n",
+        "torch/parallel/worker.py": "import importlib\nimportlib.import_module('pkg.torch.rungs')\n",
+        "jax/parallel/__init__.py": "", "jax/rungs/__init__.py": "", "jax/rungs/seed.py": "",
+        "jax/rungs/recipes.py": "", "jax/parallel/measure.py": "RECIPES = 'pkg.jax.rungs.recipes'\n",
+        "jax/parallel/launch.py": "import pkg.jax\n",
     })
     got = violations(pkg)
     assert "import circle among pkg.measure.timing, pkg.pages.words" in got
@@ -198,10 +236,16 @@ def test_the_checker_finds_each_planted_violation(tmp_path):
     assert "pkg.ladder.engine2 imports pkg.ahead.torch: only pkg.ahead opens onto ahead/" in got
     assert "pkg.ladder.engine2 imports pkg.ahead.torch: framework-free code may not import torch" in got
     assert "pkg.ladder.expected imports pkg.ahead.torch: framework-free code may not import torch" in got
-    assert len(got) == 11, got
+    assert "pkg.torch.parallel.measure imports pkg.torch.rungs: torch/parallel/ may not import torch/rungs/" in got
+    assert ("pkg.jax.parallel.launch imports pkg.jax.rungs.seed (through pkg.jax): jax/parallel/ may "
+            "not import jax/rungs/") in got
+    assert ("pkg.torch.parallel.worker names pkg.torch.rungs: torch/parallel/ may not import "
+            "torch/rungs/, by name neither (PARALLEL_SHIMS)") in got
+    assert len(got) == 14, got
     (pkg / "pages/words.py").write_text("RATE = 1\n")                 # the circle broken ...
     (pkg / "measure/timing.py").write_text("import json\n")           # ... and the upward import
-    assert len(violations(pkg)) == 9
+    (pkg / "torch/parallel/measure.py").write_text("RECIPES = 'the rungs hand it the recipe'\n")
+    assert len(violations(pkg)) == 11
 
 
 def test_relative_imports_resolve_to_the_module_they_name(tmp_path):

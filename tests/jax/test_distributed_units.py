@@ -29,16 +29,24 @@ def test_initialize_checks_its_arguments_before_connecting(kw, match):
         initialize(**kw)
 
 
-def test_the_launcher_resolves_the_attention_kernel_from_its_gpu_count():
+def test_a_launchs_recipe_is_resolved_for_the_childrens_devices_and_handed_over():
+    """The rungs resolve the recipe for the GPUs the children get (``on_gpu``, not this
+    process's jax); the launcher, below them, runs the recipe it is handed, refusing none."""
     from perfladder.config import get_config
-    from perfladder.jax.parallel.launch import resolve_recipe
+    from perfladder.jax.parallel.launch import make_spec
+    from perfladder.jax.rungs.recipes import recipe_for
     cfg = get_config("smoke")
-    on_gpu = resolve_recipe(cfg, "fast", None, gpus=2)   # the fused kernel replaces cuDNN's
+    on_gpu = recipe_for(cfg, "fast", on_gpu=True)        # the fused kernel replaces cuDNN's
     assert on_gpu.attn_impl is None and on_gpu.fused == ("addnorm", "attention")
-    assert resolve_recipe(cfg, "fast", None, gpus=0).fused == ()
-    assert resolve_recipe(cfg, "seed", None, gpus=2).dtype == "float32"
+    assert recipe_for(cfg, "fast", on_gpu=False).fused == ()
+    assert recipe_for(cfg, "seed", on_gpu=True).dtype == "float32"
     with pytest.raises(ValueError, match="has no field.*'mode'"):
-        resolve_recipe(cfg, "fast", {"batch_size": 8, "mode": "reduce-overhead"}, gpus=0)
+        make_spec(cfg, "fast", {"batch_size": 8, "mode": "reduce-overhead"})
+    with pytest.raises(ValueError, match=r"recipe=None.*perfladder\.jax\.rungs\.recipes\.recipe_for"):
+        make_spec(cfg, "fast", None)
+    spec = make_spec(cfg, "fast", on_gpu, check_recipe=recipe_for(cfg, "seed").to_dict())
+    assert spec["recipe"] == on_gpu.to_dict() and spec["check_recipe"]["dtype"] == "float32"
+
 
 
 def test_the_fast_form_is_the_fastest_configuration_not_a_list():
@@ -46,7 +54,7 @@ def test_the_fast_form_is_the_fastest_configuration_not_a_list():
     a GPU only); with one, the rung it kept last; the seed form is what R5 builds on."""
     from perfladder.config import get_config
     from perfladder.jax import RUNGS, Recipe
-    from perfladder.jax.parallel.measure import fast_recipe, recipe_for
+    from perfladder.jax.rungs.recipes import fast_recipe, recipe_for
     from perfladder.ladder.declared import recipe_of
     from perfladder.results.record import LadderResult, RungResult
     cfg = get_config("smoke")

@@ -17,12 +17,8 @@ import pytest  # noqa: E402
 
 from perfladder.config import get_config  # noqa: E402
 from perfladder.jax.parallel.launch import launch_local, measure_distributed  # noqa: E402
-from perfladder.jax.parallel.measure import (
-    Replica,
-    corpus,
-    fixed_global_batches,
-    seed_recipe,
-)
+from perfladder.jax.parallel.measure import Replica, corpus, fixed_global_batches  # noqa: E402
+from perfladder.jax.rungs.recipes import recipe_for, seed_recipe  # noqa: E402
 from perfladder.measure.counts import check_global_rate  # noqa: E402
 from perfladder.multigpu.measurement import baseline_from_windows  # noqa: E402
 
@@ -39,8 +35,9 @@ def launched(tmp_path_factory):
     base = baseline_from_windows([1000.0, 1000.0])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        m = measure_distributed(2, CFG, "fast", baseline=base, warmup=1, timed=2, windows=2,
-                                check_steps=3, check_form="seed", out_dir=out, timeout=300)
+        m = measure_distributed(2, CFG, "fast", recipe_for(CFG, "fast", on_gpu=False), baseline=base,
+                                warmup=1, timed=2, windows=2, check_steps=3,
+                                check_recipe=seed_recipe(CFG), out_dir=out, timeout=300)
     return m, json.loads((out / "processes.json").read_text()), printed.getvalue()
 
 
@@ -81,5 +78,5 @@ def test_fast_form_is_predicted_then_measured(launched):
 def test_a_launch_without_a_folder_leaves_none_behind_even_when_it_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(RuntimeError, match="jax.distributed with 2 processes failed"):
-        launch_local(2, CFG, "seed", timeout=0.01)            # killed while they start
+        launch_local(2, CFG, "seed", seed_recipe(CFG), timeout=0.01)   # killed while they start
     assert not list(tmp_path.iterdir())

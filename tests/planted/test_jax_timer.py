@@ -12,6 +12,7 @@ from _jax_gate_helpers import CFG, DATA  # first: cheap CPU compiles
 
 from perfladder.jax import timer  # noqa: E402
 from perfladder.jax.parallel import launch  # noqa: E402
+from perfladder.jax.rungs.recipes import seed_recipe  # noqa: E402
 from perfladder.jax.stream import Batches, batches  # noqa: E402
 from perfladder.measure.counts import CountError  # noqa: E402
 from perfladder.measure.evidence import Timing  # noqa: E402
@@ -67,16 +68,16 @@ def test_a_multi_process_rate_summed_over_processes_is_refused_once_combined(mon
     """Each process times the same global steps; process 0's windows are the global tokens over
     its seconds. The planted kind adds the processes' rates up -- k times the real one -- after
     each process's own check has passed: the rate recorded is what is checked."""
-    B = launch.resolve_recipe(CFG, "seed", None, 0).batch_size
+    B = seed_recipe(CFG).batch_size
     tokens = 2 * B * CFG.num_steps * 2                                 # k x B x T x timed
     seconds = [[0.10, 0.10], [0.11, 0.10]]
     own = [tokens / s for s in seconds[0]]
     windows = [sum(tokens / s[w] for s in seconds) for w in range(2)] if summed else own
     monkeypatch.setattr(launch, "launch_local", lambda *a, **kw: summary(windows, seconds))
     if not summed:
-        m = launch.measure_distributed(2, CFG, "seed", timed=2)
+        m = launch.measure_distributed(2, CFG, "seed", seed_recipe(CFG), timed=2)
         assert m.status == "measured" and m.windows == own
         return
     with pytest.raises(CountError, match="2 processes' combined rate: window 1 reports") as e:
-        launch.measure_distributed(2, CFG, "seed", timed=2)
+        launch.measure_distributed(2, CFG, "seed", seed_recipe(CFG), timed=2)
     assert e.value.gate == "global rate"

@@ -24,6 +24,7 @@ from perfladder.torch import evaluate, timer
 from perfladder.torch import lab as torch_lab
 from perfladder.torch.parallel import launch as ddp
 from perfladder.torch.parallel import worker
+from perfladder.torch.rungs.recipes import seed_recipe
 from perfladder.torch.stream import batches
 
 pytestmark = pytest.mark.planted
@@ -59,7 +60,7 @@ def test_a_flops_formula_miscount_is_caught_when_the_lab_starts(monkeypatch, for
 
 
 def _spec():
-    return ddp.make_spec(CFG, "seed", parallel="none", backend="gloo")
+    return ddp.make_spec(CFG, "seed", seed_recipe(CFG), parallel="none", backend="gloo")
 
 
 def test_two_ranks_fed_the_same_batch_are_caught_by_distinct_batches():

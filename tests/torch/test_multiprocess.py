@@ -17,7 +17,8 @@ import pytest
 from perfladder.config import get_config
 from perfladder.multigpu.measurement import baseline_from_windows
 from perfladder.torch.parallel import measure as dataparallel
-from perfladder.torch.parallel.launch import fast_recipe, rank_env
+from perfladder.torch.parallel.launch import rank_env
+from perfladder.torch.rungs.recipes import fast_recipe
 
 pytestmark = pytest.mark.multiprocess
 CFG = get_config("smoke")

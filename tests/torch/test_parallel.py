@@ -19,8 +19,10 @@ from perfladder.torch.parallel import launch as ddp
 from perfladder.torch.parallel import worker
 from perfladder.torch.recipe import Recipe
 from perfladder.torch.rungs import multigpu as mg
+from perfladder.torch.rungs import recipes
 
 CFG = get_config("smoke")
+SEED = recipes.seed_recipe(CFG)
 
 
 def page_parallelize(model, parallel, device):
@@ -30,7 +32,7 @@ def page_parallelize(model, parallel, device):
 
 
 def test_gloo_two_ranks_hold_identical_parameters_after_a_step(tmp_path):
-    res = ddp.data_parallel_tokens(2, CFG, "seed", parallel="ddp", backend="gloo", check_steps=1,
+    res = ddp.data_parallel_tokens(2, CFG, "seed", SEED, parallel="ddp", backend="gloo", check_steps=1,
                                    bench_allreduce=False, out_dir=tmp_path, timeout=300,
                                    parallelize=page_parallelize)
     r0, r1 = res["ranks"]
@@ -63,7 +65,7 @@ def summing_ddp(model, parallel, device):
 
 def test_gradients_summed_where_the_mean_belongs_are_refused_by_the_allreduce_gate(tmp_path):
     with pytest.raises(RuntimeError, match="all-reduce gate|AllReduceGateError") as e:
-        ddp.data_parallel_tokens(2, CFG, "seed", parallel="ddp", backend="gloo", check_steps=1,
+        ddp.data_parallel_tokens(2, CFG, "seed", SEED, parallel="ddp", backend="gloo", check_steps=1,
                                  bench_allreduce=False, out_dir=tmp_path, timeout=300,
                                  parallelize=summing_ddp)
     assert "summed where the mean belongs (2 x)" in str(e.value)
@@ -85,25 +87,35 @@ def test_the_allreduce_comparison_passes_the_mean_and_refuses_the_sum():
 def test_nccl_k_larger_than_devices_is_an_error():
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(ValueError, match=f"k={n + 1} .* {n} are present"):
-        ddp.data_parallel_tokens(n + 1, CFG, backend="nccl")
+        ddp.data_parallel_tokens(n + 1, CFG, "seed", SEED, backend="nccl")
 
 
 @pytest.mark.parametrize("k", [0, -1, 1.5, True])
 def test_bad_k(k):
     with pytest.raises(ValueError, match="k="):
-        ddp.data_parallel_tokens(k, CFG, backend="gloo")
+        ddp.data_parallel_tokens(k, CFG, "seed", SEED, backend="gloo")
 
 
 def test_bad_backend_lists_choices():
     with pytest.raises(ValueError, match="'mpi'.*nccl.*gloo"):
-        ddp.data_parallel_tokens(2, CFG, backend="mpi")
+        ddp.data_parallel_tokens(2, CFG, "seed", SEED, backend="mpi")
+
+
+def test_a_launch_runs_the_recipe_it_is_handed_and_refuses_none():
+    """Which recipe a form means is the rungs' (``recipes.recipe_for``); the launcher, below
+    them, asks for it and says where it comes from."""
+    with pytest.raises(ValueError, match=r"recipe=None.*perfladder\.torch\.rungs\.recipes\.recipe_for"):
+        ddp.make_spec(CFG, "fast", None)
+    with pytest.raises(ValueError, match="'medium'"):
+        ddp.make_spec(CFG, "medium", SEED)
+    assert ddp.make_spec(CFG, "seed", SEED.to_dict())["recipe"] == SEED.to_dict()
 
 
 def test_worker_refuses_to_run_outside_torchrun(monkeypatch, capsys):
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(SystemExit):
-        ddp.main(["--spec", "spec.json", "--out", "out"])
+        recipes.main(["--spec", "spec.json", "--out", "out"])
     assert "torchrun" in capsys.readouterr().err
 
 
@@ -161,10 +173,9 @@ def test_without_a_baseline_measure_launches_it_then_predicts_then_launches_the_
         return {"timing": timing_of([1500.0, 1500.0]), "bus_bw_measured": 1e9, "nodes": 1,
                 "peak_mem_bytes_per_gpu": [None] * k, "ranks": [{"device_name": "cpu"}] * k}
     monkeypatch.setattr(dataparallel, "data_parallel_tokens", launch)
-    m = dataparallel.measure(4, CFG, "seed", backend="gloo", warmup=1, timed=2, windows=2)
+    m = dataparallel.measure(4, CFG, "seed", SEED.to_dict(), backend="gloo", warmup=1, timed=2, windows=2)
     out = capsys.readouterr().out
-    seed = ddp.recipe_for(CFG, "seed")
-    assert launched == [(1, "seed", seed, "none", True), (4, "seed", seed, "ddp", False)]
+    assert launched == [(1, "seed", SEED, "none", True), (4, "seed", SEED, "ddp", False)]
     assert out.index("LAUNCH k=1 none") < out.index("predict k=4") < out.index("LAUNCH k=4 ddp")
     assert m.status == "measured" and m.mechanism == "ddp" and (m.k, m.processes) == (4, 4)
     assert m.baseline == base.to_dict() and m.prediction["single_tokens_per_s"] == 500.0
@@ -234,10 +245,10 @@ def test_the_fast_form_carries_what_ddp_can_and_says_what_it_cannot():
 def test_the_fast_form_is_the_fastest_configuration_not_a_list():
     """Without a ladder, the configuration the rung declarations walk to on the device (as a rank
     runs it: no CUDA graphs); with one, the rung it kept last; the seed form is what R5 builds on."""
-    walked = ddp.fast_recipe(CFG, on_gpu=False)
+    walked = recipes.fast_recipe(CFG, on_gpu=False)
     assert walked == Recipe(batch_size=4 * CFG.big_batch, compiled=True, bf16=True, optimizer="fused",
                             embed="onehot", residual="bf16")
-    on_gpu = ddp.fast_recipe(CFG, on_gpu=True)
+    on_gpu = recipes.fast_recipe(CFG, on_gpu=True)
     # the fused attention and FFN kernels replace the fused RoPE and GELU they subsume
     assert set(on_gpu.fused) == {"attention", "mlp", "addnorm"} and not on_gpu.cudagraphs
     ran = LadderResult(framework="torch", device="cpu", config=CFG.to_dict(), baseline="R0")
@@ -245,23 +256,23 @@ def test_the_fast_form_is_the_fastest_configuration_not_a_list():
     for name, key, recipe, was_kept in (("B1", "fused_adamw", kept, True), ("B4", "onehot_embedding", walked, False)):
         ran.add(RungResult(name=name, key=key, label=key, tokens_per_s=100.0, stage="beyond",
                            kept=was_kept, recipe=recipe.to_dict()))
-    assert ddp.fast_recipe(CFG, ran) == kept
+    assert recipes.fast_recipe(CFG, ran) == kept
     with pytest.raises(ValueError, match="'jax' result"):
-        ddp.fast_recipe(CFG, LadderResult(framework="jax", device="cpu", config={}, baseline="R1"))
-    assert ddp.recipe_for(CFG, "seed") == recipe_of(RUNGS, RUNGS["R5"].builds_on, Recipe.seed(CFG), CFG)
-    assert ddp.recipe_for(CFG, "fast", kept.to_dict()) == kept        # across a process boundary
+        recipes.fast_recipe(CFG, LadderResult(framework="jax", device="cpu", config={}, baseline="R1"))
+    assert recipes.recipe_for(CFG, "seed") == recipe_of(RUNGS, RUNGS["R5"].builds_on, Recipe.seed(CFG), CFG)
+    assert recipes.recipe_for(CFG, "fast", kept.to_dict()) == kept        # across a process boundary
 
 
 def test_rank_cli_sets_switches_on_the_fast_form():
     args = argparse.Namespace(config="smoke", form="fast", ladder=None, batch=16, optimizer="default",
                               embed=None, mode="reduce-overhead", no_compile=False, parallel="ddp",
                               backend="gloo", warmup=None, timed=None, windows=None)
-    r = Recipe.from_dict(ddp.spec_from_args(args)["recipe"])
+    r = Recipe.from_dict(recipes.spec_from_args(args)["recipe"])
     assert (r.batch_size, r.optimizer, r.embed, r.mode) == (16, "default", "onehot", "reduce-overhead")
     args.mode, args.no_compile = None, True
-    assert not Recipe.from_dict(ddp.spec_from_args(args)["recipe"]).compiled
+    assert not Recipe.from_dict(recipes.spec_from_args(args)["recipe"]).compiled
     with pytest.raises(SystemExit, match="--batch applies to --form fast"):
-        ddp.spec_from_args(argparse.Namespace(**{**vars(args), "form": "seed", "no_compile": False}))
+        recipes.spec_from_args(argparse.Namespace(**{**vars(args), "form": "seed", "no_compile": False}))
 
 
 def test_a_rank_runs_the_parallelize_it_is_sent_and_the_librarys_otherwise():
@@ -270,12 +281,12 @@ def test_a_rank_runs_the_parallelize_it_is_sent_and_the_librarys_otherwise():
     def no_wrap(model, parallel, device):
         return model
     cpu = torch.device("cpu")
-    spec = ddp.make_spec(CFG, "seed", parallel="ddp", backend="gloo", parallelize=no_wrap)
+    spec = ddp.make_spec(CFG, "seed", SEED, parallel="ddp", backend="gloo", parallelize=no_wrap)
     assert spec["parallelize"]["name"] == "no_wrap" and "return model" in spec["parallelize"]["source"]
     wrap = worker.technique(spec["parallelize"])
     model, step, _, _ = worker.build(spec, cpu, 0, wrap)
     assert worker.technique_name(wrap) == f"{worker.PAGE_MODULE}.no_wrap" and step.model is model
-    lib = ddp.make_spec(CFG, "seed", parallel="none", backend="gloo",
+    lib = ddp.make_spec(CFG, "seed", SEED, parallel="none", backend="gloo",
                         parallelize=TorchLab(CFG).code["parallelize"])
     assert lib["parallelize"] is None
     assert worker.technique_name(worker.technique(lib["parallelize"])) == \
@@ -285,4 +296,4 @@ def test_a_rank_runs_the_parallelize_it_is_sent_and_the_librarys_otherwise():
 @pytest.mark.parametrize("fn", [lambda m, p, d: m, print])
 def test_a_parallelize_without_source_is_refused_in_one_line(fn):
     with pytest.raises(ValueError, match="cannot be sent to the ranks: give a function defined with def"):
-        ddp.make_spec(CFG, "seed", parallelize=fn)
+        ddp.make_spec(CFG, "seed", SEED, parallelize=fn)

@@ -2,9 +2,10 @@
 
     python -m perfladder.jax.parallel.launch --coordinator HOST:PORT --num-processes N \
         --process-id I --config full --form fast --out DIR                 # one process
-    launch_local(2, config, 'fast')           # N processes on this machine (tests, benchmark)
+    launch_local(2, config, 'fast', recipe)   # N processes on this machine (tests, benchmark)
 
-Every process runs the same ``Recipe`` (``to_dict()`` in the spec; ``measure.recipe_for``: a form).
+Every process runs the same ``Recipe`` (``to_dict()`` in the spec), resolved before by the rungs
+(``perfladder.jax.rungs.recipes``: ``recipe_for``; ``spec_from_args`` for a process started by hand).
 
 Every process calls ``jax.distributed.initialize(coordinator, num_processes, process_id)``,
 after which ``jax.devices()`` lists the devices of *all* processes and one mesh spans them.
@@ -17,6 +18,7 @@ On CPU the processes exchange through JAX's CPU collectives (gloo).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import socket
@@ -206,13 +208,6 @@ def _check(spec: dict, rep, mesh, data) -> dict:
             "recipe": rep.recipe.to_dict(), "allreduce_gate": reduced}
 
 
-def resolve_recipe(config, form: str, recipe, gpus: int):
-    """``recipe_for`` without starting a jax backend here (the GPUs belong to the children):
-    whether the fast form's GPU-only techniques apply follows ``gpus`` instead of asking jax."""
-    from perfladder.jax.parallel.measure import recipe_for
-    return recipe_for(config, form, recipe, on_gpu=bool(gpus))
-
-
 # -- launching N processes on this machine ---------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -220,26 +215,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_local(num_processes: int, config, form: str = "fast", recipe=None, *,
-                 fsdp: bool = False, warmup: int | None = None, timed: int | None = None,
-                 windows: int | None = None, gpus: int = 0, check_steps: int = 0,
-                 check_form: str | None = None, out_dir=None, timeout: float = 900.0) -> dict:
-    """Start ``num_processes`` OS processes of this module here (coordinator on localhost)
-    and return process 0's summary. ``gpus > 0``: process i uses local GPU i (so
-    ``num_processes <= gpus``); ``gpus = 0``: CPU processes, one CPU device each. ``check_steps``:
-    that many steps of ``check_form`` (None: ``form``) checked first (the summary's ``check``; the
-    peak memory recorded then includes the check's: a test's launch, not a GPU measurement)."""
-    check_int("num_processes", num_processes)
-    if gpus and num_processes > gpus:
-        raise ValueError(f"num_processes={num_processes} needs {num_processes} GPUs, {gpus} given; "
-                         f"valid choices: 1..{gpus}")
-    spec = {"config": config.to_dict(), "form": form,
-            "recipe": resolve_recipe(config, form, recipe, gpus).to_dict(), "fsdp": bool(fsdp),
+def make_spec(config, form: str, recipe, *, fsdp: bool = False, warmup: int | None = None,
+              timed: int | None = None, windows: int | None = None, check_steps: int = 0,
+              check_recipe=None) -> dict:
+    """Everything a process needs, as plain JSON-able data: ``recipe`` (``measure.given_recipe``)
+    and ``check_recipe`` (None: none) already resolved, so a process reads no rung declarations."""
+    from perfladder.jax.parallel.measure import given_recipe
+    from perfladder.jax.recipe import Recipe
+    if check_recipe is not None and not isinstance(check_recipe, Recipe):
+        check_recipe = Recipe.from_dict(check_recipe)
+    return {"config": config.to_dict(), "form": form,
+            "recipe": given_recipe(form, recipe).to_dict(), "fsdp": bool(fsdp),
             "warmup": config.warmup if warmup is None else warmup,
             "timed": config.timed if timed is None else timed,
             "windows": config.windows if windows is None else windows,
             "check_steps": int(check_steps),
-            "check_recipe": check_form and resolve_recipe(config, check_form, None, gpus).to_dict()}
+            "check_recipe": check_recipe and check_recipe.to_dict()}
+
+
+def launch_local(num_processes: int, config, form: str, recipe, *,
+                 fsdp: bool = False, warmup: int | None = None, timed: int | None = None,
+                 windows: int | None = None, gpus: int = 0, check_steps: int = 0,
+                 check_recipe=None, out_dir=None, timeout: float = 900.0) -> dict:
+    """Start ``num_processes`` OS processes of this module here (coordinator on localhost), each
+    running ``recipe`` of ``form``, and return process 0's summary. ``gpus > 0``: process i uses
+    local GPU i (so ``num_processes <= gpus``); ``gpus = 0``: CPU processes, one CPU device each.
+    ``check_steps``: that many steps of ``check_recipe`` (None: ``recipe``) checked first (the
+    summary's ``check``; the peak memory recorded then includes the check's: a test's launch,
+    not a GPU measurement)."""
+    check_int("num_processes", num_processes)
+    if gpus and num_processes > gpus:
+        raise ValueError(f"num_processes={num_processes} needs {num_processes} GPUs, {gpus} given; "
+                         f"valid choices: 1..{gpus}")
+    spec = make_spec(config, form, recipe, fsdp=fsdp, warmup=warmup, timed=timed, windows=windows,
+                     check_steps=check_steps, check_recipe=check_recipe)
     with work_folder(out_dir, "perfladder_jaxdist_") as out:    # the processes' logs, records
         summary = _run_processes(out, spec, num_processes, gpus, timeout)
     return {**summary, "out_dir": None if out_dir is None else str(out)}
@@ -282,12 +291,13 @@ def _run_processes(out: Path, spec: dict, num_processes: int, gpus: int, timeout
     return json.loads((out / "processes.json").read_text())
 
 
-def measure_distributed(num_processes: int, config, form: str = "fast", recipe=None, *,
+def measure_distributed(num_processes: int, config, form: str, recipe, *,
                         baseline=None, link: str | None = None, fsdp: bool = False, gpus: int = 0,
                         warmup: int | None = None, timed: int | None = None,
-                        windows: int | None = None, check_steps: int = 0, check_form: str | None = None,
+                        windows: int | None = None, check_steps: int = 0, check_recipe=None,
                         out_dir=None, timeout: float = 900.0):
     """``launch_local`` as a ``DataParallelMeasurement``: predict (printed), launch, record.
+    ``recipe``: resolved for the children's devices (``recipe_for(..., on_gpu=bool(gpus))``).
 
     ``baseline``: the single-device ``perfladder.multigpu.measurement.Baseline`` of the same form (from
     ``perfladder.jax.parallel.measure.measure_baseline``, measured in *another* process: this one
@@ -297,12 +307,12 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
     A failed launch is recorded as ``status='failed'`` with the processes' last output.
     """
     from perfladder.data import TimeMachine
-    from perfladder.jax.parallel.measure import num_params
+    from perfladder.jax.parallel.measure import given_recipe, num_params
     from perfladder.measure.counts import check_global_rate
     from perfladder.measure.evidence import Timing
     from perfladder.multigpu import costmodel
     from perfladder.multigpu.measurement import not_measured, record
-    recipe = resolve_recipe(config, form, recipe, gpus)
+    recipe = given_recipe(form, recipe)
     B, T = recipe.batch_size, config.num_steps
     k = num_processes                      # one device per process here
     vocab = len(TimeMachine(config.batch_size, T, num_train=config.num_train,
@@ -315,7 +325,7 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
     try:
         s = launch_local(num_processes, config, form, recipe, fsdp=fsdp, warmup=warmup,
                          timed=timed, windows=windows, gpus=gpus, check_steps=check_steps,
-                         check_form=check_form, out_dir=out_dir, timeout=timeout)
+                         check_recipe=check_recipe, out_dir=out_dir, timeout=timeout)
     except (RuntimeError, subprocess.SubprocessError) as e:
         return not_measured(status="failed", reason=str(e)[-3000:], framework="jax",
                             mechanism="jax.distributed", form=form, k=k, per_rank_batch=B,
@@ -341,8 +351,10 @@ def measure_distributed(num_processes: int, config, form: str = "fast", recipe=N
                   processes=s["num_processes"], device=s["device"], notes=notes, ranks=ranks)
 
 
-def main(argv=None) -> int:
-    from perfladder.config import CONFIG_NAMES, get_config
+def main(argv=None, *, spec_from_args) -> int:
+    """One process: its spec from ``--spec`` (``launch_local``'s), or else from the options by
+    ``spec_from_args(args)`` (``perfladder.jax.rungs.recipes``': the declarations' defaults)."""
+    from perfladder.config import CONFIG_NAMES
     from perfladder.multigpu.measurement import FORMS
     p = argparse.ArgumentParser(prog="python -m perfladder.jax.parallel.launch",
                                 description="one process of perfladder's multi-process JAX R5")
@@ -369,21 +381,7 @@ def main(argv=None) -> int:
         os.environ.setdefault(key, value)
     ids = None if not args.local_device_ids else [int(i) for i in args.local_device_ids.split(",")]
     initialize(args.coordinator, args.num_processes, args.process_id, ids)
-    if args.spec:
-        spec = json.loads(Path(args.spec).read_text())
-    else:
-        from perfladder.jax.parallel.measure import fast_recipe, recipe_for
-        from perfladder.results.record import LadderResult
-        cfg = get_config(args.config)
-        recipe = None
-        if args.form == "fast":
-            recipe = fast_recipe(cfg, LadderResult.read(args.ladder) if args.ladder else None)
-            recipe = recipe if args.batch is None else recipe.replace(batch_size=args.batch)
-        spec = {"config": cfg.to_dict(), "form": args.form,
-                "recipe": recipe_for(cfg, args.form, recipe).to_dict(),
-                "fsdp": args.fsdp, "warmup": cfg.warmup if args.warmup is None else args.warmup,
-                "timed": cfg.timed if args.timed is None else args.timed,
-                "windows": cfg.windows if args.windows is None else args.windows}
+    spec = json.loads(Path(args.spec).read_text()) if args.spec else spec_from_args(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = run(spec, out)
@@ -396,4 +394,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # this command's path runs the rungs' entry, which hands ``main`` the spec resolution a process
+    # started by hand needs (the rung declarations sit above this layer: named here, not imported)
+    sys.exit(importlib.import_module("perfladder.jax.rungs.recipes").main())

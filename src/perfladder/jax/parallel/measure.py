@@ -1,12 +1,14 @@
-"""R5 in JAX: the per-device recipes, the single-device baseline, and data parallelism on a mesh.
+"""R5 in JAX: one replica, the single-device baseline, and data parallelism on a mesh.
 
-A device runs a ``perfladder.jax.recipe.Recipe`` (``to_dict()`` across a process boundary): the
-seed form is the recipe of the rung R5 builds on, the fast form the configuration a ladder ended
-on, or without a ladder the one the rung declarations walk to (``fast_recipe``).
+A device runs the ``perfladder.jax.recipe.Recipe`` it is handed (``to_dict()`` across a process
+boundary). Which recipe a form means -- the seed form the recipe of the rung R5 builds on, the
+fast form the configuration a ladder ended on, or without a ladder the one the rung declarations
+walk to -- is resolved above this layer, by the rungs (``perfladder.jax.rungs.recipes.recipe_for``).
 
-    measure_baseline(config, 'seed')                       # one device, settled (or flagged)
-    measure_mesh(2, config, 'fast', baseline=b)            # predict, print, then measure
-    measure_mesh(2, config, 'fast', fsdp=True, baseline=b) # the FSDP layout beside it
+    r = recipe_for(config, 'fast')                            # perfladder.jax.rungs.recipes
+    b = measure_baseline(config, 'fast', r)                   # one device, settled (or flagged)
+    measure_mesh(2, config, 'fast', r, baseline=b)            # predict, print, then measure
+    measure_mesh(2, config, 'fast', r, fsdp=True, baseline=b) # the FSDP layout beside it
 
 One process drives every local device (``perfladder.jax.parallel.layout``'s mesh, replicated or
 FSDP-sharded state, batch sharded on ``'data'``); ``perfladder.jax.parallel.launch`` runs the
@@ -15,6 +17,8 @@ batch, so the global batch is ``k`` times it.
 """
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -22,7 +26,6 @@ from flax import nnx
 from perfladder.config import LadderConfig, expected_num_params
 from perfladder.data import TimeMachine
 from perfladder.jax.device import device_name, has_gpu
-from perfladder.jax.lab import JaxLab
 from perfladder.jax.model import GPT
 from perfladder.jax.parallel.layout import (
     allreduce_bus_bw,
@@ -32,11 +35,9 @@ from perfladder.jax.parallel.layout import (
     place_state,
 )
 from perfladder.jax.recipe import Recipe
-from perfladder.jax.rungs import RUNGS
 from perfladder.jax.step import TrainStep, make_optimizer
 from perfladder.jax.stream import batches
 from perfladder.jax.timer import throughput
-from perfladder.ladder.declared import declared_fastest, recipe_of
 from perfladder.measure.evidence import Timing
 from perfladder.multigpu import costmodel
 from perfladder.multigpu.measurement import (
@@ -47,45 +48,21 @@ from perfladder.multigpu.measurement import (
     record,
     settle_baseline,
 )
-from perfladder.results.record import LadderResult
 
 PEAK_NOTE = ("peak_mem_bytes_per_gpu is each device's peak_bytes_in_use over this process's "
              "life so far (JAX cannot reset it): an upper bound for this measurement")
 
 
-# -- recipes: what one device runs ------------------------------------------------------------------
-def seed_recipe(config: LadderConfig) -> Recipe:
-    """The seed's R5 per device: the recipe of the rung R5 builds on (R1: fp32, nnx.jit, the
-    seed batch), read from the declarations."""
-    return recipe_of(RUNGS, RUNGS["R5"].builds_on, Recipe.seed(config), config)
-
-
-def fast_recipe(config: LadderConfig, ladder: LadderResult | None = None, *,
-                on_gpu: bool | None = None) -> Recipe:
-    """The fast form per device: the configuration ``ladder`` (a JAX ``LadderResult``) ended on
-    (``LadderResult.fastest``); without one, the one the rung declarations walk to on a device
-    with (``on_gpu``; default: this process's) or without a GPU (``declared_fastest``)."""
-    if ladder is not None:
-        if ladder.framework != "jax":
-            raise ValueError(f"ladder is a {ladder.framework!r} result; the fast form of a JAX "
-                             "process comes from a 'jax' one")
-        return Recipe.from_dict(ladder.fastest_rung().recipe)
-    return declared_fastest(RUNGS, Recipe.seed(config), JaxLab.seed_top, config,
-                            has_gpu() if on_gpu is None else on_gpu)
-
-
-def recipe_for(config: LadderConfig, form: str, recipe=None, *, on_gpu: bool | None = None) -> Recipe:
-    """The per-device recipe of ``form``: the seed's (fixed), or ``recipe`` (a ``Recipe`` or its
-    ``to_dict()``; default ``fast_recipe``)."""
-    if recipe is not None and not isinstance(recipe, Recipe):
-        recipe = Recipe.from_dict(recipe)
-    if check_form(form) == "seed":
-        seed = seed_recipe(config)
-        if recipe is not None and recipe != seed:
-            raise ValueError("form='seed' is the chapter's fixed recipe; pass another "
-                             "recipe only with form='fast'")
-        return seed
-    return fast_recipe(config, on_gpu=on_gpu) if recipe is None else recipe
+# -- the recipe: what one device runs --------------------------------------------------------------
+def given_recipe(form: str, recipe) -> Recipe:
+    """The per-device recipe a measurement of ``form`` runs: ``recipe`` (a ``Recipe`` or its
+    ``to_dict()``) as given. Which recipe a form means is read from the rung declarations, above
+    this layer: resolve it there (``perfladder.jax.rungs.recipes.recipe_for``)."""
+    check_form(form)
+    if recipe is None:
+        raise ValueError(f"recipe=None: pass the per-device recipe of form={form!r}, e.g. "
+                         "perfladder.jax.rungs.recipes.recipe_for(config, form)")
+    return recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
 
 
 # -- one replica: model, optimizer, step ------------------------------------------------------------
@@ -139,12 +116,13 @@ def fixed_global_batches(data: TimeMachine, global_batch: int, steps: int):
 
 
 # -- measurements -------------------------------------------------------------------------------------
-def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
+def measure_baseline(config: LadderConfig, form: str, recipe, *,
                      warmup: int | None = None, timed: int | None = None,
                      windows: int | None = None) -> Baseline:
-    """The single-device rate of ``form`` on ``jax.devices()[0]``, settled (re-measured once if
-    its windows did not settle; ``settled=False`` if they did not twice)."""
-    recipe = recipe_for(config, form, recipe)
+    """The single-device rate of ``form`` running ``recipe`` (``given_recipe``) on
+    ``jax.devices()[0]``, settled (re-measured once if its windows did not settle;
+    ``settled=False`` if they did not twice)."""
+    recipe = given_recipe(form, recipe)
     data = corpus(config)
     rep = Replica(config, recipe, len(data.vocab))
     stream = batches(data, recipe.batch_size, seed=config.seed + 100)
@@ -154,17 +132,18 @@ def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
     return base
 
 
-def measure_mesh(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
+def measure_mesh(k: int, config: LadderConfig, form: str, recipe, *,
                  fsdp: bool = False, link=None, baseline: Baseline | None = None,
                  warmup: int | None = None, timed: int | None = None,
                  windows: int | None = None) -> DataParallelMeasurement:
-    """``k``-device data parallelism in this process: predict (printed), then measure.
+    """``k``-device data parallelism of ``form`` running ``recipe`` (``given_recipe``) in this
+    process: predict (printed), then measure.
 
     ``baseline``: the single-device ``Baseline`` of the same form (measured here if None);
     ``link``: a ``perfladder.multigpu.costmodel.LINKS`` name (default: 'nvlink4-h200' on a GPU,
     'gloo-loopback' on CPU). ``fsdp``: shard parameters and optimizer state too.
     """
-    recipe = recipe_for(config, form, recipe)
+    recipe = given_recipe(form, recipe)
     mechanism = "mesh-fsdp" if fsdp else "mesh"
     B, T = recipe.batch_size, config.num_steps
     mesh = make_data_mesh(k)                                      # k > devices -> ValueError
@@ -201,9 +180,9 @@ def measure_mesh(k: int, config: LadderConfig, form: str = "fast", recipe=None, 
                   recipe=recipe.to_dict(), device=device_name(), notes=notes)
 
 
-def skipped_mesh(k: int, config: LadderConfig, form: str, reason: str, recipe=None, fsdp=False):
+def skipped_mesh(k: int, config: LadderConfig, form: str, reason: str, recipe, fsdp=False):
     """A mesh measurement that did not run (e.g. one device visible), with the reason."""
-    recipe = recipe_for(config, form, recipe)
+    recipe = given_recipe(form, recipe)
     return not_measured(status="skipped", reason=reason, framework="jax",
                         mechanism="mesh-fsdp" if fsdp else "mesh", form=form, k=k,
                         per_rank_batch=recipe.batch_size, seq_len=config.num_steps,
@@ -215,3 +194,17 @@ def _timing(config: LadderConfig, warmup, timed, windows) -> dict:
             "timed": config.timed if timed is None else timed,
             "windows": config.windows if windows is None else windows,
             "target_spread": config.target_spread}
+
+
+# -- names whose home is the rungs' layer ---------------------------------------------------------
+# They read the rung declarations, which sit above this layer; this module hands them on by name,
+# imported at first use (no import of rungs/ here), so code importing them from here keeps working.
+RECIPES = "perfladder.jax.rungs.recipes"
+MOVED = ("seed_recipe", "fast_recipe", "recipe_for")
+
+
+def __getattr__(name: str):
+    """``seed_recipe``, ``fast_recipe``, ``recipe_for``: ``perfladder.jax.rungs.recipes``'s."""
+    if name in MOVED:
+        return getattr(importlib.import_module(RECIPES), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,11 +1,12 @@
-"""Data parallelism (rung R5) in PyTorch: the launcher, the per-rank recipes, and the rank CLI.
+"""Data parallelism (rung R5) in PyTorch: the launcher, the rank's spec, and the rank CLI.
 
-    data_parallel_tokens(k, config, form='fast', recipe=...)   # launch k ranks here, gather
+    data_parallel_tokens(k, config, form, recipe)   # launch k ranks here, gather
     python -m perfladder.torch.parallel.launch --config full --form fast --out DIR   # one rank, under torchrun
 
-A rank runs a ``perfladder.torch.recipe.Recipe`` (its ``to_dict()`` in the spec): the seed form
-is R0's, the fast form the configuration a ladder ended on, or without a ladder the one the rung
-declarations walk to (``fast_recipe``).
+A rank runs the ``perfladder.torch.recipe.Recipe`` it is handed (its ``to_dict()`` in the spec).
+Which recipe a form means -- the seed form R0's, the fast form the configuration a ladder ended
+on, or without a ladder the one the rung declarations walk to -- is resolved above this layer,
+by the rungs (``perfladder.torch.rungs.recipes.recipe_for``), as is a hand-started rank's spec.
 
 The rank itself lives in ``perfladder.torch.parallel.worker``; ``perfladder.torch.parallel.measure``
 turns a launch into a ``perfladder.multigpu.measurement.DataParallelMeasurement`` (prediction first).
@@ -15,6 +16,7 @@ On several machines, start ``torchrun --nnodes N ... -m perfladder.torch.paralle
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import os
@@ -25,21 +27,15 @@ import textwrap
 from pathlib import Path
 
 from perfladder.checks import check_int
-from perfladder.config import CONFIG_NAMES, LadderConfig, get_config
-from perfladder.ladder.declared import declared_fastest
-from perfladder.ladder.engine import registry
+from perfladder.config import CONFIG_NAMES, LadderConfig
 from perfladder.measure.evidence import Timing
 from perfladder.measure.timing import settles
 from perfladder.multigpu.measurement import FORMS, check_form
 from perfladder.outputs import work_folder
-from perfladder.results.record import LadderResult
-from perfladder.torch.lab import TorchLab
 from perfladder.torch.model import EMBEDS
 from perfladder.torch.parallel.worker import PARALLELS
 from perfladder.torch.parallel.worker import parallelize as library_parallelize
 from perfladder.torch.recipe import Recipe
-from perfladder.torch.rungs.beyond import BEYOND
-from perfladder.torch.rungs.seed import SEED
 from perfladder.torch.step import COMPILE_MODES, OPTIMIZERS
 
 BACKENDS = ("nccl", "gloo")
@@ -62,44 +58,23 @@ def rank_recipe(recipe: Recipe) -> tuple[Recipe, list[str]]:
     return recipe.replace(**{k: False for k in NOT_CARRIED}), dropped
 
 
-def fast_recipe(config: LadderConfig, ladder: LadderResult | None = None, *,
-                on_gpu: bool | None = None) -> Recipe:
-    """The fast form per rank: the configuration ``ladder`` (a PyTorch ``LadderResult``) ended on
-    (``LadderResult.fastest``); without one, the one the rung declarations walk to on this
-    device (``perfladder.ladder.declared.declared_fastest``). As a rank runs it (``rank_recipe``)."""
-    if ladder is not None:
-        if ladder.framework != "torch":
-            raise ValueError(f"ladder is a {ladder.framework!r} result; the fast form of a PyTorch "
-                             "rank comes from a 'torch' one")
-        recipe = Recipe.from_dict(ladder.fastest_rung().recipe)
-    else:
-        if on_gpu is None:
-            import torch
-            on_gpu = torch.cuda.is_available()
-        recipe = declared_fastest(registry([*SEED, *BEYOND]), Recipe.seed(config), TorchLab.seed_top,
-                                  config, on_gpu)
-    return rank_recipe(recipe)[0]
+def given_recipe(form: str, recipe) -> Recipe:
+    """The per-rank recipe a launch of ``form`` runs: ``recipe`` (a ``Recipe`` or its
+    ``to_dict()``) as given. Which recipe a form means is read from the rung declarations, above
+    this layer: resolve it there (``perfladder.torch.rungs.recipes.recipe_for``)."""
+    check_form(form)
+    if recipe is None:
+        raise ValueError(f"recipe=None: pass the per-rank recipe of form={form!r}, e.g. "
+                         "perfladder.torch.rungs.recipes.recipe_for(config, form)")
+    return recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
 
 
-def recipe_for(config: LadderConfig, form: str, recipe=None) -> Recipe:
-    """The per-rank recipe of ``form``: the seed's (R0's, fixed), or ``recipe`` (a ``Recipe`` or
-    its ``to_dict()``; default ``fast_recipe``)."""
-    if recipe is not None and not isinstance(recipe, Recipe):
-        recipe = Recipe.from_dict(recipe)
-    if check_form(form) == "seed":
-        seed = Recipe.seed(config)
-        if recipe is not None and recipe != seed:
-            raise ValueError("form='seed' is the chapter's fixed recipe; pass another "
-                             "recipe only with form='fast'")
-        return seed
-    return fast_recipe(config) if recipe is None else recipe
-
-
-def make_spec(config: LadderConfig, form: str = "fast", recipe=None, *, parallel: str = "ddp",
+def make_spec(config: LadderConfig, form: str, recipe, *, parallel: str = "ddp",
               backend: str = "gloo", warmup: int | None = None, timed: int | None = None,
               windows: int | None = None, settle: bool = False, check_steps: int = 0,
               bench_allreduce: bool = True, parallelize=None) -> dict:
-    """Everything a rank needs, as plain JSON-able data. ``parallelize``: the function that wraps
+    """Everything a rank needs, as plain JSON-able data: ``recipe`` (``given_recipe``) already
+    resolved, so a rank reads no rung declarations. ``parallelize``: the function that wraps
     each rank's model (``worker.parallelize``'s signature); its source travels in the spec unless
     it is the library's own."""
     if parallel not in PARALLELS:
@@ -107,7 +82,7 @@ def make_spec(config: LadderConfig, form: str = "fast", recipe=None, *, parallel
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not valid; valid choices: {BACKENDS}")
     return {"config": config.to_dict(), "form": form,
-            "recipe": recipe_for(config, form, recipe).to_dict(),
+            "recipe": given_recipe(form, recipe).to_dict(),
             "parallel": parallel, "backend": backend,
             "warmup": config.warmup if warmup is None else warmup,
             "timed": config.timed if timed is None else timed,
@@ -229,13 +204,14 @@ def check_global_rate(res: dict, spec: dict) -> list[float]:
     return check(res["windows"], total, [r["seconds"] for r in ranks], what=f"{len(ranks)} ranks")
 
 
-def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
+def data_parallel_tokens(k: int, config: LadderConfig, form: str, recipe, *,
                          parallel: str = "ddp", backend: str | None = None,
                          warmup: int | None = None, timed: int | None = None,
                          windows: int | None = None, settle: bool = False, check_steps: int = 0,
                          bench_allreduce: bool = True, out_dir=None, timeout: float = 900.0,
                          parallelize=None) -> dict:
-    """Launch ``k`` ranks of ``form`` (``parallel`` 'ddp' | 'fsdp2' | 'none') and sum them.
+    """Launch ``k`` ranks of ``form`` running ``recipe`` (``given_recipe``) under ``parallel``
+    ('ddp' | 'fsdp2' | 'none') and sum them.
 
     Returns ``{'k', 'nodes', 'ranks', 'num_params', 'bus_bw_measured', 'timing' (a ``Timing``),
     'tokens_per_s', 'windows', 'spread', 'stable', 'step_time_s', 'peak_mem_bytes_per_gpu',
@@ -258,34 +234,10 @@ def data_parallel_tokens(k: int, config: LadderConfig, form: str = "fast", recip
 
 
 # -- the rank CLI -----------------------------------------------------------------------------------
-FAST_FLAGS = ("ladder", "batch", "optimizer", "embed", "mode", "no_compile")
-
-
-def spec_from_args(args) -> dict:
-    """The spec a rank started by hand (``torchrun ... -m perfladder.torch.parallel.launch --config ...``)
-    runs: the fast form is ``fast_recipe`` (of ``--ladder``'s results when given) with the
-    switches the command line sets."""
-    config = get_config(args.config)
-    recipe = None
-    if args.form == "fast":
-        recipe = fast_recipe(config, LadderResult.read(args.ladder) if args.ladder else None)
-        recipe = recipe.replace(**{k: v for k, v in (("batch_size", args.batch), ("optimizer", args.optimizer),
-                                                     ("embed", args.embed)) if v is not None})
-        if args.mode is not None:
-            recipe = recipe.with_mode(args.mode)
-        if args.no_compile:
-            recipe = recipe.replace(compiled=False, cudagraphs=False, autotune=False)
-    else:
-        given = [f for f in FAST_FLAGS if getattr(args, f) not in (None, False)]
-        if given:
-            raise SystemExit(f"--{given[0].replace('_', '-')} applies to --form fast; the seed form "
-                             "runs the seed's recipe at the config's batch")
-    return make_spec(config, args.form, recipe, parallel=args.parallel,
-                     backend=args.backend or default_backend(), warmup=args.warmup,
-                     timed=args.timed, windows=args.windows)
-
-
-def main(argv=None) -> int:
+def main(argv=None, *, spec_from_args) -> int:
+    """One rank: its spec from ``--spec`` (a launcher's), or else from the other options by
+    ``spec_from_args(args)`` (``perfladder.torch.rungs.recipes.spec_from_args``: the fast form's
+    default is the rung declarations')."""
     from perfladder.torch.parallel.worker import worker
     p = argparse.ArgumentParser(prog="python -m perfladder.torch.parallel.launch",
                                 description="one data-parallel rank of perfladder's R5 (run under torchrun)")
@@ -321,5 +273,21 @@ def main(argv=None) -> int:
     return 0
 
 
+# -- names whose home is the rungs' layer ---------------------------------------------------------
+# They read the rung declarations, which sit above this layer; this module hands them on by name,
+# imported at first use (no import of rungs/ here), so code importing them from here keeps working.
+RECIPES = "perfladder.torch.rungs.recipes"
+MOVED = ("fast_recipe", "recipe_for", "spec_from_args")
+
+
+def __getattr__(name: str):
+    """``fast_recipe``, ``recipe_for``, ``spec_from_args``: ``perfladder.torch.rungs.recipes``'s."""
+    if name in MOVED:
+        return getattr(importlib.import_module(RECIPES), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # the rank CLI's public path (torchrun ... -m perfladder.torch.parallel.launch) runs the
+    # rungs' entry, which hands ``main`` the spec resolution a rank started by hand needs
+    sys.exit(importlib.import_module(RECIPES).main())

@@ -1,6 +1,7 @@
 """R5 in PyTorch as a measurement: the settled single-device baseline, the prediction (printed
 before the launch), the k-rank launch, and one ``perfladder.multigpu.measurement.DataParallelMeasurement``.
 
+    recipe = recipe_for(config, 'fast')                      # perfladder.torch.rungs.recipes
     base = measure_baseline(config, 'fast', recipe)          # one rank, same recipe, settled
     m = measure(2, config, 'fast', recipe, baseline=base)    # DDP; parallel='fsdp2' for FSDP2
 
@@ -16,7 +17,7 @@ from perfladder.multigpu.measurement import Baseline, not_measured, record
 from perfladder.torch.parallel.launch import (
     data_parallel_tokens,
     default_backend,
-    recipe_for,
+    given_recipe,
 )
 
 MECHANISM = {"ddp": "ddp", "fsdp2": "fsdp2", "none": "independent"}
@@ -36,7 +37,7 @@ def default_link(backend: str) -> str:
     return "nvlink4-h200" if backend == "nccl" else "gloo-loopback"
 
 
-def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
+def measure_baseline(config: LadderConfig, form: str, recipe, *,
                      backend: str | None = None, warmup: int | None = None,
                      timed: int | None = None, windows: int | None = None, out_dir=None,
                      timeout: float = 900.0) -> Baseline:
@@ -51,13 +52,14 @@ def measure_baseline(config: LadderConfig, form: str = "fast", recipe=None, *,
     return base
 
 
-def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
+def measure(k: int, config: LadderConfig, form: str, recipe, *,
             parallel: str = "ddp", baseline: Baseline | None = None, link=None,
             backend: str | None = None, warmup: int | None = None, timed: int | None = None,
             windows: int | None = None, out_dir=None, timeout: float = 900.0,
             parallelize=None):
-    """``k`` ranks of ``form`` under ``parallel`` ('ddp' | 'fsdp2' | 'none'), predicted first;
-    ``parallelize``: the function each rank wraps its model with (default: the library's).
+    """``k`` ranks of ``form`` running ``recipe`` (``launch.given_recipe``) under ``parallel``
+    ('ddp' | 'fsdp2' | 'none'), predicted first; ``parallelize``: the function each rank wraps
+    its model with (default: the library's).
 
     ``parallel='none'`` is the control (mechanism 'independent'): the ranks run the bare
     single-device step side by side; no prediction (there is no communication to price).
@@ -71,7 +73,7 @@ def measure(k: int, config: LadderConfig, form: str = "fast", recipe=None, *,
     if parallel not in MECHANISM:
         raise ValueError(f"parallel={parallel!r} is not valid; valid choices: {tuple(MECHANISM)}")
     backend = backend or default_backend()
-    recipe = recipe_for(config, form, recipe)
+    recipe = given_recipe(form, recipe)
     B, T, n = recipe.batch_size, config.num_steps, num_params(config)
     timing = {"warmup": warmup, "timed": timed, "windows": windows}
     if baseline is None:

@@ -5,7 +5,8 @@ The spec (a dict, JSON on disk) says:
 
 * ``recipe`` -- the per-rank training configuration, ``perfladder.torch.recipe.Recipe.to_dict()``:
   the seed form is R0's (eager fp32, TF32 on CUDA, at the seed batch, PyTorch's default AdamW);
-  the fast form whatever recipe the launcher resolved (``launch.fast_recipe``);
+  the fast form whatever recipe the launcher was handed (resolved by the rungs:
+  ``perfladder.torch.rungs.recipes.fast_recipe``);
 * ``parallel`` -- ``'ddp'`` (``DistributedDataParallel``), ``'fsdp2'`` (``fully_shard`` on
   every block and the root), or ``'none'`` (the single-device baseline, one rank);
 * timing (``warmup``, ``timed``, ``windows``), ``settle`` (re-measure an unsettled

@@ -21,6 +21,7 @@ from perfladder.multigpu.measurement import baseline_of
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.parallel import measure as dataparallel
 from perfladder.torch.parallel.launch import rank_recipe
+from perfladder.torch.rungs.recipes import seed_recipe
 
 PREDICT_KS = costmodel.PREDICT_KS
 
@@ -42,7 +43,7 @@ def data_parallel(lab: TorchLab, given: Given, *, form: str, parallel: str) -> E
     link = dataparallel.default_link(backend)
     baseline, source = single_device_rate(lab, base)
     ranked, dropped = rank_recipe(recipe)
-    per_rank = ranked if form == "fast" else None          # the seed form is R0's, fixed
+    per_rank = ranked if form == "fast" else seed_recipe(lab.config)   # the seed form: R0's, fixed
     if baseline is None:
         baseline = dataparallel.measure_baseline(lab.config, form, per_rank, backend=backend)
         source = "measured for this rung (one rank)"
