@@ -1,4 +1,5 @@
 """The typed data-parallel record: the settled baseline, efficiency (or why not), to_dict."""
+import dataclasses
 import json
 
 import pytest
@@ -96,3 +97,28 @@ def test_spread_and_round_trip():
     assert spread_of([90.0, 100.0, 110.0]) == pytest.approx(0.2)
     b = baseline_from_windows([90.0, 100.0, 110.0])
     assert not b.settled and Baseline.from_dict(b.to_dict()) == b
+
+
+def test_a_forms_recipe_follows_one_rule_for_both_sides():
+    from perfladder.multigpu.measurement import given_recipe, recipe_of_form
+
+    @dataclasses.dataclass(frozen=True)
+    class Rec:
+        batch: int
+
+        @classmethod
+        def from_dict(cls, d):
+            return cls(**d)
+
+    seed, fast = Rec(8), Rec(64)
+    pick = lambda form, recipe=None: recipe_of_form(form, recipe, Rec.from_dict,  # noqa: E731
+                                                    lambda: seed, lambda: fast)
+    assert pick("seed") == seed and pick("fast") == fast
+    assert pick("fast", {"batch": 16}) == Rec(16) and pick("seed", {"batch": 8}) == seed
+    with pytest.raises(ValueError, match="form='seed' is the chapter's fixed recipe"):
+        pick("seed", Rec(16))
+    with pytest.raises(ValueError, match=r"form='slow' is not valid; valid choices: \('seed', 'fast'\)"):
+        pick("slow")
+    assert given_recipe("fast", {"batch": 16}, Rec.from_dict, "side.recipe_for") == Rec(16)
+    with pytest.raises(ValueError, match=r"recipe=None: pass the recipe of form='seed', e.g. side\.recipe_for"):
+        given_recipe("seed", None, Rec.from_dict, "side.recipe_for")

@@ -43,6 +43,34 @@ def check_form(form) -> str:
     return form
 
 
+def _as_recipe(recipe, from_dict: Callable):
+    return from_dict(recipe) if isinstance(recipe, dict) else recipe
+
+
+def given_recipe(form: str, recipe, from_dict: Callable, resolver: str):
+    """The recipe a launch of ``form`` runs, as handed to the parallel machinery (a side's
+    ``Recipe`` or its ``to_dict()``, read back by ``from_dict``): the machinery reads no rung
+    declarations, so ``None`` is refused, naming where a form's recipe is resolved."""
+    check_form(form)
+    if recipe is None:
+        raise ValueError(f"recipe=None: pass the recipe of form={form!r}, e.g. {resolver}(config, form)")
+    return _as_recipe(recipe, from_dict)
+
+
+def recipe_of_form(form: str, recipe, from_dict: Callable, seed: Callable, fast: Callable):
+    """The recipe of ``form``: the seed's (``seed()``, fixed: another ``recipe`` is refused), or
+    ``recipe`` (a side's ``Recipe`` or its ``to_dict()``; default ``fast()``). The one rule both
+    sides' ``rungs.recipes.recipe_for`` follow."""
+    recipe = None if recipe is None else _as_recipe(recipe, from_dict)
+    if check_form(form) == "seed":
+        fixed = seed()
+        if recipe is not None and recipe != fixed:
+            raise ValueError("form='seed' is the chapter's fixed recipe; pass another "
+                             "recipe only with form='fast'")
+        return fixed
+    return fast() if recipe is None else recipe
+
+
 @dataclass
 class Baseline:
     """The single-device rate a multi-device run is judged against, and whether it settled."""

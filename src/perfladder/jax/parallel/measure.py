@@ -39,11 +39,10 @@ from perfladder.jax.step import TrainStep, make_optimizer
 from perfladder.jax.stream import batches
 from perfladder.jax.timer import throughput
 from perfladder.measure.evidence import Timing
-from perfladder.multigpu import costmodel
+from perfladder.multigpu import costmodel, measurement
 from perfladder.multigpu.measurement import (
     Baseline,
     DataParallelMeasurement,
-    check_form,
     not_measured,
     record,
     settle_baseline,
@@ -54,15 +53,15 @@ PEAK_NOTE = ("peak_mem_bytes_per_gpu is each device's peak_bytes_in_use over thi
 
 
 # -- the recipe: what one device runs --------------------------------------------------------------
+# where a form's recipe is resolved, above this layer (named in the refusal of none)
+RESOLVER = "perfladder.jax.rungs.recipes.recipe_for"
+
+
 def given_recipe(form: str, recipe) -> Recipe:
     """The per-device recipe a measurement of ``form`` runs: ``recipe`` (a ``Recipe`` or its
     ``to_dict()``) as given. Which recipe a form means is read from the rung declarations, above
-    this layer: resolve it there (``perfladder.jax.rungs.recipes.recipe_for``)."""
-    check_form(form)
-    if recipe is None:
-        raise ValueError(f"recipe=None: pass the per-device recipe of form={form!r}, e.g. "
-                         "perfladder.jax.rungs.recipes.recipe_for(config, form)")
-    return recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
+    this layer: resolve it there."""
+    return measurement.given_recipe(form, recipe, Recipe.from_dict, RESOLVER)
 
 
 # -- one replica: model, optimizer, step ------------------------------------------------------------

@@ -18,7 +18,7 @@ from perfladder.jax.parallel import launch
 from perfladder.jax.recipe import Recipe
 from perfladder.jax.rungs import RUNGS
 from perfladder.ladder.declared import declared_fastest, recipe_of
-from perfladder.multigpu.measurement import check_form
+from perfladder.multigpu.measurement import recipe_of_form
 from perfladder.results.record import LadderResult
 
 
@@ -46,15 +46,8 @@ def recipe_for(config: LadderConfig, form: str, recipe=None, *, on_gpu: bool | N
     """The per-device recipe of ``form``: the seed's (``seed_recipe``, fixed), or ``recipe`` (a
     ``Recipe`` or its ``to_dict()``; default ``fast_recipe``). A process that leaves the GPUs to
     its children passes ``on_gpu`` (asking jax would start its GPU backend here)."""
-    if recipe is not None and not isinstance(recipe, Recipe):
-        recipe = Recipe.from_dict(recipe)
-    if check_form(form) == "seed":
-        seed = seed_recipe(config)
-        if recipe is not None and recipe != seed:
-            raise ValueError("form='seed' is the chapter's fixed recipe; pass another "
-                             "recipe only with form='fast'")
-        return seed
-    return fast_recipe(config, on_gpu=on_gpu) if recipe is None else recipe
+    return recipe_of_form(form, recipe, Recipe.from_dict, lambda: seed_recipe(config),
+                          lambda: fast_recipe(config, on_gpu=on_gpu))
 
 
 # -- the multi-process CLI --------------------------------------------------------------------------

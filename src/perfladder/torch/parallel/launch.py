@@ -30,7 +30,8 @@ from perfladder.checks import check_int
 from perfladder.config import CONFIG_NAMES, LadderConfig
 from perfladder.measure.evidence import Timing
 from perfladder.measure.timing import settles
-from perfladder.multigpu.measurement import FORMS, check_form
+from perfladder.multigpu import measurement
+from perfladder.multigpu.measurement import FORMS
 from perfladder.outputs import work_folder
 from perfladder.torch.model import EMBEDS
 from perfladder.torch.parallel.worker import PARALLELS
@@ -58,15 +59,15 @@ def rank_recipe(recipe: Recipe) -> tuple[Recipe, list[str]]:
     return recipe.replace(**{k: False for k in NOT_CARRIED}), dropped
 
 
+# where a form's recipe is resolved, above this layer (named in the refusal of none)
+RESOLVER = "perfladder.torch.rungs.recipes.recipe_for"
+
+
 def given_recipe(form: str, recipe) -> Recipe:
     """The per-rank recipe a launch of ``form`` runs: ``recipe`` (a ``Recipe`` or its
     ``to_dict()``) as given. Which recipe a form means is read from the rung declarations, above
-    this layer: resolve it there (``perfladder.torch.rungs.recipes.recipe_for``)."""
-    check_form(form)
-    if recipe is None:
-        raise ValueError(f"recipe=None: pass the per-rank recipe of form={form!r}, e.g. "
-                         "perfladder.torch.rungs.recipes.recipe_for(config, form)")
-    return recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
+    this layer: resolve it there."""
+    return measurement.given_recipe(form, recipe, Recipe.from_dict, RESOLVER)
 
 
 def make_spec(config: LadderConfig, form: str, recipe, *, parallel: str = "ddp",

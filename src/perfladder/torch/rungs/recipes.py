@@ -13,7 +13,7 @@ from __future__ import annotations
 from perfladder.config import LadderConfig, get_config
 from perfladder.ladder.declared import declared_fastest
 from perfladder.ladder.engine import registry
-from perfladder.multigpu.measurement import check_form
+from perfladder.multigpu.measurement import recipe_of_form
 from perfladder.results.record import LadderResult
 from perfladder.torch.lab import TorchLab
 from perfladder.torch.parallel import launch
@@ -50,15 +50,8 @@ def fast_recipe(config: LadderConfig, ladder: LadderResult | None = None, *,
 def recipe_for(config: LadderConfig, form: str, recipe=None, *, on_gpu: bool | None = None) -> Recipe:
     """The per-rank recipe of ``form``: the seed's (``seed_recipe``, fixed), or ``recipe`` (a
     ``Recipe`` or its ``to_dict()``; default ``fast_recipe``)."""
-    if recipe is not None and not isinstance(recipe, Recipe):
-        recipe = Recipe.from_dict(recipe)
-    if check_form(form) == "seed":
-        seed = seed_recipe(config)
-        if recipe is not None and recipe != seed:
-            raise ValueError("form='seed' is the chapter's fixed recipe; pass another "
-                             "recipe only with form='fast'")
-        return seed
-    return fast_recipe(config, on_gpu=on_gpu) if recipe is None else recipe
+    return recipe_of_form(form, recipe, Recipe.from_dict, lambda: seed_recipe(config),
+                          lambda: fast_recipe(config, on_gpu=on_gpu))
 
 
 # -- the rank CLI -----------------------------------------------------------------------------------
