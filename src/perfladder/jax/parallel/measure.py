@@ -17,14 +17,13 @@ batch, so the global batch is ``k`` times it.
 """
 from __future__ import annotations
 
-import importlib
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from perfladder.config import LadderConfig, expected_num_params
 from perfladder.data import TimeMachine
+from perfladder.handed_on import handed_on
 from perfladder.jax.device import device_name, has_gpu
 from perfladder.jax.model import GPT
 from perfladder.jax.parallel.layout import (
@@ -201,9 +200,4 @@ def _timing(config: LadderConfig, warmup, timed, windows) -> dict:
 RECIPES = "perfladder.jax.rungs.recipes"
 MOVED = ("seed_recipe", "fast_recipe", "recipe_for")
 
-
-def __getattr__(name: str):
-    """``seed_recipe``, ``fast_recipe``, ``recipe_for``: ``perfladder.jax.rungs.recipes``'s."""
-    if name in MOVED:
-        return getattr(importlib.import_module(RECIPES), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = handed_on(__name__, RECIPES, MOVED)

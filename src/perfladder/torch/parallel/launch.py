@@ -28,6 +28,7 @@ from pathlib import Path
 
 from perfladder.checks import check_int
 from perfladder.config import CONFIG_NAMES, LadderConfig
+from perfladder.handed_on import handed_on
 from perfladder.measure.evidence import Timing
 from perfladder.measure.timing import settles
 from perfladder.multigpu import measurement
@@ -280,12 +281,7 @@ def main(argv=None, *, spec_from_args) -> int:
 RECIPES = "perfladder.torch.rungs.recipes"
 MOVED = ("fast_recipe", "recipe_for", "spec_from_args")
 
-
-def __getattr__(name: str):
-    """``fast_recipe``, ``recipe_for``, ``spec_from_args``: ``perfladder.torch.rungs.recipes``'s."""
-    if name in MOVED:
-        return getattr(importlib.import_module(RECIPES), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = handed_on(__name__, RECIPES, MOVED)
 
 
 if __name__ == "__main__":
