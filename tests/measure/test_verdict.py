@@ -117,3 +117,10 @@ def test_a_memory_record_names_what_it_measured():
     assert Memory.from_dict({"bytes": 1, "kind": PLANNED}).kind == PLANNED
     b3 = read_run(RESULTS / "h200-serial-book" / "torch.json").rung("B3")
     assert b3.memory.kind == PEAK_ALLOCATED                     # that run recorded no reserved peak
+
+
+def test_a_step_mostly_waiting_is_host_bound_too():
+    """The comparison page's stronger claim ("mostly waiting on the host") and the regime's
+    host-bound cutoff are thresholds on the same busy share: a step the claim holds for must be
+    host-bound, so the page never says one and the regime the other."""
+    assert 0 < V.MOSTLY_WAITING < V.HOST_BOUND < 1

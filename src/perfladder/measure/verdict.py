@@ -25,6 +25,7 @@ MIN_EFFECT = 0.01
 # Regime thresholds, on the profile of one step. Busy is the kernels' time per step (from the
 # profiler) over the step's wall time (from the timed windows, which no profiler perturbed):
 HOST_BOUND = 0.75       # kernels busy under 75% of the step: the device waits on the host
+MOSTLY_WAITING = 0.5    # busy under half the step: the stronger claim, "mostly waiting on the host"
 COMPUTE_SHARE = 0.6     # matmul + attention >= 60% of kernel time ...
 COMPUTE_ROOF = 0.5      # ... and the step's model TFLOP/s >= 50% of the measured matmul roof
 MEMORY_SHARE = 0.4      # elementwise + norm + copies >= 40% of kernel time

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from perfladder.measure.verdict import above_unsettled_base, certain_gain
+from perfladder.measure.verdict import MOSTLY_WAITING, above_unsettled_base, certain_gain
 from perfladder.pages.claims import against, call, config_of, regime_of, settled
 from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
 from perfladder.results.record import LadderResult, RungResult
@@ -32,7 +32,6 @@ NEARLY_FREE_EFFICIENCY = 0.9      # data parallelism "nearly free": at least thi
 WIRE_SHARE = 0.01                 # ... with the priced all-reduce under this share of a step
 ABOUT_HALF = 0.6                  # kernel time "about halved": at most this ratio
 WITHIN_A_TENTH = 0.10             # two fastest configurations "within a tenth of each other"
-MOSTLY_WAITING = 0.5              # a step "mostly waiting on the host": kernels busy under this share
 CLIFF = 10                        # jit "a cliff": every jitted window this many times the floor's
 
 
