@@ -39,8 +39,7 @@ ANNEX = "ahead"                                   # optional: reached through it
 ANNEX_SHIMS = ("torch.ahead", "jax.ahead", "book.ahead", "ladder.expected")
 # the parallel modules that hand on, imported by name at first use, the rungs' recipe resolution
 # (a user's import from the old path, and the CLI's -m path, keep working): {module: the one named}
-PARALLEL_SHIMS = {"torch.parallel.launch": "torch.rungs.recipes",
-                  "jax.parallel.measure": "jax.rungs.recipes", "jax.parallel.launch": "jax.rungs.recipes"}
+PARALLEL_SHIMS = {"torch.parallel.launch": "torch.rungs.recipes", "jax.parallel.measure": "jax.rungs.recipes"}
 
 
 def modules(root: Path) -> dict[str, Path]:

@@ -221,9 +221,8 @@ def make_spec(config, form: str, recipe, *, fsdp: bool = False, warmup: int | No
     """Everything a process needs, as plain JSON-able data: ``recipe`` (``measure.given_recipe``)
     and ``check_recipe`` (None: none) already resolved, so a process reads no rung declarations."""
     from perfladder.jax.parallel.measure import given_recipe
-    from perfladder.jax.recipe import Recipe
-    if check_recipe is not None and not isinstance(check_recipe, Recipe):
-        check_recipe = Recipe.from_dict(check_recipe)
+    if check_recipe is not None:
+        check_recipe = given_recipe(form, check_recipe)
     return {"config": config.to_dict(), "form": form,
             "recipe": given_recipe(form, recipe).to_dict(), "fsdp": bool(fsdp),
             "warmup": config.warmup if warmup is None else warmup,
@@ -396,4 +395,5 @@ def main(argv=None, *, spec_from_args) -> int:
 if __name__ == "__main__":
     # this command's path runs the rungs' entry, which hands ``main`` the spec resolution a process
     # started by hand needs (the rung declarations sit above this layer: named here, not imported)
-    sys.exit(importlib.import_module("perfladder.jax.rungs.recipes").main())
+    from perfladder.jax.parallel.measure import RECIPES
+    sys.exit(importlib.import_module(RECIPES).main())
