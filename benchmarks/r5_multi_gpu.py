@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -65,11 +64,10 @@ def hardware() -> dict:
 
 
 def detect_link(hw: dict) -> str:
-    """The costmodel link this box is priced with: NVLink between GPUs ('NV<n>' in
-    ``nvidia-smi topo -m``), else PCIe (priced as host-staged, the pessimistic case), or CPU."""
-    if not hw["gpus"]:
-        return "gloo-loopback"
-    return "nvlink4-h200" if re.search(r"\bNV\d+\b", hw["topology"] or "") else "pcie-host-staged"
+    """The costmodel link this box is priced with (``costmodel.machine_link`` on its GPUs and
+    their ``nvidia-smi topo -m`` matrix)."""
+    from perfladder.multigpu import costmodel
+    return costmodel.machine_link(len(hw["gpus"]), hw["topology"] or "")
 
 
 def stage_file(out: Path, stage: str, ext: str) -> Path:

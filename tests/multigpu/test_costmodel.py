@@ -121,3 +121,59 @@ def test_numpy_integers_are_integers():
     import numpy as np
     assert predict(np.int64(4), **ARGS) == predict(4, **ARGS)
     assert [p.k for p in scaling_curve(np.array([1, 8, 16]), **ARGS)] == [1, 8, 16]
+
+
+# -- which link a machine is priced with --------------------------------------------------------
+def _committed_nvlink_matrix() -> str:
+    """`nvidia-smi topo -m` as read on the 2x H200 box of a committed R5 run (NV18 between them)."""
+    import json
+    from pathlib import Path
+    doc = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200x2-r5"
+                      / "r5.json").read_text())
+    return doc["hardware"]["topology"]
+
+
+def test_the_machines_link_is_read_from_its_gpus_connection_matrix(monkeypatch):
+    nvlink = _committed_nvlink_matrix()
+    pcie = nvlink.replace("NV18", "SYS")            # the same two GPUs joined over PCIe and the CPUs
+    assert "NV#" in pcie                               # the legend names NVLink on every box
+    monkeypatch.setattr(costmodel, "gpu_topology", lambda: pytest.fail("one GPU has no link to read"))
+    assert costmodel.machine_link(0) == "gloo-loopback"
+    assert costmodel.machine_link(1) == costmodel.REFERENCE_LINK == "nvlink4-h200"
+    assert costmodel.machine_link(2, nvlink) == "nvlink4-h200"
+    assert costmodel.machine_link(2, pcie) == "pcie-host-staged"
+    monkeypatch.setattr(costmodel, "gpu_topology", lambda: nvlink)    # read here when not given
+    assert costmodel.machine_link(4) == "nvlink4-h200"
+    monkeypatch.setattr(costmodel, "gpu_topology", lambda: None)      # no nvidia-smi: the slow case
+    assert costmodel.machine_link(2) == "pcie-host-staged"
+    for link in ("gloo-loopback", "nvlink4-h200", "pcie-host-staged"):
+        assert link in LINKS
+    with pytest.raises(ValueError, match=r"gpu_count=-1"):
+        costmodel.machine_link(-1)
+
+
+def test_both_sides_and_the_r5_tool_price_the_machine_the_same_way(monkeypatch):
+    """PyTorch's default link, the JAX rung's and the R5 tool's are all ``machine_link``: no
+    other module names a link for the machine it runs on."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    import torch
+
+    from perfladder.torch.parallel import measure as torch_dp
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setattr(costmodel, "gpu_topology", lambda: _committed_nvlink_matrix().replace("NV18", "PIX"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert torch_dp.default_link("nccl") == "pcie-host-staged"
+    assert torch_dp.default_link("gloo") == "gloo-loopback"
+    spec = importlib.util.spec_from_file_location("r5_multi_gpu", root / "benchmarks" / "r5_multi_gpu.py")
+    r5 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(r5)
+    assert r5.detect_link({"gpus": ["0, NVIDIA H200", "1, NVIDIA H200"],
+                           "topology": _committed_nvlink_matrix()}) == "nvlink4-h200"
+    assert r5.detect_link({"gpus": ["0, NVIDIA H200", "1, NVIDIA H200"], "topology": None}) == "pcie-host-staged"
+    assert r5.detect_link({"gpus": [], "topology": None}) == "gloo-loopback"
+    named = [str(p.relative_to(root)) for p in (root / "src" / "perfladder").rglob("*.py")
+             if re.search(r"""["']nvlink4-h200["']""", p.read_text())]
+    assert named == ["src/perfladder/multigpu/costmodel.py"]

@@ -206,6 +206,8 @@ def test_ddp_rung_predicts_then_measures_with_two_cpu_ranks(monkeypatch, capsys,
     _planted_base(lab, windows=windows)
     lab.on_gpu, lab.capability = True, (9, 0)           # pretend: two H200-class devices ...
     monkeypatch.setattr(mg.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(mg.dataparallel.costmodel, "gpu_topology",        # ... joined by NVLink ...
+                        lambda: "GPU0\t X \tNV18\nGPU1\tNV18\t X \n")
     monkeypatch.setattr(lab, "reset_memory", lambda: None)
     real, launched = mg.dataparallel.measure, []
 

@@ -30,6 +30,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 
 from perfladder import words
@@ -82,6 +85,40 @@ LINKS: dict[str, Link] = {link.name: link for link in (
          "a nominal figure; CPU runs test the code path, not an interconnect"),
 )}
 LINK_NAMES = tuple(LINKS)
+# The box a single-GPU build prices its k = 2, 4, 8 predictions for: the book's reference, an
+# NVLink H200 node (one GPU alone shows no link to read).
+REFERENCE_LINK = "nvlink4-h200"
+_NVLINK = re.compile(r"\bNV\d+\b")       # 'NV18' in `nvidia-smi topo -m`; the legend's 'NV#' is not
+
+
+def gpu_topology() -> str | None:
+    """``nvidia-smi topo -m``: the GPU-to-GPU connection matrix (None without nvidia-smi or when it fails)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def machine_link(gpu_count: int, topology: str | None = None) -> str:
+    """The ``LINKS`` entry this machine's all-reduce is priced with, unless a caller names one.
+
+    No GPU: CPU ranks over gloo ('gloo-loopback'). One GPU: the book's reference node
+    (``REFERENCE_LINK``), since there is no link here to read. Two or more: NVLink between them
+    in ``topology`` (``gpu_topology()`` when None) prices them as the reference node; otherwise
+    (PCIe, or a matrix that could not be read) as the chapter's PCIe box without peer-to-peer
+    copies ('pcie-host-staged'), the pessimistic case. The name is printed with every
+    prediction and recorded in its assumptions."""
+    gpu_count = check_int("gpu_count", gpu_count, minimum=0)
+    if gpu_count == 0:
+        return "gloo-loopback"
+    if gpu_count == 1:
+        return REFERENCE_LINK
+    topology = gpu_topology() if topology is None else topology
+    return REFERENCE_LINK if _NVLINK.search(topology or "") else "pcie-host-staged"
 
 
 def get_link(link) -> Link:
@@ -220,7 +257,7 @@ def _assemble(k, per_rank_batch, seq_len, num_params, rate, t_compute, t_comm, t
 
 
 def predict(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
-            num_params: int, link="nvlink4-h200") -> Estimate:
+            num_params: int, link=REFERENCE_LINK) -> Estimate:
     """The no-overlap prediction for ``k`` ranks on one flat ring over ``link``.
 
     ``link``: a name in ``LINKS`` (or a ``Link``); ``single_tokens_per_s``: the single
@@ -235,7 +272,7 @@ def predict(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: floa
 
 
 def predict_hierarchical(k: int, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
-                         num_params: int, *, gpus_per_node: int = 8, intra="nvlink4-h200",
+                         num_params: int, *, gpus_per_node: int = 8, intra=REFERENCE_LINK,
                          inter="ib-ndr400") -> Estimate:
     """``predict`` for ``k`` GPUs spread over nodes of ``gpus_per_node`` (see
     ``hierarchical_allreduce_seconds``); one node is exactly ``predict`` over ``intra``."""
@@ -252,7 +289,7 @@ def predict_hierarchical(k: int, per_rank_batch: int, seq_len: int, single_token
 
 
 def scaling_curve(ks=None, *, per_rank_batch: int, seq_len: int, single_tokens_per_s: float,
-                  num_params: int, gpus_per_node: int = 8, intra="nvlink4-h200",
+                  num_params: int, gpus_per_node: int = 8, intra=REFERENCE_LINK,
                   inter="ib-ndr400") -> list[Estimate]:
     """``predict_hierarchical`` for every k in ``ks`` (default 1, 2, 4, ..., 1024)."""
     ks = tuple(2 ** i for i in range(11)) if ks is None else tuple(ks)
@@ -263,7 +300,7 @@ def scaling_curve(ks=None, *, per_rank_batch: int, seq_len: int, single_tokens_p
 
 
 def predictions(per_rank_batch: int, seq_len: int, single_tokens_per_s: float, num_params: int,
-                link="nvlink4-h200", ks=PREDICT_KS) -> list[Estimate]:
+                link=REFERENCE_LINK, ks=PREDICT_KS) -> list[Estimate]:
     """``predict`` for each k in ``ks`` (default 2, 4, 8): what a build prints before launching."""
     return [predict(k, per_rank_batch, seq_len, single_tokens_per_s, num_params, link) for k in ks]
 

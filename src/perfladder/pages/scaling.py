@@ -58,7 +58,7 @@ def r5_bases(r5: dict | None) -> list[dict]:
 
 
 def prediction_rows(bases: list[dict], measurements: list[dict] = (), ks=costmodel.PREDICT_KS,
-                    link: str = "nvlink4-h200") -> list[dict]:
+                    link: str = costmodel.REFERENCE_LINK) -> list[dict]:
     """Per baseline: the cost model at every k in ``ks`` (k = 4 and 8 whatever was measured),
     and the measurements of the same framework and form at each k."""
     out = []
@@ -71,7 +71,7 @@ def prediction_rows(bases: list[dict], measurements: list[dict] = (), ks=costmod
     return out
 
 
-def r5_predictions(r5: dict | None, ks=costmodel.PREDICT_KS, link: str = "nvlink4-h200") -> list[dict]:
+def r5_predictions(r5: dict | None, ks=costmodel.PREDICT_KS, link: str = costmodel.REFERENCE_LINK) -> list[dict]:
     """``prediction_rows`` of a committed multi-GPU run's baselines and measurements."""
     return prediction_rows(r5_bases(r5), (r5 or {}).get("measurements", []), ks, link)
 

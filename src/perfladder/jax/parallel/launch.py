@@ -319,7 +319,7 @@ def measure_distributed(num_processes: int, config, form: str, recipe, *,
     pred = None
     if baseline is not None:
         pred = costmodel.predict(k, B, T, baseline.tokens_per_s, num_params(config, vocab),
-                                 link or ("nvlink4-h200" if gpus else "gloo-loopback"))
+                                 link or costmodel.machine_link(gpus))
         costmodel.announce([pred], label=f"R5 jax jax.distributed {form}")
     try:
         s = launch_local(num_processes, config, form, recipe, fsdp=fsdp, warmup=warmup,

@@ -138,8 +138,8 @@ def measure_mesh(k: int, config: LadderConfig, form: str, recipe, *,
     process: predict (printed), then measure.
 
     ``baseline``: the single-device ``Baseline`` of the same form (measured here if None);
-    ``link``: a ``perfladder.multigpu.costmodel.LINKS`` name (default: 'nvlink4-h200' on a GPU,
-    'gloo-loopback' on CPU). ``fsdp``: shard parameters and optimizer state too.
+    ``link``: a ``perfladder.multigpu.costmodel.LINKS`` name (default: this machine's,
+    ``costmodel.machine_link``). ``fsdp``: shard parameters and optimizer state too.
     """
     recipe = given_recipe(form, recipe)
     mechanism = "mesh-fsdp" if fsdp else "mesh"
@@ -149,7 +149,7 @@ def measure_mesh(k: int, config: LadderConfig, form: str, recipe, *,
     n = num_params(config, len(data.vocab))
     if baseline is None:
         baseline = measure_baseline(config, form, recipe, warmup=warmup, timed=timed, windows=windows)
-    link = link or ("nvlink4-h200" if has_gpu() else "gloo-loopback")
+    link = link or costmodel.machine_link(jax.device_count() if has_gpu() else 0)
     pred = costmodel.predict(k, B, T, baseline.tokens_per_s, n, link)
     costmodel.announce([pred], label=f"R5 jax {mechanism} {form}")          # before the launch
     rep = Replica(config, recipe, len(data.vocab))

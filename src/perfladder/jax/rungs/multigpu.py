@@ -51,7 +51,7 @@ def single_device_rate(lab: JaxLab, recipe: Recipe, base: str | None):
 def predict(lab: JaxLab, recipe: Recipe, base: str | None, label: str) -> tuple[Prediction, object]:
     """The cost model for k = 2, 4, 8 (``perfladder.multigpu.costmodel``), printed before any launch."""
     single, source = single_device_rate(lab, recipe, base)
-    link = "nvlink4-h200" if lab.on_gpu else "gloo-loopback"
+    link = costmodel.machine_link(jax.device_count() if lab.on_gpu else 0)
     preds = costmodel.predictions(recipe.batch_size, lab.config.num_steps, single.tokens_per_s,
                                   expected_num_params(lab.gpt_config), link)
     costmodel.announce(preds, label=label)

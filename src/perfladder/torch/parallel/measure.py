@@ -33,8 +33,12 @@ def num_params(config: LadderConfig) -> int:
 
 
 def default_link(backend: str) -> str:
-    """The ``perfladder.multigpu.costmodel.LINKS`` entry a backend is priced with unless told otherwise."""
-    return "nvlink4-h200" if backend == "nccl" else "gloo-loopback"
+    """The ``perfladder.multigpu.costmodel.LINKS`` entry a backend is priced with unless told
+    otherwise: this machine's (``costmodel.machine_link``), gloo's CPU ranks for 'gloo'."""
+    if backend != "nccl":
+        return costmodel.machine_link(0)
+    import torch
+    return costmodel.machine_link(torch.cuda.device_count())
 
 
 def measure_baseline(config: LadderConfig, form: str, recipe, *,
@@ -65,8 +69,8 @@ def measure(k: int, config: LadderConfig, form: str, recipe, *,
     single-device step side by side; no prediction (there is no communication to price).
 
     ``baseline``: the same form's single-device ``Baseline`` (measured here if None);
-    ``link``: a ``perfladder.multigpu.costmodel.LINKS`` name (default by backend: 'nvlink4-h200' for
-    nccl, 'gloo-loopback' for gloo). A launch that fails is recorded (``status='failed'``,
+    ``link``: a ``perfladder.multigpu.costmodel.LINKS`` name (default: ``default_link(backend)``,
+    this machine's link). A launch that fails is recorded (``status='failed'``,
     or ``'skipped'`` for FSDP2, with the ranks' last output as the reason), never raised,
     so one broken configuration does not hide the others.
     """
