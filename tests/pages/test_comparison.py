@@ -232,6 +232,13 @@ def test_each_clause_of_a_statement_can_fail_it(reference):
     one = json.loads(json.dumps(r5))
     one["measurements"] = [m for m in one["measurements"] if m["framework"] == "torch"]
     assert comparison.data_parallel_nearly_free(one).holds is False      # "in both frameworks"
+    assert comparison.data_parallel_nearly_free(r5).holds is True
+    for clause, change in [("joined by NVLink", lambda m: m["prediction"].update(link="pcie-host-staged")),
+                           ("two H200s", lambda m: m.update(device="NVIDIA H100 80GB HBM3"))]:
+        other = json.loads(json.dumps(r5))
+        for m in scaling.fast_rows(other):
+            change(m)
+        assert comparison.data_parallel_nearly_free(other).holds is False, clause
     slow = result([rung("R0", "eager", [1e5, 1e5, 1e5]), rung("R1", "compile", [2e5, 2e5, 2e5], "R0")],
                   framework="jax", baseline="R1")
     assert comparison.fastest_pair(t, slow).holds is False               # 2M apart, not within a tenth

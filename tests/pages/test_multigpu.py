@@ -62,3 +62,11 @@ def test_one_prediction_per_r5_rung_on_a_page():
     assert f"predicted {rate(m['predicted_tokens_per_s'])} tokens/s at k = 2" in line
     assert rate(r5.prediction.predicted_tokens_per_s) not in line
     assert rate(m["predicted_tokens_per_s"]) in mp.table_text([m])
+
+
+def test_the_page_names_the_link_the_committed_run_was_priced_with():
+    row = mp.measurements("torch", "R5x")[0]
+    assert row["prediction"]["link"] == "nvlink4-h200" and mp.joined_by(row) == "joined by NVLink"
+    pcie = {**row, "prediction": {**row["prediction"], "link": "pcie-host-staged"}}
+    assert mp.joined_by(pcie) == "joined by PCIe without peer-to-peer (4x RTX 4090): GPU -> host memory -> GPU"
+    assert mp.joined_by({}) == "joined by an unrecorded link"

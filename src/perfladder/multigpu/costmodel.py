@@ -91,6 +91,11 @@ REFERENCE_LINK = "nvlink4-h200"
 _NVLINK = re.compile(r"\bNV\d+\b")       # 'NV18' in `nvidia-smi topo -m`; the legend's 'NV#' is not
 
 
+def is_nvlink(link) -> bool:
+    """Is ``link`` (a ``Link`` or a ``LINKS`` name) an NVLink between GPUs?"""
+    return get_link(link).name.startswith("nvlink")
+
+
 def gpu_topology() -> str | None:
     """``nvidia-smi topo -m``: the GPU-to-GPU connection matrix (None without nvidia-smi or when it fails)."""
     exe = shutil.which("nvidia-smi")

@@ -13,6 +13,7 @@ import html
 from dataclasses import dataclass
 
 from perfladder.measure.verdict import MOSTLY_WAITING, above_unsettled_base, certain_gain
+from perfladder.multigpu import costmodel
 from perfladder.pages.claims import against, call, config_of, regime_of, settled
 from perfladder.pages.scaling import FRAMEWORK_NAMES, fast_rows, table
 from perfladder.results.record import LadderResult, RungResult
@@ -256,7 +257,8 @@ def data_parallel_nearly_free(r5: dict | None) -> Claim:
                      f"step ({_pct(share)}), measured {rate(m['measured_tokens_per_s'])} tokens/s, "
                      f"{'no efficiency (baseline unsettled)' if eff is None else _pct(eff) + ' of linear'}, "
                      f"{_pct(below)} of the prediction")
-        holds = holds and share < WIRE_SHARE and eff is not None and eff >= NEARLY_FREE_EFFICIENCY
+        holds = (holds and share < WIRE_SHARE and eff is not None and eff >= NEARLY_FREE_EFFICIENCY
+                 and m["k"] == 2 and "H200" in (m.get("device") or "") and costmodel.is_nvlink(p["link"]))
     every = [m for m in (r5 or {}).get("measurements", []) if m.get("status") == "measured"
              and m.get("predicted_tokens_per_s")]
     under = [m for m in every if m["measured_tokens_per_s"] < m["predicted_tokens_per_s"]]

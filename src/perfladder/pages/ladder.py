@@ -255,7 +255,7 @@ class LadderPage:
         rows = multigpu.measurements(self.framework, name)
         if not rows:
             return
-        where = f"{rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} joined by NVLink"
+        where = f"{rows[0].get('device') or 'two GPUs'} x{rows[0]['k']} {multigpu.joined_by(rows[0])}"
         text = (f"Measured on {where} (benchmarks/results/{MULTI_GPU_RUN}), each prediction written before "
                 "its launch:")
         summary = "the measurements, each beside its prediction"

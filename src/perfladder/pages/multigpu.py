@@ -18,6 +18,14 @@ FOR_RUNG = {"R5": ("seed", ("ddp", "mesh")), "R5x": ("fast", ("ddp", "mesh", "ja
             "R5f": ("fast", ("fsdp2", "mesh-fsdp"))}
 
 
+def joined_by(row: dict) -> str:
+    """How the GPUs of a committed measurement were joined, from the link its prediction priced."""
+    link = (row.get("prediction") or {}).get("link")
+    if link is None:
+        return "joined by an unrecorded link"
+    return "joined by NVLink" if costmodel.is_nvlink(link) else f"joined by {costmodel.get_link(link).what}"
+
+
 def measurements(framework: str, rung: str, root: Path | None = None) -> list[dict]:
     """The committed measurements of ``framework`` for ``rung`` (R5 / R5x / R5f), or ``[]``;
     ``root``: the folder of ``r5.json`` (default: the committed R5 run)."""
