@@ -30,7 +30,6 @@ import datetime
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -46,18 +45,8 @@ TIMING = {"full": {"seed": (10, 40, 3), "fast": (5, 10, 3)},
 
 
 # -- the machine ---------------------------------------------------------------------------------
-def nvidia_smi(*args: str) -> str | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def hardware() -> dict:
+    from perfladder.hardware import nvidia_smi
     gpus = nvidia_smi("--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader")
     return {"gpus": gpus.splitlines() if gpus else [], "topology": nvidia_smi("topo", "-m"),
             "cpu_count": os.cpu_count()}

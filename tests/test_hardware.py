@@ -117,3 +117,21 @@ def test_bf16_needs_compute_capability_8():
     assert supports_bf16((7, 5)) is False and supports_bf16((7, 0)) is False
     assert supports_bf16(None) is None                       # a CPU: not a GPU question
     assert all(p.has_bf16 == (p.bf16 is not None) for _, _, p in PEAKS)
+
+
+def test_nvidia_smi_gives_its_output_or_none(tmp_path, monkeypatch):
+    """The one way the package asks the driver: the output when nvidia-smi answers, None when
+    it is missing, fails or hangs (the callers then say what they could not read)."""
+    from perfladder import hardware
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\ncase "$1" in\n  -L) echo "GPU 0: NVIDIA H200 (UUID: x)";;\n'
+                    '  hang) exec /bin/sleep 5;;\n  *) echo "bad option" >&2; exit 3;;\nesac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert hardware.nvidia_smi("-L") == "GPU 0: NVIDIA H200 (UUID: x)\n"
+    assert hardware.nvidia_smi("--nope") is None
+    assert hardware.nvidia_smi("hang", timeout=0.2) is None
+    from perfladder.book.execute import gpu_count
+    assert gpu_count() == 1                                  # a caller reads it through the helper
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert hardware.nvidia_smi("-L") is None and gpu_count() == 0

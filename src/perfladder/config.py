@@ -220,9 +220,9 @@ def pick_config(name: str | None = None, has_gpu: bool | None = None,
 
 def gpu_present() -> bool:
     """Is there a CUDA GPU? Asks whichever framework is already imported, else nvidia-smi."""
-    import shutil
-    import subprocess
     import sys
+
+    from perfladder.hardware import nvidia_smi
     if "torch" in sys.modules:
         return bool(sys.modules["torch"].cuda.is_available())
     if "jax" in sys.modules:
@@ -230,11 +230,4 @@ def gpu_present() -> bool:
             return any(d.platform == "gpu" for d in sys.modules["jax"].devices())
         except RuntimeError:
             return False
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return False
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+    return "GPU" in (nvidia_smi("-L", timeout=20) or "")

@@ -20,13 +20,30 @@ recorded MFU to this table.
 An unknown device gets ``None`` -- no MFU -- rather than a guess. The datasheet peak is the
 MFU denominator; a rate "against the measured roof" uses the ceilings the same run probed
 (``LadderResult.roofs``), never a number from this table.
+
+``nvidia_smi`` asks the driver about the machine without starting CUDA in this process.
 """
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass, fields
 
 from perfladder.checks import check_positive
+
+
+def nvidia_smi(*args: str, timeout: float = 30.0) -> str | None:
+    """``nvidia-smi ARGS``'s output, or None when there is no nvidia-smi, it fails or it hangs."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
 
 PRECISIONS = ("fp32", "tf32", "bf16")     # what a step's matmuls compute in
 # bf16 tensor cores (and TF32) arrived with Ampere, compute capability 8.0

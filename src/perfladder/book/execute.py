@@ -27,6 +27,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from perfladder.hardware import nvidia_smi
+
 _SYS_CPU = Path("/sys/devices/system/cpu")
 
 
@@ -98,11 +100,8 @@ def status_rows(work: Path, build: str | None = None) -> list[tuple[str, str, st
 
 def gpu_count() -> int:
     """GPUs ``nvidia-smi -L`` lists (0 when there is no nvidia-smi or it fails)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")) if out.returncode == 0 else 0
+    listed = nvidia_smi("-L", timeout=60) or ""
+    return sum(1 for line in listed.splitlines() if line.startswith("GPU "))
 
 
 def visible_gpus() -> list[str]:

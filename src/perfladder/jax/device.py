@@ -13,9 +13,7 @@ Random data, not zeros: zeros run faster on tensor cores.
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
-import subprocess
 import time
 from functools import partial
 
@@ -23,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from perfladder.checks import check_int
+from perfladder.hardware import nvidia_smi
 from perfladder.jax.compiler import backend_started, xla_flags
 from perfladder.ladder.fit import memory_cap_gib
 from perfladder.results.record import python_versions
@@ -197,15 +196,11 @@ def gpu_total_bytes(environ=None) -> int | None:
     """The memory of the first visible GPU, from ``nvidia-smi`` (no CUDA call in this process);
     ``None`` when it cannot say."""
     env = os.environ if environ is None else environ
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
     first = str(env.get("CUDA_VISIBLE_DEVICES", "0")).split(",")[0].strip() or "0"
+    out = nvidia_smi("--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", first, timeout=20)
     try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits",
-                              "-i", first], capture_output=True, text=True, timeout=20)
-        return int(float(out.stdout.split()[0]) * 2 ** 20) if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None if out is None else int(float(out.split()[0]) * 2 ** 20)
+    except (ValueError, IndexError):
         return None
 
 

@@ -31,12 +31,11 @@ import dataclasses
 import math
 import numbers
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 
 from perfladder import words
 from perfladder.checks import check_int, check_positive
+from perfladder.hardware import nvidia_smi
 from perfladder.measure.evidence import Prediction
 
 GRAD_BYTES_PER_PARAM = 4          # fp32 gradients (masters stay fp32 in both forms)
@@ -98,14 +97,7 @@ def is_nvlink(link) -> bool:
 
 def gpu_topology() -> str | None:
     """``nvidia-smi topo -m``: the GPU-to-GPU connection matrix (None without nvidia-smi or when it fails)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None
+    return nvidia_smi("topo", "-m")
 
 
 def machine_link(gpu_count: int, topology: str | None = None) -> str:
