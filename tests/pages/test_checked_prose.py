@@ -288,6 +288,28 @@ def test_the_roofline_reading_follows_the_kernel_report():
     assert not check.judge(bare)[0] and "cannot be judged" in check.judge(bare)[1]
 
 
+@pytest.mark.parametrize("framework", PAGES)
+def test_the_roofline_paragraph_names_the_group_furthest_above_its_floor(framework):
+    """``s_gap`` calls attention the next rung only where attention leads; where another group
+    stands further above its floor, by however little, the page names that group and its gap
+    instead (a JAX run on an H100 had the LayerNorms 0.07 ms ahead of attention)."""
+    ref = reference(framework)
+    story = next(s for s in stories(framework) if s.key == "s_gap")
+    kb = next(r for r in ref.rungs if r.kernels and r.kernels.get("roofline")).kernels
+    rows = {row["group"]: row for row in kb["roofline"]["rows"]}
+    assert story.version(ref) == 0 and "a faster attention kernel" in story(ref)
+    planted = copy.deepcopy(ref)
+    prow = {row["group"]: row for row in next(r for r in planted.rungs if r.kernels
+                                              and r.kernels.get("roofline")).kernels["roofline"]["rows"]}
+    prow["layernorm/reductions"]["above_ms"] = rows["attention"]["above_ms"] + 0.07
+    text = story(planted)
+    assert story.version(planted) == 1 and "faster attention kernel" not in text
+    assert "the LayerNorms and reductions stand furthest" in text
+    assert f"{(rows['attention']['above_ms'] + 0.07):.1f} ms above it" in text
+    page = rendered(framework, planted)
+    assert text in page and NOT_SUPPORTED not in text
+
+
 def test_a_small_change_is_judged_by_size_and_the_keep_is_said_as_the_ladder_did():
     """'The rate barely moves' holds within 3% either way, whatever the noise verdict, and is
     marked past it; what the ladder did with the rung is said from its own record."""

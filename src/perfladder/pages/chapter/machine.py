@@ -23,7 +23,7 @@ from typing import Callable
 
 from perfladder.hardware import peak_for
 from perfladder.pages.comparison import CHAPTER
-from perfladder.pages.story import glue_values
+from perfladder.pages.story import glue_values, largest_gap
 from perfladder.results.record import LadderResult
 from perfladder.words import ratio
 
@@ -97,3 +97,21 @@ def hardware_numbers() -> dict[str, Callable[[LadderResult], str]]:
 def chapter_device() -> str:
     """What the chapter's numbers were measured on, in words (its transcribed table's own)."""
     return CHAPTER["device"]
+
+
+def roofline_story(values: Callable[[LadderResult], dict[str, str]], ours: str) -> Story:
+    """The reading of the fastest configuration's roofline table (``s_gap``): which group stands
+    furthest above its floor, and so which rung is worth writing next. Attention on most runs
+    (``ours``: why the page's own attention kernel leaves time behind); where another group
+    leads, by however little, the page names that group instead."""
+    return Story("s_gap", (
+        (largest_gap("attention"),
+         "Attention stands furthest above its floor: {attn_kernel_ms} for a floor of {attn_floor_ms}, "
+         "while the matmuls take {matmul_kernel_ms} against {matmul_floor_ms}. So the next rung worth "
+         f"writing is a faster attention kernel ({ours}), not another pass over the activations."),
+        (largest_gap(),
+         "On this run {gap_group} stand furthest above their floor, {gap_above_ms} above it; attention "
+         "takes {attn_kernel_ms} for a floor of {attn_floor_ms}, and the matmuls {matmul_kernel_ms} "
+         "against {matmul_floor_ms}. So the next rung worth writing is one that cuts the time of "
+         "{gap_group}, before attention."),
+    ), "", values)
