@@ -1,9 +1,11 @@
-"""The comparison and reference pages on their own (seconds, no ladder runs): the H200 reference
-comes first and this build's run after it, labelled; every statement of the H200 story shown
+"""The comparison and reference pages: the H200 reference comes first and this build's run after
+it, labelled (the comparison page executed here on planted runs; the reference page as the
+session's smoke book build executed it, conftest.smoke_book); every statement of the H200 story shown
 beside the committed runs holds or, where the host decides it, is marked; every number the text pages paste from the reference page is
 glued there; no reader-facing output says "seed"."""
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -55,21 +57,21 @@ def prose(text: str) -> str:
     return re.sub(r"command: [^;<\n]*", "", text)
 
 
-def glued(nb) -> dict[str, str]:
-    out = {}
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name:
-                out[name] = next(iter(o["data"].values()))
-    return out
+def glued(book, name: str) -> dict[str, str]:
+    """The values notebooks/<name>.ipynb glued in the book build (myst-nb moves them out of the
+    executed notebook into ``<name>.glue.json`` beside it, each as the output that made it)."""
+    path = book.executed(name).with_suffix(".glue.json")
+    return {key: next(iter(out["data"].values())) for key, out in json.loads(path.read_text()).items()}
 
 
 @pytest.fixture(scope="module")
-def reference():
-    return execute("04_h200_reference.ipynb", {})
+def reference(smoke_book):
+    """The reference page as the book build executed it (it reads only committed runs, so a
+    second execution here would show the same page)."""
+    return smoke_book.notebook("04_h200_reference")
 
 
+@pytest.mark.slow
 def test_reference_page_starts_with_the_runs_reference_txt_names(reference):
     text = shown(reference)
     body = text[text.index("## The reference runs"):]
@@ -83,6 +85,7 @@ def test_reference_page_starts_with_the_runs_reference_txt_names(reference):
         assert f"benchmarks/results/{folder}/" in text[text.index("## Earlier runs"):]
 
 
+@pytest.mark.slow
 def test_every_claim_beside_the_committed_runs_holds(reference):
     text = shown(reference)
     holds = re.findall(r'data-claim="([a-z0-9_]+)" data-holds="(\w+)"', text)
@@ -98,7 +101,8 @@ def test_every_claim_beside_the_committed_runs_holds(reference):
     assert table[:table.index("</table>")].count("not measured") >= 8          # k = 4 and 8, every row
 
 
-def test_every_number_the_text_pages_paste_is_glued(reference):
+@pytest.mark.slow
+def test_every_number_the_text_pages_paste_is_glued(smoke_book):
     pages = [md.read_text() for md in (ROOT / "chapter13").glob("*.md")]
     # myst-nb reads "doc::key" only with a format after it: a bare "doc::key" is a missing key
     # (the exercises' solutions paste the ladder pages' values too: tests/book/test_exercise_solutions.py)
@@ -112,7 +116,7 @@ def test_every_number_the_text_pages_paste_is_glued(reference):
     texts = texts_for("torch", read_run(reference_run(framework="torch") / "torch.json"))
     assert torch_keys <= set(texts) and "–" not in {texts[k] for k in torch_keys}, sorted(torch_keys - set(texts))
     keys = {k for p in pages for k in GLUE_REF.findall(p)}
-    values = glued(reference)
+    values = glued(smoke_book, "04_h200_reference")
     assert keys and keys <= set(values), sorted(keys - set(values))
     # the one ceiling of the PyTorch reference run (its own probe), as its waterfall draws it
     from perfladder.kernels.ceiling import ceiling
@@ -125,8 +129,10 @@ def test_every_number_the_text_pages_paste_is_glued(reference):
     assert "not available" not in " ".join(values[k] for k in keys)
 
 
-def test_no_reader_facing_seed(reference):
-    assert "seed" not in prose(shown(reference)).lower()
+@pytest.mark.slow
+def test_no_reader_facing_seed(reference, smoke_book):
+    pasted = " ".join(glued(smoke_book, "04_h200_reference").values())      # what the text pages show
+    assert "seed" not in prose(shown(reference) + pasted).lower()
 
 
 @pytest.mark.parametrize("config", ["smoke", "full"])
