@@ -1,8 +1,8 @@
 """The comparison and reference pages: the H200 reference comes first and this build's run after
 it, labelled (the comparison page executed here on planted runs; the reference page as the
-session's smoke book build executed it, conftest.smoke_book); every statement of the H200 story shown
-beside the committed runs holds or, where the host decides it, is marked; every number the text pages paste from the reference page is
-glued there; no reader-facing output says "seed"."""
+session's smoke book build executed it, conftest.smoke_book); every statement of the H200 story
+shown beside the committed runs holds or, where the host decides it, is marked; every number the
+text pages paste from the reference page is glued there; no reader-facing output says "seed"."""
 from __future__ import annotations
 
 import json

@@ -300,7 +300,7 @@ def waterfall(result: LadderResult, path: str | Path | None = None, ax=None, tit
 def _unstack(ax, labels) -> None:
     """Raise each label that would print over its left neighbour's to just above it (bars of
     about one height side by side), and the axis top with them when one would leave it."""
-    ax.figure.draw_without_rendering()   # the layout first (no pixels): it moves the axes, and the labels with them
+    ax.figure.draw_without_rendering()   # the layout first, no pixels: it moves the axes and labels
     renderer = ax.figure.canvas.get_renderer()
     prev, top = None, None
     for t in labels:

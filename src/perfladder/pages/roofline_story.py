@@ -22,13 +22,20 @@ def _roofline_rows(result: LadderResult) -> dict[str, dict]:
 
 # a roofline group as the prose names it
 GROUP_WORDS = {"matmul": "the matmuls", "attention": "attention", "elementwise": "the elementwise kernels",
-               "elementwise: GELU": "GELU's elementwise kernels", "elementwise: rest": "the other elementwise kernels",
-               "layernorm/reductions": "the LayerNorms and reductions", "optimizer": "the optimizer's kernels",
-               "copies": "the copies", "other": "the uncategorised kernels"}
+               "elementwise: GELU": "GELU's elementwise kernels",
+               "elementwise: rest": "the other elementwise kernels",
+               "layernorm/reductions": "the LayerNorms and reductions",
+               "optimizer": "the optimizer's kernels", "copies": "the copies",
+               "other": "the uncategorised kernels"}
 
 
 def _furthest(result: LadderResult) -> dict:
     return max(_roofline_rows(result).values(), key=lambda row: row.get("above_ms") or 0.0)
+
+
+def _furthest_in_words(result: LadderResult) -> str:
+    group = _furthest(result)["group"]
+    return GROUP_WORDS.get(group, group)
 
 
 def largest_gap(group: str | None = None) -> Test:
@@ -52,7 +59,7 @@ def roofline_numbers() -> dict[str, Callable[[LadderResult], str]]:
     attention and matmul groups, each with its floor, and the group furthest above its floor
     (``gap_group``, in words) with how far (``gap_above_ms``)."""
     return {"kernels_ms": roofline_of(None, "time_ms"), "kernels_floor_ms": roofline_of(None, "floor_ms"),
-            "gap_group": lambda result: GROUP_WORDS.get(_furthest(result)["group"], _furthest(result)["group"]),
+            "gap_group": _furthest_in_words,
             "gap_above_ms": lambda result: _ms(_furthest(result)["above_ms"]),
             **{f"{short}_{k}": roofline_of(group, field) for short, group in (("attn", "attention"),
                                                                             ("matmul", "matmul"))

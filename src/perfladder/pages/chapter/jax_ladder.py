@@ -203,7 +203,8 @@ STORIES = [
         (verdict("B11", *NOT_FASTER), "Recording the step's kernels into CUDA graphs buys nothing "
          "measurable ({B11_ratio})."),
     ), "", _values),
-    roofline_story(_values, "ours recomputes each live tile of the backward twice, once for dK and dV and once for dQ"),
+    roofline_story(_values, "ours recomputes each live tile of the backward twice, once for dK and dV "
+                            "and once for dQ"),
 ]
 
 NUMBERS = {**BASE_NUMBERS, **{s.key: s for s in STORIES}}
