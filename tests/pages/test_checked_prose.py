@@ -310,6 +310,12 @@ def test_the_roofline_paragraph_names_the_group_furthest_above_its_floor(framewo
     assert text in page and NOT_SUPPORTED not in text
 
 
+def test_every_roofline_group_has_words_for_the_prose():
+    from perfladder.kernels.taxonomy import ROOFLINE_GROUPS
+    from perfladder.pages.roofline_story import GROUP_WORDS
+    assert set(GROUP_WORDS) == set(ROOFLINE_GROUPS)
+
+
 def test_a_small_change_is_judged_by_size_and_the_keep_is_said_as_the_ladder_did():
     """'The rate barely moves' holds within 3% either way, whatever the noise verdict, and is
     marked past it; what the ladder did with the rung is said from its own record."""

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import re
 
-# The groups a roofline is drawn over (``perfladder.kernels.roofline.GROUPS`` gives each its
-# formula): named here, with the categories, so that a rung declaration can say which group it
-# targets without the engine importing the roofline's analysis.
-ROOFLINE_GROUPS = ("matmul", "attention", "elementwise", "elementwise: RoPE", "elementwise: GELU",
-                   "elementwise: rest", "layernorm/reductions", "optimizer", "copies", "other")
 CATEGORIES = ("matmul", "attention", "elementwise", "reduction/norm", "optimizer",
               "memcpy/memset", "collective", "other")
 

@@ -20,8 +20,9 @@ def _roofline_rows(result: LadderResult) -> dict[str, dict]:
     return {row["group"]: row for row in fastest_roofline(result)["rows"]}
 
 
-# a roofline group as the prose names it
+# each roofline group (``kernels.taxonomy.ROOFLINE_GROUPS``) as the prose names it
 GROUP_WORDS = {"matmul": "the matmuls", "attention": "attention", "elementwise": "the elementwise kernels",
+               "elementwise: RoPE": "RoPE's elementwise kernels",
                "elementwise: GELU": "GELU's elementwise kernels",
                "elementwise: rest": "the other elementwise kernels",
                "layernorm/reductions": "the LayerNorms and reductions",
