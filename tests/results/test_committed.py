@@ -58,6 +58,27 @@ def test_a_card_keeps_the_rule_to_the_reference_machine(tmp_path):
         reference_run(tmp_path, "torch")
 
 
+def test_a_committed_file_rewritten_is_read_anew(tmp_path):
+    """committed_runs reads each file once for each text it holds: a file rewritten in place
+    (another date, a capped run) is summarised from what it holds now."""
+    folder = tmp_path / "benchmarks" / "results" / "run"
+    folder.mkdir(parents=True)
+    path = folder / "torch.json"
+
+    def write(created, **more):
+        path.write_text(json.dumps({"schema_version": 2, "config": {"name": "full"}, "created": created,
+                                    "rungs": [{"name": "R0", "key": "eager"}], "learning": {}, **more}))
+    write("2026-01-01")
+    assert [r.created for r in committed_runs(tmp_path)] == ["2026-01-01"]
+    assert [r.created for r in committed_runs(tmp_path)] == ["2026-01-01"]
+    write("2026-02-02")
+    assert [r.created for r in committed_runs(tmp_path)] == ["2026-02-02"]
+    write("2026-02-02", memory_cap_gib=24)
+    assert committed_runs(tmp_path) == []
+    path.write_text("{not json")
+    assert committed_runs(tmp_path) == []
+
+
 def test_a_rule_and_folders_in_the_pointer(tmp_path):
     pointer = tmp_path / "benchmarks" / "results"
     for name, created, learned in (("old", "2026-01-01", True), ("new", "2026-02-01", True),

@@ -325,6 +325,34 @@ def test_write_refuses_an_invalid_result(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_file_is_checked_once_for_each_text_it_has_held(tmp_path, monkeypatch):
+    """Reading the same text again skips the schema check (the pages read the committed files
+    many times); the same file holding another text is checked again, and an invalid text is
+    refused however often a valid one was read from that path before."""
+    import perfladder.results.schema as schema
+    checked = []
+    real = schema._check
+    monkeypatch.setattr(schema, "_check", lambda data, source: (checked.append(source), real(data, source)))
+    path = tmp_path / "run.json"
+    make_result().write(path)
+    checked.clear()                                   # the write checks what it writes
+    LadderResult.read(path)
+    LadderResult.read(path)
+    assert checked == [str(path)]
+    r = make_result()
+    r.rung("R1").notes.append("another text")
+    r.write(path)
+    checked.clear()
+    assert LadderResult.read(path).rung("R1").notes[-1] == "another text"
+    assert checked == [str(path)]
+    data = json.loads(path.read_text())
+    data["rungs"][1]["kind"] = "bonus"
+    path.write_text(json.dumps(data))
+    for _ in range(2):
+        with pytest.raises(ResultsError, match="'bonus' is not one of"):
+            LadderResult.read(path)
+
+
 def test_deeply_nested_json_is_a_clean_error(tmp_path):
     path = tmp_path / "deep.json"
     path.write_text("[" * 100_000 + "]" * 100_000)         # past the parser's recursion limit

@@ -18,6 +18,7 @@ A plain ``LadderResult.read`` reads a file exactly as written (the CLI, a build'
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,22 +119,43 @@ def committed_runs(root: str | Path | None = None, framework: str = "torch") -> 
     schema (``SCHEMA_VERSION``) and not held to a memory cap, oldest first: the evidence the
     pages' claims are checked against and the dots of ``perfladder.pages.spread``."""
     _framework(framework)
-    out = []
-    for path in sorted((_book_root(root) / RESULTS).glob(f"*/{framework}.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        full = (data.get("config") or {}).get("name") == FULL_CONFIG
-        # a run held to a memory cap tests which rungs fit a smaller card; its card was shared
-        # or held back, so its timings are no sample of the card's speed
-        capped = data.get("memory_cap_gib") is not None
-        if data.get("schema_version") != SCHEMA_VERSION or not full or capped:
-            continue
-        out.append(CommittedRun(path, data.get("created") or "",
-                                tuple((r.get("name"), r.get("key")) for r in data.get("rungs") or []),
-                                data.get("learning") is not None, str(data.get("device") or "")))
-    return sorted(out, key=lambda run: (run.created, run.name))
+    runs = (_summary(path) for path in sorted((_book_root(root) / RESULTS).glob(f"*/{framework}.json")))
+    return sorted((run for run in runs if run is not None), key=lambda run: (run.created, run.name))
+
+
+_SUMMARIES: dict[tuple[Path, bytes], CommittedRun | None] = {}   # by file and digest of its bytes
+
+
+def _summary(path: Path) -> CommittedRun | None:
+    """``path`` as a ``CommittedRun``, or None when it is not one (unreadable, another config or
+    schema, held to a memory cap). The pages ask for the committed runs many times over: each
+    file is parsed once for each content it has had in this process."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    key = (path, hashlib.blake2b(raw, digest_size=16).digest())
+    if key not in _SUMMARIES:
+        _SUMMARIES[key] = _summarise(path, raw)
+    return _SUMMARIES[key]
+
+
+def _summarise(path: Path, raw: bytes) -> CommittedRun | None:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    full = (data.get("config") or {}).get("name") == FULL_CONFIG
+    # a run held to a memory cap tests which rungs fit a smaller card; its card was shared
+    # or held back, so its timings are no sample of the card's speed
+    capped = data.get("memory_cap_gib") is not None
+    if data.get("schema_version") != SCHEMA_VERSION or not full or capped:
+        return None
+    return CommittedRun(path, data.get("created") or "",
+                        tuple((r.get("name"), r.get("key")) for r in data.get("rungs") or []),
+                        data.get("learning") is not None, str(data.get("device") or ""))
 
 
 def todays_ladder(runs: list[CommittedRun]) -> tuple[tuple[str, str], ...]:

@@ -32,7 +32,7 @@ from perfladder.measure.evidence import (
 )
 from perfladder.measure.learning import LearningCheck
 from perfladder.measure.timing import did_settle
-from perfladder.results.schema import load_json, upgrade, validate
+from perfladder.results.schema import read_json, upgrade, validate
 from perfladder.results.version import SCHEMA_VERSION, ResultsError
 
 FRAMEWORKS = ("torch", "jax")
@@ -301,10 +301,11 @@ class LadderResult:
         return path
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "<dict>") -> "LadderResult":
+    def from_dict(cls, data: dict, source: str = "<dict>", digest: bytes | None = None) -> "LadderResult":
+        """``digest``: ``schema.read_json``'s, of the text ``data`` was read from."""
         version = data.get("schema_version") if isinstance(data, dict) else None
         data = upgrade(data, source)
-        validate(data, source)
+        validate(data, source, digest)
         res = cls(framework=data["framework"], device=data["device"], config=data["config"],
                   baseline=data["baseline"],
                   rungs=[RungResult.from_dict(r) for r in data["rungs"]],
@@ -319,7 +320,8 @@ class LadderResult:
     @classmethod
     def read(cls, path: str | Path) -> "LadderResult":
         path = Path(path)
-        return cls.from_dict(load_json(path), source=str(path))
+        data, digest = read_json(path)
+        return cls.from_dict(data, source=str(path), digest=digest)
 
 
 def python_versions(**modules) -> dict[str, str]:

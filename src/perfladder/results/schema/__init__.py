@@ -1,10 +1,12 @@
 """Reading and checking results JSON (framework-free).
 
-* ``load_json(path)``: the file's JSON, or a one-line ``ResultsError`` naming the file (missing,
-  unreadable, not JSON, nested absurdly deep, or holding NaN / infinity);
-* ``validate(data, source)``: the JSON Schema in ``results-v2.schema.json`` (checked with
-  ``jsonschema``), then what a schema cannot say (unique rung names, skipped rungs carry no
-  rate, a measured rung carries its windows, the baseline);
+* ``read_json(path)``: the file's JSON and a digest of its text, or a one-line ``ResultsError``
+  naming the file (missing, unreadable, not JSON, nested absurdly deep, or holding NaN / infinity);
+* ``validate(data, source, digest=None)``: the JSON Schema in ``results-v2.schema.json``
+  (checked with ``jsonschema``), then what a schema cannot say (unique rung names, skipped rungs
+  carry no rate, a measured rung carries its windows, the baseline). Given the ``digest`` of the
+  text ``data`` was parsed from, a text this process has already found valid is not checked
+  again (the pages read the same committed files many times; the check is most of a read);
 * ``upgrade(data, source)``: a version-1 file as version 2 (``perfladder.results.schema.v1``);
 * ``version_advice(data, version)``: for a file of a schema this perfladder does not read,
   which perfladder wrote it (``versions.perfladder``) and what to do (upgrade, or read it with
@@ -12,6 +14,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -24,6 +27,7 @@ from perfladder.results.schema.v1 import to_v2
 from perfladder.results.version import SCHEMA_VERSION, ResultsError
 
 MAX_DEPTH = 64          # results nest a handful of levels; anything deeper is not ours
+_VALID: set[bytes] = set()   # digests of the texts validate() passed in this process
 
 
 @lru_cache(maxsize=1)
@@ -31,7 +35,8 @@ def schema() -> dict:
     return json.loads(resources.files(__package__).joinpath("results-v2.schema.json").read_text())
 
 
-def load_json(path: Path) -> Any:
+def read_json(path: Path) -> tuple[Any, bytes]:
+    """The file's JSON and a digest of its text (for ``validate``)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -43,7 +48,7 @@ def load_json(path: Path) -> Any:
     except UnicodeDecodeError as e:
         raise ResultsError(f"{path}: not a text file ({e.reason})") from None
     try:
-        return json.loads(text)
+        return json.loads(text), hashlib.blake2b(text.encode(), digest_size=16).digest()
     except json.JSONDecodeError as e:
         raise ResultsError(f"{path}: not valid JSON ({e})") from None
     except RecursionError:
@@ -73,8 +78,18 @@ def _field(path) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(top level)"
 
 
-def validate(data: Any, source: str = "<results>") -> None:
-    """Raise ``ResultsError`` naming ``source`` and the first thing wrong with ``data``."""
+def validate(data: Any, source: str = "<results>", digest: bytes | None = None) -> None:
+    """Raise ``ResultsError`` naming ``source`` and the first thing wrong with ``data``;
+    ``digest``: ``read_json``'s, of the text ``data`` came from (a text found valid once is not
+    checked again)."""
+    if digest is not None and digest in _VALID:
+        return
+    _check(data, source)
+    if digest is not None:
+        _VALID.add(digest)
+
+
+def _check(data: Any, source: str) -> None:
     import jsonschema
 
     def bad(msg):
