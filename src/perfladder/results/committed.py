@@ -18,13 +18,13 @@ A plain ``LadderResult.read`` reads a file exactly as written (the CLI, a build'
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from perfladder.kernels.accounting import rederive, reread_report
 from perfladder.results.record import FRAMEWORKS, LadderResult
+from perfladder.results.schema import digest
 from perfladder.results.version import SCHEMA_VERSION
 
 RESULTS = Path("benchmarks") / "results"
@@ -134,7 +134,7 @@ def _summary(path: Path) -> CommittedRun | None:
         raw = path.read_bytes()
     except OSError:
         return None
-    key = (path, hashlib.blake2b(raw, digest_size=16).digest())
+    key = (path, digest(raw))
     if key not in _SUMMARIES:
         _SUMMARIES[key] = _summarise(path, raw)
     return _SUMMARIES[key]

@@ -35,10 +35,16 @@ def schema() -> dict:
     return json.loads(resources.files(__package__).joinpath("results-v2.schema.json").read_text())
 
 
+def digest(raw: bytes) -> bytes:
+    """A file's bytes as a key: equal keys, equal contents."""
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
 def read_json(path: Path) -> tuple[Any, bytes]:
     """The file's JSON and a digest of its text (for ``validate``)."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
+        text = raw.decode()
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such results file") from None
     except IsADirectoryError:
@@ -48,7 +54,7 @@ def read_json(path: Path) -> tuple[Any, bytes]:
     except UnicodeDecodeError as e:
         raise ResultsError(f"{path}: not a text file ({e.reason})") from None
     try:
-        return json.loads(text), hashlib.blake2b(text.encode(), digest_size=16).digest()
+        return json.loads(text), digest(raw)
     except json.JSONDecodeError as e:
         raise ResultsError(f"{path}: not valid JSON ({e})") from None
     except RecursionError:
