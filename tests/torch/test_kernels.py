@@ -122,3 +122,32 @@ def test_gpu_event_selection_without_activity_type():
     for ev in (ann, sync, kern):
         del ev.activity_type
     assert [n for n, _, _ in tk._gpu_events([ann, sync, kern])] == ["triton_poi_fused_add_0"]
+
+
+def test_the_matmul_probe_times_a_chain_of_dependent_products():
+    """The compute roof's timed window (``perfladder.torch.device.matmul_chain``): ``inner``
+    products, each on the one before, that keep the input's magnitude when ``y`` is scaled by
+    ``1/sqrt(n)`` (a bf16 chain must not overflow); the probe's method says so."""
+    from perfladder.torch.device import METHOD, matmul_chain
+    n, inner = 64, 10
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, n, generator=g, dtype=torch.float64)
+    y = torch.randn(n, n, generator=g, dtype=torch.float64) / n ** 0.5
+    assert torch.allclose(matmul_chain(x, y, inner), x @ torch.linalg.matrix_power(y, inner))
+    assert torch.equal(matmul_chain(x, y, 0), x)
+    out = matmul_chain(x.to(torch.bfloat16), y.to(torch.bfloat16), inner)
+    assert torch.isfinite(out).all() and 0.1 < out.float().std() / x.std() < 10
+    assert "chain of 10 dependent" in METHOD.format(reps=5, n=8192, gib=1, inner=10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the probe times a CUDA device")
+def test_the_probe_reads_a_sustained_rate_below_one_product_alone_at_most_slightly():
+    """On a GPU: every key, bf16 faster than TF32, and a lone product not slower than the chain
+    by more than timing noise (a chain never idles the card between products)."""
+    from perfladder.torch.device import probe_roofs
+    roofs = probe_roofs(n=4096, gib=1, reps=5, inner=10)
+    lone = probe_roofs(n=4096, gib=1, reps=5, inner=1)
+    assert set(roofs) == {"matmul_bf16_tflops", "matmul_tf32_tflops", "copy_gbps", "source", "method"}
+    assert roofs["matmul_bf16_tflops"] > roofs["matmul_tf32_tflops"] > 0 and roofs["copy_gbps"] > 0
+    assert lone["matmul_bf16_tflops"] > 0.8 * roofs["matmul_bf16_tflops"]

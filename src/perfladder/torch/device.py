@@ -5,6 +5,13 @@ matmul and a device-to-device copy (CUDA only).
 
 The measured roofs a page reads rates against come from the same run, not from a table:
 they differ by a few percent from day to day and machine to machine.
+
+The matmul roof is a sustained rate, as a training step runs its GEMMs: each timed window is a
+chain of ``inner`` dependent products, not one. A lone product between idle gaps runs at the
+card's boost clock; back to back, a power-capped card lowers its clock (an H100 at 700 W fell
+from 1980 to about 1400 MHz), and one product alone read 9% above ten in a row
+(``benchmarks/results/h100-matmul-probe-2026-12-07/``). JAX's probe measures the same way
+(``perfladder.jax.device``), so the two sides' ceilings are one quantity.
 """
 from __future__ import annotations
 
@@ -16,8 +23,19 @@ import torch
 
 from perfladder.results.record import python_versions
 
-METHOD = ("median of {reps} CUDA-event-timed repeats after 3 warm-ups; random data; "
-          "matmul {n}^3; copy counts bytes read + written of a {gib} GiB fp32 tensor")
+METHOD = ("median of {reps} CUDA-event-timed repeats after 3 warm-ups, each a chain of {inner} "
+          "dependent {n}x{n} matmuls (2n^3 FLOPs each, random data); copy counts bytes read + "
+          "written of a {gib} GiB fp32 tensor")
+INNER = 10
+
+
+def matmul_chain(x: torch.Tensor, y: torch.Tensor, inner: int) -> torch.Tensor:
+    """``x @ y @ ... @ y`` (``inner`` products), each waiting for the one before, as a step's
+    GEMMs run back to back. ``y`` should be scaled by ``1/sqrt(n)`` so the chain keeps ``x``'s
+    magnitude (no overflow in bf16)."""
+    for _ in range(inner):
+        x = x @ y
+    return x
 
 
 def _ms(fn, reps: int) -> float:
@@ -35,25 +53,26 @@ def _ms(fn, reps: int) -> float:
     return statistics.median(out)
 
 
-def probe_roofs(n: int = 8192, gib: int = 1, reps: int = 10) -> dict | None:
+def probe_roofs(n: int = 8192, gib: int = 1, reps: int = 10, inner: int = INNER) -> dict | None:
     """``{'matmul_bf16_tflops', 'matmul_tf32_tflops', 'copy_gbps', 'source', 'method'}`` on a
     CUDA device, ``None`` without one."""
     if not torch.cuda.is_available():
         return None
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    bf16 = 2 * n ** 3 / (_ms(lambda: x @ y, reps) / 1e3) / 1e12
+    y = (torch.randn(n, n, device="cuda") / n ** 0.5).to(torch.bfloat16)
+    flops = 2 * n ** 3 * inner
+    bf16 = flops / (_ms(lambda: matmul_chain(x, y, inner), reps) / 1e3) / 1e12
     before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     xf, yf = x.float(), y.float()
-    tf32 = 2 * n ** 3 / (_ms(lambda: xf @ yf, reps) / 1e3) / 1e12
+    tf32 = flops / (_ms(lambda: matmul_chain(xf, yf, inner), reps) / 1e3) / 1e12
     torch.backends.cuda.matmul.allow_tf32 = before
     src = torch.randn(gib << 28, device="cuda", dtype=torch.float32)      # gib GiB
     dst = torch.empty_like(src)
     copy = 2 * src.numel() * 4 / (_ms(lambda: dst.copy_(src), reps) / 1e3) / 1e9
     return {"matmul_bf16_tflops": bf16, "matmul_tf32_tflops": tf32, "copy_gbps": copy,
             "source": "perfladder.torch.device at the start of this run",
-            "method": METHOD.format(reps=reps, n=n, gib=gib)}
+            "method": METHOD.format(reps=reps, n=n, gib=gib, inner=inner)}
 
 
 def has_gpu() -> bool:
