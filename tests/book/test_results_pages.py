@@ -125,7 +125,12 @@ def test_every_number_the_text_pages_paste_is_glued(smoke_book):
     ceil = ceiling(read_run(reference_run(framework="torch") / "torch.json"))
     assert values["h200_bf16_tflops"].strip("'") == f"{ceil['tflops']:.0f}"
     assert values["h200_ceiling"].strip("'") == rate(ceil["tokens_per_s"])
-    assert "TFLOP/s" in values["h200_probe_spread"] and "its own probe" in values["h200_probe_spread"]
+    spread = values["h200_probe_spread"]
+    assert "TFLOP/s" in spread and "its own probe" in spread
+    # only the reference card's runs: the text quotes it beside that card's ceiling
+    device = read_run(reference_run(framework="torch") / "torch.json").device
+    named = re.findall(r" on the (.+?) measured", spread)
+    assert named and set(named) == {device}
     assert "not available" not in " ".join(values[k] for k in keys)
 
 

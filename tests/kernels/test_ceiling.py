@@ -42,5 +42,46 @@ def test_the_spread_of_one_devices_probes_is_said_once():
     assert torch["spread"] == pytest.approx(790 / 700 - 1) and jax["runs"] == 1
     text = spread_sentence(runs)
     assert "between 700 and 790 TFLOP/s over 2 runs (13% apart)" in text and "its own probe" in text
+    assert "PyTorch's probe (one product at a time) on the" in text
     assert "JAX" not in text                              # one run: nothing to compare
     assert spread_sentence(runs[:1]) == ""
+
+
+def test_probes_timed_differently_are_never_one_spread():
+    """A lone product reads a power-capped card at a higher clock than chains of products: a
+    PyTorch run probed each way is two quantities, each with its own spread."""
+    chain = "median of 10 CUDA-event-timed repeats after 3 warm-ups, each a chain of 10 dependent ..."
+    lone = "median of 10 CUDA-event-timed repeats after 3 warm-ups; random data; matmul 8192^3"
+    runs = [seed_ladder(roofs={"matmul_bf16_tflops": tf, "method": m})
+            for tf, m in ((790.0, lone), (780.0, lone), (720.0, chain), (700.0, chain))]
+    runs.append(seed_ladder(roofs={"matmul_bf16_tflops": 690.0, "method": "each a jitted loop of 10: ..."},
+                            framework="jax"))
+    spreads = probe_spread(runs)
+    assert [(s["framework"], s["timed"], s["runs"], s["low"], s["high"]) for s in spreads] == [
+        ("torch", "one product", 2, 780.0, 790.0), ("torch", "chains", 2, 700.0, 720.0),
+        ("jax", "chains", 1, 690.0, 690.0)]
+    text = spread_sentence(runs)
+    assert "(one product at a time) on the NVIDIA H200 measured between 780 and 790" in text
+    assert "(chains of products) on the NVIDIA H200 measured between 700 and 720" in text
+
+
+def test_the_case_studys_reason_for_timing_chains_holds_in_its_committed_probe():
+    """chapter13/case_study.md says a product timed alone reads higher than products back to back,
+    citing the committed probe: in each of its files PyTorch's lone product is faster than every
+    chain of 10 or more, and the logged SM clock fell below its maximum while they ran."""
+    import csv
+    import json
+
+    from perfladder.paths import repo_root
+    root = repo_root()
+    folder = root / "benchmarks" / "results" / "h100-matmul-probe-2026-12-07"
+    assert f"benchmarks/results/{folder.name}/" in (root / "chapter13" / "case_study.md").read_text()
+    files = sorted(folder.glob("probe_*.json"))
+    assert files
+    for f in files:
+        rates = json.loads(f.read_text())["torch"]
+        chains = [v for k, v in rates.items() if k in ("loop10_scaled", "loop30_scaled")]
+        assert len(chains) == 2 and rates["single_raw (device probe)"] > max(chains), f.name
+    clocks = [int(row[1].split()[0]) for row in csv.reader((folder / "smi.csv").open(), skipinitialspace=True)]
+    loaded = clocks[clocks.index(max(clocks)):]              # from the first sample at full clock on
+    assert min(loaded) < 0.9 * max(clocks)

@@ -42,17 +42,32 @@ def ceiling(result) -> dict | None:
             "label": f"{tf:.0f} TFLOP/s bf16 matmul measured by this run ({source})"}
 
 
+def timed_as(roofs: dict) -> str:
+    """How a probe timed its matmul, from its recorded method: ``'chains'`` (dependent products
+    back to back, the sustained rate a step's GEMMs run at: both labs' probes today) or
+    ``'one product'`` (a lone product between idle gaps, which a power-capped card runs at a
+    higher clock: PyTorch's probe before it timed chains)."""
+    method = (roofs or {}).get("method") or ""
+    return "chains" if ("chain of" in method or "loop of" in method) else "one product"
+
+
+TIMED_WORDS = {"chains": "chains of products", "one product": "one product at a time"}
+
+
 def probe_spread(results) -> list[dict]:
-    """Per device and framework among ``results`` with a probe (each framework's lab probes the
-    matmul through its own compiler): ``{'device', 'framework', 'runs', 'low', 'high',
-    'spread'}`` of their bf16 matmul rates (``spread``: high / low - 1), in first-seen order."""
-    seen: dict[tuple[str, str], list[float]] = {}
+    """Per device, framework and way of timing (``timed_as``) among ``results`` with a probe
+    (each framework's lab probes the matmul through its own compiler): ``{'device',
+    'framework', 'timed', 'runs', 'low', 'high', 'spread'}`` of their bf16 matmul rates
+    (``spread``: high / low - 1), in first-seen order. Probes timed differently are not one
+    quantity, so they are never one spread."""
+    seen: dict[tuple[str, str, str], list[float]] = {}
     for res in results:
         roofs = getattr(res, "roofs", None) or {}
         if roofs.get(ROOF_KEY):
-            seen.setdefault((res.device, prober(res)), []).append(float(roofs[ROOF_KEY]))
-    return [{"device": d, "framework": fw, "runs": len(v), "low": min(v), "high": max(v),
-             "spread": max(v) / min(v) - 1} for (d, fw), v in seen.items()]
+            key = (res.device, prober(res), timed_as(roofs))
+            seen.setdefault(key, []).append(float(roofs[ROOF_KEY]))
+    return [{"device": d, "framework": fw, "timed": how, "runs": len(v), "low": min(v),
+             "high": max(v), "spread": max(v) / min(v) - 1} for (d, fw, how), v in seen.items()]
 
 
 FRAMEWORK_WORDS = {"torch": "PyTorch", "jax": "JAX"}
@@ -72,7 +87,8 @@ def spread_sentence(results) -> str:
     def who(s):
         fw = s["framework"]
         return PROBE_SCRIPT if fw == PROBE_SCRIPT else f"{FRAMEWORK_WORDS.get(fw, fw)}'s probe"
-    parts = [f"{who(s)} on the {s['device']} measured between {s['low']:.0f} and {s['high']:.0f} "
+    parts = [f"{who(s)} ({TIMED_WORDS[s['timed']]}) on the {s['device']} measured between "
+             f"{s['low']:.0f} and {s['high']:.0f} "
              f"TFLOP/s over {s['runs']} runs ({100 * s['spread']:.0f}% apart)"
              for s in probe_spread(results) if s["runs"] >= 2]
     if not parts:
