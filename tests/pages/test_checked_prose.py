@@ -164,6 +164,21 @@ def test_a_committed_run_of_an_earlier_ladder_is_rendered_with_its_marks():
         assert c.marker(run) in page
 
 
+@pytest.mark.parametrize("union", [True, False], ids=["kernels' union recorded", "sums only"])
+def test_the_chapters_pace_is_what_its_shaped_run_profiles_say(union):
+    """``seed_shaped_run`` puts the chapter's pace on every profile it keeps, whether the template
+    run recorded the kernels' busy union and the profiled wall (``busy_ms``, ``wall_ms``: newer
+    runs) or only their summed time (older ones): the regime each batch-64 rung reads as is the
+    chapter's, never the template's."""
+    template = copy.deepcopy(reference("torch"))
+    for name in SEED_PACE["torch"]:
+        prof = template.rung(name).profile
+        prof.busy_ms, prof.wall_ms = (prof.device_ms, 3 * prof.device_ms) if union else (None, None)
+    run = seed_shaped_run(template.finalize())
+    for name, (pace, _source) in SEED_PACE["torch"].items():
+        assert (run.rung(name).regime["regime"] == "host-bound") == (pace == "host"), name
+
+
 def test_the_chapters_rtx_4090_run_reads_true():
     """The page rendered from a run shaped like the chapter's (its rates, transcribed once in
     ``comparison.CHAPTER``, and the pace its prose reports, ``seed_run.SEED_PACE``) prints the

@@ -35,6 +35,8 @@ SEED_PACE = {
     },
 }
 BUSY = {HOST: 0.35, DEVICE: 0.95}        # kernels' share of the step a profile of each pace shows
+# a profile's times per step (``measure.evidence.ProfileSummary``): each scales with the step
+PROFILE_MS = ("device_ms", "host_ms", "busy_ms", "wall_ms")
 
 
 def seed_shaped_run(template: LadderResult) -> LadderResult:
@@ -51,8 +53,9 @@ def seed_shaped_run(template: LadderResult) -> LadderResult:
         slower = r.tokens_per_s / rates[r.name]       # the chapter's step takes this much longer
         r.tokens_per_s = rates[r.name]
         if r.profile is not None:                      # the same pace, at the chapter's rate
-            r.profile.device_ms = None if r.profile.device_ms is None else r.profile.device_ms * slower
-            r.profile.host_ms = None if r.profile.host_ms is None else r.profile.host_ms * slower
+            for field in PROFILE_MS:
+                ms = getattr(r.profile, field)
+                setattr(r.profile, field, None if ms is None else ms * slower)
         if r.timing is not None:           # settled windows a hair apart, as a steady device gives
             r.timing.windows = [rates[r.name] * f for f in (0.995, 1.0, 1.005)]
             r.timing.seconds = list(r.timing.seconds[-3:]) or [1.0, 1.0, 1.0]
@@ -61,6 +64,8 @@ def seed_shaped_run(template: LadderResult) -> LadderResult:
         if pace is not None and r.profile is not None and r.batch_size and r.seq_len:
             step_ms = 1e3 * r.batch_size * r.seq_len / r.tokens_per_s
             r.profile.device_ms = BUSY[pace[0]] * step_ms
+            if r.profile.busy_ms is not None:          # a profile that recorded the kernels' union
+                r.profile.busy_ms, r.profile.wall_ms = BUSY[pace[0]] * step_ms, step_ms
             r.profile.host_ms = (0.5 if pace[0] == DEVICE else 0.95) * step_ms
     run.roofs = None                    # the chapter published no probe of its GPU
     run.learning, run.fastest = None, None
