@@ -29,6 +29,20 @@ def reference():
     return read_run(reference_run(framework="torch") / "torch.json")
 
 
+# A committed H200 run with the history the guesses below are about, whatever run the pages show
+# today: it kept B9 (its GELU kernel is in every later step), and its last kept rung is B14, so
+# the rungs added to the ladder after it (B15-B18) include the CUDA-graph rung B16.
+HISTORY_RUN = "h200-book-stage-2026-12-04"
+
+
+@pytest.fixture(scope="module")
+def kept_b9():
+    from perfladder.paths import repo_root
+    run = read_run(repo_root() / "benchmarks" / "results" / HISTORY_RUN / "torch.json")
+    assert run.rung("B9").kept and [r.name for r in run.rungs if r.kept][-1] == "B14"
+    return run
+
+
 def test_the_guess_is_the_reference_runs_compiled_steps_one_per_set_of_graphs(full_lab, reference):
     ref = copy.deepcopy(reference)
     got = ahead.expected_recipes(full_lab, RUNGS, NAMES, ref, compiles=compiles)
@@ -57,15 +71,15 @@ def test_the_guess_is_the_reference_runs_compiled_steps_one_per_set_of_graphs(fu
     assert costs["R2"] > costs["R0"] and ahead.expected_costs(None) == {}
 
 
-def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab, reference):
+def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab, kept_b9):
     """History: past runs of the same ladder. Where B9 went the other way in half of them, the
     later rungs are also compiled as they would be without it; a rung decided the same way
     everywhere adds nothing, and neither does a past run of an older ladder (other rungs)."""
-    kept = [r.name for r in reference.rungs if r.stage == "beyond" and r.kept]
-    assert "B9" in kept                          # the reference built on its GELU kernel
+    kept = [r.name for r in kept_b9.rungs if r.stage == "beyond" and r.kept]
+    assert "B9" in kept                          # the run built on its GELU kernel
 
     def past(i, flip=()):
-        run = copy.deepcopy(reference)
+        run = copy.deepcopy(kept_b9)
         run.created = f"past-{i}"
         for r in run.rungs:
             if r.name in flip:
@@ -73,10 +87,10 @@ def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab,
         return run
     older = past(9, flip=("B9",))
     older.rungs = [r for r in older.rungs if r.name != "B13"]       # an older ladder's run
-    assert ahead.undecided(full_lab, reference, [reference, past(1), past(2), older]) == []
-    history = [reference, past(1, flip=("B9",)), past(2), older]
-    assert ahead.undecided(full_lab, reference, history) == ["B9"]
-    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, history, compiles=compiles)
+    assert ahead.undecided(full_lab, kept_b9, [kept_b9, past(1), past(2), older]) == []
+    history = [kept_b9, past(1, flip=("B9",)), past(2), older]
+    assert ahead.undecided(full_lab, kept_b9, history) == ["B9"]
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, kept_b9, history, compiles=compiles)
     alternatives = {n: r for n, r in got.items() if " if " in n}
     assert alternatives and all(n.endswith(" if B9 is not kept") for n in alternatives)
     assert all("gelu" not in r.fused for r in alternatives.values())
@@ -85,9 +99,9 @@ def test_a_rung_that_went_both_ways_in_past_runs_is_compiled_both_ways(full_lab,
         f for f in got["B10"].fused if f != "gelu")
     assert ahead.rung_of("B10 if B9 is not kept") == "B10"
     # B6 (batch x4 -> x2) gone the other way: the later steps at half its batch, half the memory
-    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, reference, [past(3, flip=("B6",))],
+    got = ahead.expected_recipes(full_lab, RUNGS, NAMES, kept_b9, [past(3, flip=("B6",))],
                                 compiles=compiles)
-    needs = ahead.expected_needs(reference, got)
+    needs = ahead.expected_needs(kept_b9, got)
     alt = got["B8 if B6 is not kept"]
     assert alt.batch_size * 2 == got["B8"].batch_size
     assert needs["B8 if B6 is not kept"] * 2 == pytest.approx(needs["B8"])
@@ -127,11 +141,11 @@ def test_the_summary_line_says_what_compiled_where_and_what_failed():
                                                                    "compiled step expected)")
 
 
-def test_rungs_added_after_the_reference_ran_are_guessed_on_top_of_what_it_kept(full_lab, reference):
-    """A rung the reference does not list (added to the ladder since) is still compiled ahead:
-    built on the reference's last kept step, and kept or not for the rungs after it as most
+def test_rungs_added_after_the_reference_ran_are_guessed_on_top_of_what_it_kept(full_lab, kept_b9):
+    """A rung the run does not list (added to the ladder since) is still compiled ahead:
+    built on the run's last kept step, and kept or not for the rungs after it as most
     other runs of the ladder that measured it went (as if kept where none did)."""
-    ref = copy.deepcopy(reference)
+    ref = copy.deepcopy(kept_b9)
     last_kept = next(r for r in reversed(ref.rungs) if r.stage == "beyond" and r.kept)
     later = [n for n in NAMES if NAMES.index(n) > NAMES.index(last_kept.name)
              and RUNGS[n].stage == "beyond"]
@@ -146,7 +160,7 @@ def test_rungs_added_after_the_reference_ran_are_guessed_on_top_of_what_it_kept(
     assert alone[after].cudagraphs                  # no run measured the CUDA-graph rung: kept
 
     def measured(kept_graphs):
-        run = copy.deepcopy(reference)
+        run = copy.deepcopy(kept_b9)
         run.created = f"with-{kept_graphs}"
         extra = copy.deepcopy(last_kept)
         extra.name, extra.kept = graphs, kept_graphs
@@ -163,11 +177,11 @@ def test_rungs_added_after_the_reference_ran_are_guessed_on_top_of_what_it_kept(
     assert ahead.newer_rungs(full_lab, ref, [other]) == {}
 
 
-def test_a_run_of_fewer_rungs_is_guessed_as_it_will_build_them(full_lab, reference):
-    """``--rungs`` without a rung the reference kept: the later steps are guessed without its
-    change, as the run builds them, not as the reference measured them (with it)."""
-    assert reference.rung("B9").kept and "gelu" in reference.rung("B12").recipe["fused"]
+def test_a_run_of_fewer_rungs_is_guessed_as_it_will_build_them(full_lab, kept_b9):
+    """``--rungs`` without a rung the run kept: the later steps are guessed without its
+    change, as the run builds them, not as the run measured them (with it)."""
+    assert kept_b9.rung("B9").kept and "gelu" in kept_b9.rung("B12").recipe["fused"]
     names = [n for n in NAMES if n != "B9"]
-    got = ahead.expected_recipes(full_lab, RUNGS, names, reference, [reference], compiles=compiles)
+    got = ahead.expected_recipes(full_lab, RUNGS, names, kept_b9, [kept_b9], compiles=compiles)
     assert "B9" not in got and "gelu" not in got["B12"].fused
     assert got["B12"] == RUNGS["B12"].change(got["B8"], full_lab.config)

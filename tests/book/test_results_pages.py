@@ -131,6 +131,10 @@ def test_every_number_the_text_pages_paste_is_glued(smoke_book):
     device = read_run(reference_run(framework="torch") / "torch.json").device
     named = re.findall(r" on the (.+?) measured", spread)
     assert named and set(named) == {device}
+    # the table of ceilings says how the reference run's probe timed its matmul
+    from perfladder.kernels.ceiling import PROBED_WORDS, timed_as
+    reference_roofs = read_run(reference_run(framework="torch") / "torch.json").roofs
+    assert values["h200_probe_timed"].strip("'") == PROBED_WORDS[timed_as(reference_roofs)]
     assert "not available" not in " ".join(values[k] for k in keys)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from _ladders import seed_ladder
 
-from perfladder.kernels.ceiling import ceiling, model_flops_per_token, probe_spread, spread_sentence
+from perfladder.kernels.ceiling import (PROBED_WORDS, TIMED_WORDS, ceiling, model_flops_per_token,
+                                        probe_spread, spread_sentence, timed_as)
 from perfladder.results.committed import read_run, reference_run
 
 
@@ -63,6 +64,8 @@ def test_probes_timed_differently_are_never_one_spread():
     text = spread_sentence(runs)
     assert "(one product at a time) on the NVIDIA H200 measured between 780 and 790" in text
     assert "(chains of products) on the NVIDIA H200 measured between 700 and 720" in text
+    # every way of timing has its words, in the sentence and in the table of ceilings
+    assert {timed_as(r.roofs) for r in runs} == set(TIMED_WORDS) == set(PROBED_WORDS)
 
 
 def test_the_case_studys_reason_for_timing_chains_holds_in_its_committed_probe():

@@ -52,6 +52,9 @@ def timed_as(roofs: dict) -> str:
 
 
 TIMED_WORDS = {"chains": "chains of products", "one product": "one product at a time"}
+# what a table of ceilings says its probe timed
+PROBED_WORDS = {"chains": "large square matmuls timed in chains, back to back",
+                "one product": "a large square matmul timed alone"}
 
 
 def probe_spread(results) -> list[dict]:
