@@ -10,6 +10,7 @@ from perfladder.results.committed import (
     committed_runs,
     complete_on_their_cards,
     complete_runs,
+    earlier_ladder,
     how_chosen,
     multi_gpu_run,
     read_run,
@@ -184,3 +185,24 @@ def test_a_run_held_to_a_memory_cap_is_no_evidence_of_speed():
     assert capped                                              # there is one to leave out
     paths = {run.path for run in committed_runs(ROOT, "torch")}
     assert paths and not paths & set(capped)
+
+
+def test_a_rung_added_to_the_ladder_keeps_the_runs_before_it_as_evidence_of_the_ladder_before(tmp_path):
+    """``complete_on_their_cards(earlier=True)``: the runs complete against the ladder before
+    today's (``earlier_ladder``: the newest run with a learning check that lacks a rung of
+    today's) stay, beside today's complete runs; a run of an older ladder still (fewer rungs)
+    and one without its learning check do not."""
+    pointer = tmp_path / "benchmarks" / "results"
+    rungs = [{"name": n, "key": n.lower()} for n in ("R0", "R1", "B1", "B2")]
+    for name, created, n, learned in (("oldest", "2026-01-01", 2, True), ("before", "2026-02-01", 3, True),
+                                      ("before-unlearned", "2026-02-02", 3, False),
+                                      ("today", "2026-03-01", 4, True)):
+        (pointer / name).mkdir(parents=True)
+        (pointer / name / "torch.json").write_text(json.dumps(
+            {"schema_version": 2, "config": {"name": "full"}, "created": created, "device": "NVIDIA H200",
+             "rungs": rungs[:n], **({"learning": {}} if learned else {})}))
+    runs = committed_runs(tmp_path, "torch")
+    assert [n for n, _ in earlier_ladder(runs)] == ["R0", "R1", "B1"]
+    assert [r.name for r in complete_on_their_cards(tmp_path, "torch")] == ["today"]
+    assert [r.name for r in complete_on_their_cards(tmp_path, "torch", earlier=True)] == ["before", "today"]
+    assert earlier_ladder([r for r in runs if r.name == "today"]) == ()

@@ -181,12 +181,28 @@ def complete_runs(root: str | Path | None = None, framework: str = "torch",
     return _complete(committed_runs(root, framework), card)
 
 
-def complete_on_their_cards(root: str | Path | None = None, framework: str = "torch") -> list[CommittedRun]:
+def earlier_ladder(runs: list[CommittedRun]) -> tuple[tuple[str, str], ...]:
+    """The ladder before today's (``todays_ladder``): the rungs of the newest run that recorded
+    its learning check and lacks a rung of today's ladder; ``()`` when there is none."""
+    today = set(todays_ladder(runs))
+    done = [run for run in runs if run.learned and not today <= set(run.rungs)]
+    return done[-1].rungs if done else ()
+
+
+def complete_on_their_cards(root: str | Path | None = None, framework: str = "torch",
+                            earlier: bool = False) -> list[CommittedRun]:
     """The committed runs complete against the newest ladder of their own card (``complete_runs``
-    per card), oldest first: a card whose runs predate a rung is not thereby incomplete."""
+    per card), oldest first: a card whose runs predate a rung is not thereby incomplete.
+    ``earlier``: also those complete against the ladder before it (``earlier_ladder``), so that
+    a rung added to the ladder does not take the runs made just before it out of the evidence
+    for the rungs they share."""
     runs = committed_runs(root, framework)
-    complete = {run for device in {run.device for run in runs}
-                for run in _complete([r for r in runs if r.device == device], None)}
+    complete = set()
+    for device in {run.device for run in runs}:
+        on_card = [r for r in runs if r.device == device]
+        complete.update(_complete(on_card, None))
+        before = set(earlier_ladder(on_card)) if earlier else set()
+        complete.update(r for r in on_card if before and r.learned and before <= set(r.rungs))
     return [run for run in runs if run in complete]
 
 
