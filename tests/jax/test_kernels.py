@@ -160,5 +160,7 @@ def test_device_probe_runs_small_on_cpu():
     roofs = probe_roofs(n=64, copy_mib=1, inner=2, reps=2)
     assert set(roofs) == {"matmul_bf16_tflops", "matmul_tf32_tflops", "copy_gbps", "source", "method"}
     assert roofs["matmul_bf16_tflops"] > 0 and roofs["matmul_tf32_tflops"] > 0 and roofs["copy_gbps"] > 0
+    from perfladder.kernels.ceiling import timed_as
+    assert timed_as(roofs) == "chains"                # the pages read it as the sustained rate
     with pytest.raises(ValueError, match="reps=0 must be a positive integer"):
         probe_roofs(reps=0)

@@ -138,6 +138,9 @@ def test_the_matmul_probe_times_a_chain_of_dependent_products():
     out = matmul_chain(x.to(torch.bfloat16), y.to(torch.bfloat16), inner)
     assert torch.isfinite(out).all() and 0.1 < out.float().std() / x.std() < 10
     assert "chain of 10 dependent" in METHOD.format(reps=5, n=8192, gib=1, inner=10)
+    # the pages tell a chain probe from a lone product by this method (kernels.ceiling.timed_as)
+    from perfladder.kernels.ceiling import timed_as
+    assert timed_as({"method": METHOD.format(reps=5, n=8192, gib=1, inner=10)}) == "chains"
 
 
 @pytest.mark.gpu

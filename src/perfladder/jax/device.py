@@ -23,12 +23,11 @@ import jax.numpy as jnp
 from perfladder.checks import check_int
 from perfladder.hardware import nvidia_smi
 from perfladder.jax.compiler import backend_started, xla_flags
+from perfladder.kernels.ceiling import PROBE_CHAIN, PROBE_N
 from perfladder.ladder.fit import memory_cap_gib
 from perfladder.results.record import python_versions
 
-MATMUL_N = 8192
 COPY_MIB = 1024
-INNER = 10
 REPS = 5
 
 
@@ -66,7 +65,7 @@ def copy_gbps(mib: int, inner: int, reps: int) -> float:
     return 2 * 4 * elems * inner / _median_s(lambda: _passes(a, inner=inner), reps) / 1e9
 
 
-def probe_roofs(n: int = MATMUL_N, copy_mib: int = COPY_MIB, inner: int = INNER,
+def probe_roofs(n: int = PROBE_N, copy_mib: int = COPY_MIB, inner: int = PROBE_CHAIN,
                 reps: int = REPS) -> dict:
     """``{"matmul_bf16_tflops", "matmul_tf32_tflops", "copy_gbps", "source", "method"}``."""
     for name, v in (("n", n), ("copy_mib", copy_mib), ("inner", inner), ("reps", reps)):

@@ -16,6 +16,10 @@ import dataclasses
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 
 ROOF_KEY = "matmul_bf16_tflops"
+# Both labs' probes (``perfladder.<side>.device.probe_roofs``) time chains of PROBE_CHAIN
+# dependent PROBE_N x PROBE_N products, so the two sides' ceilings are one quantity
+PROBE_N = 8192
+PROBE_CHAIN = 10
 
 
 def model_flops_per_token(config: dict) -> int:

@@ -21,12 +21,12 @@ import statistics
 import numpy as np
 import torch
 
+from perfladder.kernels.ceiling import PROBE_CHAIN, PROBE_N
 from perfladder.results.record import python_versions
 
 METHOD = ("median of {reps} CUDA-event-timed repeats after 3 warm-ups, each a chain of {inner} "
           "dependent {n}x{n} matmuls (2n^3 FLOPs each, random data); copy counts bytes read + "
           "written of a {gib} GiB fp32 tensor")
-INNER = 10
 
 
 def matmul_chain(x: torch.Tensor, y: torch.Tensor, inner: int) -> torch.Tensor:
@@ -53,7 +53,7 @@ def _ms(fn, reps: int) -> float:
     return statistics.median(out)
 
 
-def probe_roofs(n: int = 8192, gib: int = 1, reps: int = 10, inner: int = INNER) -> dict | None:
+def probe_roofs(n: int = PROBE_N, gib: int = 1, reps: int = 10, inner: int = PROBE_CHAIN) -> dict | None:
     """``{'matmul_bf16_tflops', 'matmul_tf32_tflops', 'copy_gbps', 'source', 'method'}`` on a
     CUDA device, ``None`` without one."""
     if not torch.cuda.is_available():
