@@ -165,10 +165,14 @@ def todays_ladder(runs: list[CommittedRun]) -> tuple[tuple[str, str], ...]:
     return done[-1].rungs if done else ()
 
 
+def _complete_against(runs: list[CommittedRun], ladder) -> list[CommittedRun]:
+    """The runs that recorded their learning check and every rung of ``ladder``."""
+    return [run for run in runs if run.learned and set(ladder) <= set(run.rungs)]
+
+
 def _complete(runs: list[CommittedRun], card: str | None) -> list[CommittedRun]:
     runs = [run for run in runs if card is None or card in run.device]
-    ladder = set(todays_ladder(runs))
-    return [run for run in runs if run.learned and ladder <= set(run.rungs)]
+    return _complete_against(runs, todays_ladder(runs))
 
 
 def complete_runs(root: str | Path | None = None, framework: str = "torch",
@@ -201,8 +205,8 @@ def complete_on_their_cards(root: str | Path | None = None, framework: str = "to
     for device in {run.device for run in runs}:
         on_card = [r for r in runs if r.device == device]
         complete.update(_complete(on_card, None))
-        before = set(earlier_ladder(on_card)) if earlier else set()
-        complete.update(r for r in on_card if before and r.learned and before <= set(r.rungs))
+        before = earlier_ladder(on_card) if earlier else ()
+        complete.update(_complete_against(on_card, before) if before else ())
     return [run for run in runs if run in complete]
 
 
