@@ -10,8 +10,10 @@ XLA names its kernels after the fusion, and a fusion's name rarely says what it 
 (``loop_multiply_fusion.3`` may be the AdamW update; on CPU ``ynn_fusion.7`` may be a dot).
 Pass ``hlo_text`` -- the compiled module's text, ``compiled_hlo_text(jitted, *args)`` -- and
 every op of that module is categorized from what it contains and from the Python code it
-was traced from (optax / ``Optimizer.update`` -> optimizer); the breakdown's notes say how
-much of the kernel time the text covered.
+was traced from (optax / ``Optimizer.update`` -> optimizer; the GPT's LayerNorm -> reductions),
+and its kernels are named with the part of the GPT that code is (``loop_add_multiply_fusion_5
+[GELU]``: ``perfladder.jax.frames``); the breakdown's notes say how much of the kernel time
+the text covered.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import jax
 
 from perfladder.checks import check_int
 from perfladder.jax.device import has_gpu
-from perfladder.jax.program import hlo_module_name, hlo_op_categories, refine
+from perfladder.jax.program import hlo_module_name, hlo_ops, refine
 from perfladder.jax.timer import compile_count, sync
 from perfladder.kernels import (
     KernelBreakdown,
@@ -176,9 +178,9 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
     """
     for name, v, lo in (("steps", steps, 1), ("warmup", warmup, 0), ("top", top, 1)):
         check_int(name, v, lo)
-    op_cats, module = None, None
+    op_info, module = None, None
     if hlo_text is not None:
-        op_cats, module = hlo_op_categories(hlo_text), hlo_module_name(hlo_text)
+        op_info, module = hlo_ops(hlo_text), hlo_module_name(hlo_text)
     out = None
     for _ in range(warmup):
         out = step(*next(stream))
@@ -191,30 +193,42 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
     if compiled:
         raise RecompileError(f"{compiled} compilation(s) happened while profiling {steps} steps; "
                              "warm up past compilation (raise warmup) and keep one batch shape")
-    triples, matched_us = [], 0.0
-    for (name, dur), (hlo_op, hlo_mod) in zip(events, events.ops):
-        cat = None
-        if op_cats is not None and (hlo_mod is None or _same_module(hlo_mod, module)):
-            cat = _lookup(op_cats, hlo_op, name)
-            if cat is not None:
-                matched_us += dur
-        triples.append((name, dur, refine(name, cat)))
+    triples, matched_us = sort_events(zip(events, events.ops), op_info, module)
     total = sum(d for _, d in events) or 1.0
     notes = [f"jax {jax.__version__}, backend {jax.default_backend()}; events from {len(events.lines)} "
              "timeline(s): " + ", ".join(events.lines[:4]) + (" ..." if len(events.lines) > 4 else "")]
     if events.device == "cpu":
         notes.append("CPU run: the events are XLA:CPU ops, not GPU kernels; ops run on a thread "
                      "pool, so their summed time can exceed the wall time")
-    if op_cats is None:
+    if op_info is None:
         notes.append("categories from kernel names only (no hlo_text): XLA fuses the AdamW update "
                      "into loop fusions, counted as elementwise here")
     else:
         notes.append(f"{100 * matched_us / total:.0f}% of the kernel time matched ops of HLO module "
-                     f"{module!r}; those are categorized by what the op contains and by the Python "
-                     "code it came from (optax / Optimizer.update -> optimizer)")
+                     f"{module!r} (XLA's own fusions); those are categorized by what the op contains "
+                     "and by the Python code it came from (optax / Optimizer.update -> optimizer; a "
+                     "LayerNorm's or the residual add's elementwise passes -> reduction/norm) and "
+                     "named with the part of the GPT that code is ([GELU], [LayerNorm], ...); the "
+                     "rest (library and Pallas kernels) by their names")
     return breakdown(triples, steps, top, device=events.device, framework="jax",
                      wall_us=wall_us, notes=notes,
                      spans=events.spans if events.device == "gpu" else None)
+
+
+def sort_events(events, op_info: dict | None, module: str | None) -> tuple[list, float]:
+    """``((name, dur_us), (hlo_op, hlo_module))`` per event -> ``(name, dur_us, category)`` per
+    event, and the µs that matched an op of ``op_info`` (``hlo_ops`` of module ``module``;
+    ``None``: names only). A matched kernel is named with its op's part of the GPT."""
+    triples, matched_us = [], 0.0
+    for (name, dur), (hlo_op, hlo_mod) in events:
+        cat, label = None, name
+        if op_info is not None and (hlo_mod is None or _same_module(hlo_mod, module)):
+            found = _lookup(op_info, hlo_op, name)
+            if found is not None:
+                (cat, part), matched_us = found, matched_us + dur
+                label = name if part is None else f"{name} [{part}]"
+        triples.append((label, dur, refine(name, cat)))
+    return triples, matched_us
 
 
 def _same_module(event_module: str, module: str | None) -> bool:
@@ -224,10 +238,13 @@ def _same_module(event_module: str, module: str | None) -> bool:
     return event_module == module or event_module.split("(")[0] == module
 
 
-def _lookup(op_cats: dict, hlo_op: str | None, name: str) -> str | None:
+def _lookup(op_info: dict, hlo_op: str | None, name: str) -> tuple[str, str | None] | None:
+    """``(category, part)`` of the op that launched a kernel: the event's ``hlo_op`` (absent
+    or a command buffer's thunk where XLA runs the step as CUDA graphs), else the kernel's name
+    as the fusion's."""
     for key in (hlo_op, name, _dotted(name)):
-        if key and key in op_cats:
-            return op_cats[key]
+        if key and key in op_info:
+            return op_info[key]
     return None
 
 

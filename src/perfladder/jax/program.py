@@ -1,11 +1,12 @@
 """What a step's program holds: the compiled XLA module, read from its HLO text
 (``lower(...).compile().as_text()``), and the traced jaxpr.
 
-* ``hlo_op_categories(text)`` -- a category (``perfladder.kernels.CATEGORIES``) for every op
-  of the module, from what it contains (a fusion's body) and from the Python code it was
-  traced from (optax / ``Optimizer.update`` -> optimizer). XLA's own names
-  (``loop_multiply_fusion.3``, ``ynn_fusion.7``) do not say whether a fusion holds a dot, a
-  reduction or the AdamW update; the module text does;
+* ``hlo_op_categories(text)`` / ``hlo_ops(text)`` -- a category (``perfladder.kernels.CATEGORIES``)
+  for every op of the module, from what it contains (a fusion's body) and from the Python code it
+  was traced from (optax / ``Optimizer.update`` -> optimizer; a LayerNorm's elementwise passes
+  -> reduction/norm), and the part of the GPT that code is (``perfladder.jax.frames``). XLA's own
+  names (``loop_multiply_fusion.3``, ``ynn_fusion.7``) do not say whether a fusion holds a dot, a
+  reduction, a GELU or the AdamW update; the module text does;
 * ``refine(kernel_name, op_category)`` -- a profiled kernel's category from both;
 * ``scatters_in_hlo`` / ``embedding_scatters`` -- the module's ``scatter`` instructions, and
   which of them accumulate the embedding table's gradient (its [V, D] shape), with their
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from perfladder.jax.frames import NORM_PARTS, OPTIMIZER_FILES, OPTIMIZER_FUNCTIONS, Frames  # noqa: F401
 from perfladder.kernels import CATEGORIES, categorize
 
 _MATMUL_OPS = {"dot", "convolution", "ragged-dot", "scaled-dot"}
@@ -43,10 +45,6 @@ _CONTROL_OPS = {"fusion", "call", "while", "conditional", "async-start", "async-
 _ATTN_TARGET = re.compile(r"fmha|flash|attention|sdpa|splash", re.IGNORECASE)
 _MATMUL_TARGET = re.compile(r"gemm|matmul|cublas|\$dot|dot_general", re.IGNORECASE)
 _COLLECTIVE_TARGET = re.compile(r"nccl|all[-_]?reduce|all[-_]?gather", re.IGNORECASE)
-# Python frames that make an op part of the optimizer update: optax (minus its losses, which
-# the loss function calls), and the framework's optimizer wrapper (flax nnx Optimizer.update).
-OPTIMIZER_FILES = re.compile(r"[/\\]optax[/\\](?!losses[/\\]|_src[/\\]loss\.py)")
-OPTIMIZER_FUNCTIONS = re.compile(r"(^|\.)(Optimizer\.(update|step)|apply_updates)$")
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s*(\(.*)?\{\s*$")
 _INSTR = re.compile(r"^\s+(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<rest>.*)$")
@@ -76,51 +74,6 @@ def _opcode(rest: str) -> str | None:
     return m.group("op") if m else None
 
 
-class _Frames:
-    """The FileNames / FunctionNames / FileLocations / StackFrames tables of an HLO dump, and
-    the question asked of them: was this op traced from optimizer code?"""
-
-    SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
-
-    def __init__(self, text: str):
-        tables: dict[str, dict[int, str]] = {k: {} for k in self.SECTIONS}
-        cur = None
-        for line in text.splitlines():
-            if line in tables:                    # an unindented section title
-                cur = tables[line]
-                continue
-            idx, _, val = line.strip().partition(" ")
-            if cur is None or not idx.isdigit():
-                cur = None
-                continue
-            cur[int(idx)] = val.strip()
-        num = lambda s: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", s)}  # noqa: E731
-        self.files = {k: v.strip('"') for k, v in tables["FileNames"].items()}
-        self.funcs = {k: v.strip('"') for k, v in tables["FunctionNames"].items()}
-        self.locs = {k: num(v) for k, v in tables["FileLocations"].items()}
-        self.frames = {k: num(v) for k, v in tables["StackFrames"].items()}
-        # Some XLA versions print parent ids shifted by one (a root frame then names itself as
-        # its parent); a frame can never be its own parent, so that tells the layouts apart.
-        self.shift = int(any(f.get("parent_frame_id") == k for k, f in self.frames.items()))
-        self._memo: dict[int, bool] = {}
-
-    def optimizer(self, frame_id: int) -> bool:
-        """Does the Python stack of ``frame_id`` pass through optax / ``Optimizer.update``?"""
-        if frame_id in self._memo:
-            return self._memo[frame_id]
-        seen, fid, hit = set(), frame_id, False
-        while fid and fid in self.frames and fid not in seen:
-            seen.add(fid)
-            loc = self.locs.get(self.frames[fid].get("file_location_id", 0), {})
-            if (OPTIMIZER_FILES.search(self.files.get(loc.get("file_name_id", 0), ""))
-                    or OPTIMIZER_FUNCTIONS.search(self.funcs.get(loc.get("function_name_id", 0), ""))):
-                hit = True
-                break
-            fid = self.frames[fid].get("parent_frame_id", 0) - self.shift
-        self._memo[frame_id] = hit
-        return hit
-
-
 def hlo_module_name(hlo_text: str) -> str | None:
     m = re.search(r"^HloModule\s+([^\s,]+)", hlo_text, re.MULTILINE)
     return m.group(1) if m else None
@@ -128,7 +81,12 @@ def hlo_module_name(hlo_text: str) -> str | None:
 
 def hlo_op_categories(hlo_text: str) -> dict[str, str]:
     """``{op name: category}`` for every instruction of a compiled module's HLO text
-    (``jitted.lower(...).compile().as_text()``).
+    (``jitted.lower(...).compile().as_text()``): the categories of ``hlo_ops``."""
+    return {name: cat for name, (cat, _) in hlo_ops(hlo_text).items()}
+
+
+def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
+    """``{op name: (category, part)}`` for every instruction of a compiled module's HLO text.
 
     An op's category comes from what it contains (its own opcode plus, recursively, the
     computations it calls -- a fusion's body), in this order: collective; optimizer (the op
@@ -136,7 +94,9 @@ def hlo_op_categories(hlo_text: str) -> dict[str, str]:
     ``source_file`` metadata); attention (a fused-attention custom call); matmul (a dot or
     convolution, or a cuBLAS custom call); reduction/norm (a reduce); memcpy/memset (only
     data movement: copies, transposes, broadcasts, casts); elementwise (anything else
-    arithmetic); an unknown custom call is 'other'.
+    arithmetic); an unknown custom call is 'other'. Its part is the part of the GPT its stack
+    names (``perfladder.jax.frames.PART_NAMES``, or ``None``); an elementwise op of a LayerNorm
+    or of the residual add beside it counts with the reductions (``frames.NORM_PARTS``).
     """
     if not isinstance(hlo_text, str) or "HloModule" not in hlo_text:
         raise ValueError("hlo_text must be the text of a compiled XLA module (it starts with "
@@ -156,7 +116,7 @@ def hlo_op_categories(hlo_text: str) -> dict[str, str]:
         op = _opcode(m.group("rest"))
         if op:
             cur.append((m.group("name"), op, m.group("rest")))
-    frames = _Frames(hlo_text)
+    frames = Frames(hlo_text)
     comp_names = set(comps)
     contents: dict[str, tuple[set, set]] = {}
 
@@ -182,7 +142,7 @@ def hlo_op_categories(hlo_text: str) -> dict[str, str]:
         contents[comp] = (ops, targets)
         return ops, targets
 
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, str | None]] = {}
     for comp, instrs in comps.items():
         for name, op, rest in instrs:
             ops, targets = {op}, set()
@@ -193,14 +153,17 @@ def hlo_op_categories(hlo_text: str) -> dict[str, str]:
                 o2, t2 = content(c.lstrip("%"))
                 ops |= o2
                 targets |= t2
-            optimizer = False
+            optimizer, part = False, None
             fm = _FRAME.search(rest)
             if fm:
-                optimizer = frames.optimizer(int(fm.group(1)))
+                optimizer, part = frames.optimizer(int(fm.group(1))), frames.part(int(fm.group(1)))
             sm = _SRC.search(rest)
             if sm and OPTIMIZER_FILES.search(sm.group("f")):
                 optimizer = True
-            out[name] = _op_category(ops, targets, optimizer)
+            cat = _op_category(ops, targets, optimizer)
+            if cat == "elementwise" and part in NORM_PARTS:
+                cat = "reduction/norm"
+            out[name] = (cat, part)
     return out
 
 

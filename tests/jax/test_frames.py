@@ -1,0 +1,191 @@
+"""perfladder.jax.frames: which part of the GPT an XLA op was traced from, and what that does to
+the kernel report -- on a written module and on a real H100 profile of the B10 step."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+
+from perfladder.config import get_config  # noqa: E402
+from perfladder.jax.frames import NORM_PARTS, PART_NAMES, Frames  # noqa: E402
+from perfladder.jax.kernels import sort_events  # noqa: E402
+from perfladder.jax.lab import REPORT_TOP  # noqa: E402
+from perfladder.jax.program import hlo_module_name, hlo_op_categories, hlo_ops  # noqa: E402
+from perfladder.kernels import breakdown  # noqa: E402
+from perfladder.kernels.accounting import of_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "jax_h100_b10"
+RUN = ROOT / "benchmarks" / "results" / "h100-jax-again-2026-12-07" / "jax.json"
+
+# frames: 1 GPT.__call__ <- 2 Block.__call__ <- 3 LayerNorm.__call__ <- 4 _normalize;
+# 2 <- 5 FFN.__call__ <- 6 Linear.__call__; 5 <- 7 _gelu_bias_fwd (perfladder's fused GELU);
+# 2 <- 8 CausalAttention.__call__ <- 9 rope; 10 Optimizer.update (no part)
+HLO = """HloModule jit__pure_step, is_scheduled=true
+
+FileNames
+1 "/src/perfladder/jax/model.py"
+2 "/venv/flax/nnx/nn/normalization.py"
+3 "/venv/flax/nnx/nn/linear.py"
+4 "/venv/flax/nnx/training/optimizer.py"
+
+FunctionNames
+1 "GPT.__call__"
+2 "Block.__call__"
+3 "LayerNorm.__call__"
+4 "_normalize"
+5 "FFN.__call__"
+6 "Linear.__call__"
+7 "_gelu_bias_fwd"
+8 "CausalAttention.__call__"
+9 "rope"
+10 "Optimizer.update"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=1 end_line=1 column=1 end_column=2}
+2 {file_name_id=1 function_name_id=2 line=2 end_line=2 column=1 end_column=2}
+3 {file_name_id=2 function_name_id=3 line=3 end_line=3 column=1 end_column=2}
+4 {file_name_id=2 function_name_id=4 line=4 end_line=4 column=1 end_column=2}
+5 {file_name_id=1 function_name_id=5 line=5 end_line=5 column=1 end_column=2}
+6 {file_name_id=3 function_name_id=6 line=6 end_line=6 column=1 end_column=2}
+7 {file_name_id=1 function_name_id=7 line=7 end_line=7 column=1 end_column=2}
+8 {file_name_id=1 function_name_id=8 line=8 end_line=8 column=1 end_column=2}
+9 {file_name_id=1 function_name_id=9 line=9 end_line=9 column=1 end_column=2}
+10 {file_name_id=4 function_name_id=10 line=10 end_line=10 column=1 end_column=2}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=0}
+2 {file_location_id=2 parent_frame_id=1}
+3 {file_location_id=3 parent_frame_id=2}
+4 {file_location_id=4 parent_frame_id=3}
+5 {file_location_id=5 parent_frame_id=2}
+6 {file_location_id=6 parent_frame_id=5}
+7 {file_location_id=7 parent_frame_id=5}
+8 {file_location_id=8 parent_frame_id=2}
+9 {file_location_id=9 parent_frame_id=8}
+10 {file_location_id=10 parent_frame_id=0}
+
+
+%region_0.1 (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(%a, %b)
+}
+
+%fused_pointwise (p0: f32[8,8]) -> f32[8,8] {
+  %p0 = f32[8,8]{1,0} parameter(0)
+  ROOT %m = f32[8,8]{1,0} multiply(%p0, %p0)
+}
+
+%fused_reduce (p0.1: f32[8,8]) -> f32[8] {
+  %p0.1 = f32[8,8]{1,0} parameter(0)
+  %c = f32[] constant(0)
+  ROOT %r = f32[8]{0} reduce(%p0.1, %c), dimensions={1}, to_apply=%region_0.1
+}
+
+%fused_copy (p0.2: f32[8,8]) -> bf16[8,8] {
+  %p0.2 = f32[8,8]{1,0} parameter(0)
+  ROOT %cv = bf16[8,8]{1,0} convert(%p0.2)
+}
+
+ENTRY %main.9 (x: f32[8,8]) -> f32[8,8] {
+  %x = f32[8,8]{1,0} parameter(0)
+  %loop_multiply_fusion.1 = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_pointwise, metadata={op_name="jit(_pure_step)/mul" stack_frame_id=4}
+  %input_reduce_fusion.1 = f32[8]{0} fusion(%x), kind=kInput, calls=%fused_reduce, metadata={op_name="jit(_pure_step)/reduce_sum" stack_frame_id=4}
+  %loop_convert_fusion.1 = bf16[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_copy, metadata={op_name="jit(_pure_step)/convert" stack_frame_id=3}
+  %loop_add_fusion.1 = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_pointwise, metadata={op_name="jit(_pure_step)/add" stack_frame_id=2}
+  %loop_multiply_fusion.2 = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_pointwise, metadata={op_name="jit(_pure_step)/mul" stack_frame_id=7}
+  %loop_add_fusion.2 = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_pointwise, metadata={op_name="jit(_pure_step)/add" stack_frame_id=6}
+  %loop_multiply_fusion.3 = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_pointwise, metadata={op_name="jit(_pure_step)/mul" stack_frame_id=9}
+  %loop_multiply_fusion.4 = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_pointwise, metadata={op_name="jit(_pure_step)/mul" stack_frame_id=10}
+  ROOT %loop_multiply_fusion.5 = f32[8,8]{1,0} fusion(%x), kind=kLoop, calls=%fused_pointwise, metadata={op_name="jit(_pure_step)/mul"}
+}
+"""
+
+
+def test_the_innermost_frame_that_names_a_part_decides():
+    frames = Frames(HLO)
+    assert [frames.part(i) for i in range(1, 11)] == [
+        None, "residual add", "LayerNorm", "LayerNorm", "GELU", "linear", "GELU", "attention",
+        "RoPE", None]
+    assert not frames.optimizer(4) and frames.optimizer(10)
+    assert [f for _, f in frames.stack(6)] == ["Linear.__call__", "FFN.__call__", "Block.__call__",
+                                              "GPT.__call__"]
+    assert set(NORM_PARTS) <= set(PART_NAMES)
+
+
+def test_a_layernorms_and_the_residual_adds_elementwise_passes_count_with_the_reductions():
+    ops = hlo_ops(HLO)
+    assert ops["loop_multiply_fusion.1"] == ("reduction/norm", "LayerNorm")
+    assert ops["input_reduce_fusion.1"] == ("reduction/norm", "LayerNorm")
+    assert ops["loop_add_fusion.1"] == ("reduction/norm", "residual add")
+    assert ops["loop_convert_fusion.1"] == ("memcpy/memset", "LayerNorm")   # a cast stays a copy
+    assert ops["loop_multiply_fusion.2"] == ("elementwise", "GELU")
+    assert ops["loop_add_fusion.2"] == ("elementwise", "linear")             # FC1's bias add
+    assert ops["loop_multiply_fusion.3"] == ("elementwise", "RoPE")
+    assert ops["loop_multiply_fusion.4"] == ("optimizer", None)
+    assert ops["loop_multiply_fusion.5"] == ("elementwise", None)            # no stack: as it holds
+    assert hlo_op_categories(HLO) == {k: c for k, (c, _) in ops.items()}
+
+
+def test_kernels_of_a_matched_fusion_are_named_with_their_part():
+    events = [(("loop_multiply_fusion_2", 5.0), ("command_buffer_1", "jit__pure_step")),
+              (("loop_add_fusion_1", 3.0), (None, None)),
+              (("nvjet_sm90_tst_128x160", 7.0), ("command_buffer_1", "jit__pure_step")),
+              (("loop_multiply_fusion_1", 2.0), ("loop_multiply_fusion.1", "jit_other"))]
+    triples, matched = sort_events(events, hlo_ops(HLO), hlo_module_name(HLO))
+    assert triples == [("loop_multiply_fusion_2 [GELU]", 5.0, "elementwise"),
+                       ("loop_add_fusion_1 [residual add]", 3.0, "reduction/norm"),
+                       ("nvjet_sm90_tst_128x160", 7.0, "matmul"),         # a library kernel: by name
+                       ("loop_multiply_fusion_1", 2.0, "elementwise")]    # another module's op
+    assert matched == 8.0
+    by_name, none = sort_events(events, None, None)
+    assert [t[0] for t in by_name] == [e[0][0] for e in events] and none == 0.0
+
+
+@pytest.fixture(scope="module")
+def h100_b10():
+    text = gzip.open(FIXTURE / "hlo.txt.gz", "rt").read()
+    rows = json.load(gzip.open(FIXTURE / "events.json.gz", "rt"))
+    events = [((name, us), (op, mod)) for name, us, op, mod in rows]
+    triples, matched = sort_events(events, hlo_ops(text), hlo_module_name(text))
+    return rows, triples, matched
+
+
+def test_on_a_real_h100_profile_every_xla_fusion_is_found_by_its_kernels_name(h100_b10):
+    rows, triples, matched = h100_b10
+    ops = [op for _, _, op, _ in rows if op]
+    assert ops.count("command_buffer_1") > len(ops) / 2    # most events name no op of their own
+    fusions = [(t, us, cat) for (t, us, cat), row in zip(triples, rows)
+               if "fusion" in t.split(" ")[0] and row[3] == "jit__pure_step"]  # not the stream's
+    # found: named with its part of the GPT, or the optimizer's (which is no part of it); a
+    # fusion not found would keep its bare name and read as elementwise
+    assert fusions and all(t.endswith("]") or cat == "optimizer" for t, _, cat in fusions)
+    assert matched >= sum(us for _, us, _ in fusions)
+
+
+def test_on_a_real_h100_profile_gelu_and_layernorm_land_in_their_groups(h100_b10):
+    """The forward GELU fusion (XLA: ``loop_add_multiply_fusion``) is the roofline's GELU row,
+    beside the Pallas backward; a LayerNorm's loop fusions and the residual adds are reductions;
+    what is left as 'elementwise: rest' is less than either named sub-row."""
+    rows, triples, _ = h100_b10
+    steps = 3
+    kb = breakdown(triples, steps, REPORT_TOP, device="gpu", framework="jax")
+    for t, _, cat in triples:
+        if t.endswith(("[LayerNorm]", "[residual add]")):
+            assert cat in ("reduction/norm", "memcpy/memset"), t
+    run = json.loads(RUN.read_text())
+    b10 = next(r for r in run["rungs"] if r["name"] == "B10")
+    full = get_config("full")
+    rl = of_run(kb, run["roofs"], full.gpt(), batch=b10["batch_size"], seq=full.num_steps,
+                precision="bf16", framework="jax", recipe=b10["recipe"])
+    rows_by = {r["group"]: r for r in rl["rows"]}
+    gelu = rows_by["elementwise: GELU"]
+    assert any(k.startswith("loop_") and k.endswith("[GELU]") for k in gelu["kernels"])
+    assert "gelu_bias_grad_bwd" in gelu["kernels"]
+    assert rows_by["elementwise: rest"]["time_ms"] < gelu["time_ms"]
+    assert rows_by["layernorm/reductions"]["time_ms"] > rows_by["elementwise: rest"]["time_ms"]
