@@ -22,52 +22,32 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "jax_h100_b10"
 RUN = ROOT / "benchmarks" / "results" / "h100-jax-again-2026-12-07" / "jax.json"
 
-# frames: 1 GPT.__call__ <- 2 Block.__call__ <- 3 LayerNorm.__call__ <- 4 _normalize;
-# 2 <- 5 FFN.__call__ <- 6 Linear.__call__; 5 <- 7 _gelu_bias_fwd (perfladder's fused GELU);
-# 2 <- 8 CausalAttention.__call__ <- 9 rope; 10 Optimizer.update (no part)
-HLO = """HloModule jit__pure_step, is_scheduled=true
+FILES = ["/src/perfladder/jax/model.py", "/venv/flax/nnx/nn/normalization.py",
+         "/venv/flax/nnx/nn/linear.py", "/venv/flax/nnx/training/optimizer.py"]
+# (function, its file's number, its caller's frame; 0: none). Frame i is the i-th function:
+# GPT <- Block <- LayerNorm <- _normalize; Block <- FFN <- Linear; FFN <- _gelu_bias_fwd
+# (perfladder's fused GELU); Block <- CausalAttention <- rope; Optimizer.update on its own
+FUNCTIONS = [("GPT.__call__", 1, 0), ("Block.__call__", 1, 1), ("LayerNorm.__call__", 2, 2),
+             ("_normalize", 2, 3), ("FFN.__call__", 1, 2), ("Linear.__call__", 3, 5),
+             ("_gelu_bias_fwd", 1, 5), ("CausalAttention.__call__", 1, 2), ("rope", 1, 8),
+             ("Optimizer.update", 4, 0)]
 
-FileNames
-1 "/src/perfladder/jax/model.py"
-2 "/venv/flax/nnx/nn/normalization.py"
-3 "/venv/flax/nnx/nn/linear.py"
-4 "/venv/flax/nnx/training/optimizer.py"
 
-FunctionNames
-1 "GPT.__call__"
-2 "Block.__call__"
-3 "LayerNorm.__call__"
-4 "_normalize"
-5 "FFN.__call__"
-6 "Linear.__call__"
-7 "_gelu_bias_fwd"
-8 "CausalAttention.__call__"
-9 "rope"
-10 "Optimizer.update"
+def stack_tables() -> str:
+    """The four tables XLA prints at the head of a module's text, for FILES and FUNCTIONS."""
+    n = range(1, len(FUNCTIONS) + 1)
+    lines = ["FileNames", *(f'{i} "{f}"' for i, f in enumerate(FILES, 1)), "",
+             "FunctionNames", *(f'{i} "{fn}"' for i, (fn, _, _) in zip(n, FUNCTIONS)), "",
+             "FileLocations",
+             *(f"{i} {{file_name_id={file} function_name_id={i} line={i} end_line={i} column=1 "
+               "end_column=2}" for i, (_, file, _) in zip(n, FUNCTIONS)), "",
+             "StackFrames",
+             *(f"{i} {{file_location_id={i} parent_frame_id={caller}}}"
+               for i, (_, _, caller) in zip(n, FUNCTIONS))]
+    return "\n".join(lines)
 
-FileLocations
-1 {file_name_id=1 function_name_id=1 line=1 end_line=1 column=1 end_column=2}
-2 {file_name_id=1 function_name_id=2 line=2 end_line=2 column=1 end_column=2}
-3 {file_name_id=2 function_name_id=3 line=3 end_line=3 column=1 end_column=2}
-4 {file_name_id=2 function_name_id=4 line=4 end_line=4 column=1 end_column=2}
-5 {file_name_id=1 function_name_id=5 line=5 end_line=5 column=1 end_column=2}
-6 {file_name_id=3 function_name_id=6 line=6 end_line=6 column=1 end_column=2}
-7 {file_name_id=1 function_name_id=7 line=7 end_line=7 column=1 end_column=2}
-8 {file_name_id=1 function_name_id=8 line=8 end_line=8 column=1 end_column=2}
-9 {file_name_id=1 function_name_id=9 line=9 end_line=9 column=1 end_column=2}
-10 {file_name_id=4 function_name_id=10 line=10 end_line=10 column=1 end_column=2}
 
-StackFrames
-1 {file_location_id=1 parent_frame_id=0}
-2 {file_location_id=2 parent_frame_id=1}
-3 {file_location_id=3 parent_frame_id=2}
-4 {file_location_id=4 parent_frame_id=3}
-5 {file_location_id=5 parent_frame_id=2}
-6 {file_location_id=6 parent_frame_id=5}
-7 {file_location_id=7 parent_frame_id=5}
-8 {file_location_id=8 parent_frame_id=2}
-9 {file_location_id=9 parent_frame_id=8}
-10 {file_location_id=10 parent_frame_id=0}
+HLO = "HloModule jit__pure_step, is_scheduled=true\n\n" + stack_tables() + """
 
 
 %region_0.1 (a: f32[], b: f32[]) -> f32[] {
