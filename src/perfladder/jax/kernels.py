@@ -205,11 +205,13 @@ def kernel_breakdown(step, stream, steps: int = 5, warmup: int = 3, top: int = 1
                      "into loop fusions, counted as elementwise here")
     else:
         notes.append(f"{100 * matched_us / total:.0f}% of the kernel time matched ops of HLO module "
-                     f"{module!r} (XLA's own fusions); those are categorized by what the op contains "
-                     "and by the Python code it came from (optax / Optimizer.update -> optimizer; a "
-                     "LayerNorm's or the residual add's elementwise passes -> reduction/norm) and "
-                     "named with the part of the GPT that code is ([GELU], [LayerNorm], ...); the "
-                     "rest (library and Pallas kernels) by their names")
+                     f"{module!r} (by the event's op, or by a fusion kernel's own name where the "
+                     "event names only a command buffer); those are categorized by what the op "
+                     "contains and by the Python code it came from (optax / Optimizer.update -> "
+                     "optimizer; a LayerNorm's or the residual add's elementwise passes -> "
+                     "reduction/norm) and named with the part of the GPT that code is ([GELU], "
+                     "[LayerNorm], ...); the other kernels (library and Pallas kernels a command "
+                     "buffer launched, other modules') by their names")
     return breakdown(triples, steps, top, device=events.device, framework="jax",
                      wall_us=wall_us, notes=notes,
                      spans=events.spans if events.device == "gpu" else None)
