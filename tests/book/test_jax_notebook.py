@@ -25,6 +25,9 @@ def test_jax_notebook_runs_and_writes_results(smoke_book):
     assert result.framework == "jax" and result.config["name"] == "smoke" and result.baseline == "R1"
     assert [r.name for r in result.rungs] == [n for n, r in fw.RUNGS.items() if not r.optional]
     assert any(r.kernels for r in result.rungs)
+    # XLA:CPU's fusions named with the part of the GPT each came from (perfladder.jax.frames)
+    report = next(r.kernels for r in result.rungs if r.kernels)
+    assert any(k["name"].endswith(("[GELU]", "[LayerNorm]", "[attention]")) for k in report["top"])
     assert result.rung("R2a").receipt.observed and not result.rung("R2a").receipt.ok
     assert result.rung("R2").receipt.ok
     assert result.learning is not None and result.learning.passed

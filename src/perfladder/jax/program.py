@@ -125,6 +125,19 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
         # token after the operand list that names a computation
         return [t for t in _TOKEN.findall(rest) if t.lstrip("%") in comp_names]
 
+    def frame_of(rest: str, depth: int = 0) -> int | None:
+        # the op's own stack frame; XLA:CPU writes none on a fusion, only on what it fuses:
+        # then that of the last op of its body that has one (XLA:GPU copies its ROOT's)
+        fm = _FRAME.search(rest)
+        if fm:
+            return int(fm.group(1))
+        for c in called(rest) if depth < 4 else ():
+            for _, _, inner in reversed(comps.get(c.lstrip("%"), ())):
+                fid = frame_of(inner, depth + 1)
+                if fid is not None:
+                    return fid
+        return None
+
     def content(comp: str, stack=()) -> tuple[set, set]:
         if comp in contents:
             return contents[comp]
@@ -154,9 +167,9 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
                 ops |= o2
                 targets |= t2
             optimizer, part = False, None
-            fm = _FRAME.search(rest)
-            if fm:
-                optimizer, part = frames.optimizer(int(fm.group(1))), frames.part(int(fm.group(1)))
+            fid = frame_of(rest)
+            if fid is not None:
+                optimizer, part = frames.optimizer(fid), frames.part(fid)
             sm = _SRC.search(rest)
             if sm and OPTIMIZER_FILES.search(sm.group("f")):
                 optimizer = True
