@@ -178,3 +178,19 @@ def test_on_a_real_h100_profile_gelu_and_layernorm_land_in_their_groups(h100_b10
     assert "gelu_bias_grad_bwd" in gelu["kernels"]
     assert rows_by["elementwise: rest"]["time_ms"] < gelu["time_ms"]
     assert rows_by["layernorm/reductions"]["time_ms"] > rows_by["elementwise: rest"]["time_ms"]
+
+
+def test_the_smoke_gpts_compiled_step_names_every_part():
+    """The names PARTS looks for are the model's own: the smoke GPT's compiled step (split jit,
+    bf16, XLA attention) has ops of every part but the fused kernels'. A renamed function in
+    perfladder/jax/model.py would fail here before a GPU run's report lost its groups."""
+    import dataclasses
+
+    from perfladder.jax.lab import JaxLab
+
+    lab = JaxLab(get_config("smoke"), probe=False)
+    recipe = dataclasses.replace(lab.seed_recipe(), jit="split", dtype="bfloat16")
+    step = lab.build_step(recipe)
+    X, Y = next(lab.stream(recipe.batch_size))
+    found = {part for _, part in hlo_ops(step.lower(X, Y).compile().as_text()).values()}
+    assert set(PART_NAMES) <= found
