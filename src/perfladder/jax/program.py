@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from perfladder.jax.frames import NORM_PARTS, OPTIMIZER_FILES, OPTIMIZER_FUNCTIONS, Frames  # noqa: F401
+from perfladder.jax.frames import NORM_PARTS, OPTIMIZER_FILES, Frames
 from perfladder.kernels import CATEGORIES, categorize
 
 _MATMUL_OPS = {"dot", "convolution", "ragged-dot", "scaled-dot"}
