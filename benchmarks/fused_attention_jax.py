@@ -137,14 +137,14 @@ def attention_sweep(args, res, fattn, qkv, dy, cos, sin, H: int, sync, median_ms
         res.data.setdefault(section, {})
     interpret = fattn._interpret(None)
     cos, sin = jnp.asarray(cos), jnp.asarray(sin)
-    y, lse = fattn._forward(qkv, cos, sin, H, interpret)     # lse as the backward takes it
+    y, lse = fattn._forward(qkv, None, cos, sin, H, interpret)     # lse as the backward takes it
 
     def run(part):
         """The part's kernel, traced now under the current launch parameters, as a call."""
         if part == "fwd":
-            f = jax.jit(lambda x: fattn._forward(x, cos, sin, H, interpret)[0])
+            f = jax.jit(lambda x: fattn._forward(x, None, cos, sin, H, interpret)[0])
             return lambda: jax.block_until_ready(f(qkv))
-        f = jax.jit(lambda x, o, d, m: fattn._backward(x, o, d, m, cos, sin, H, interpret))
+        f = jax.jit(lambda x, o, d, m: fattn._backward(x, None, o, d, m, cos, sin, H, interpret)[0])
         return lambda: jax.block_until_ready(f(qkv, y, dy, lse))
 
     want = {part: run(part)().astype(jnp.float32) for part in FIELDS}     # the defaults' outputs

@@ -97,6 +97,9 @@ def test_bad_options_and_shapes():
         GPT(dataclasses.replace(SMOKE, pos="learned"), rngs=nnx.Rngs(0), fused=("attention",))
     with pytest.raises(ValueError, match="valid choices"):
         GPT(SMOKE, rngs=nnx.Rngs(0), fused=("gelu",))
+    with pytest.raises(ValueError, match="'attention_bias' adds the QKV bias inside the fused "
+                                         "attention kernel, so it needs 'attention' too"):
+        GPT(SMOKE, rngs=nnx.Rngs(0), fused=("addnorm", "attention_bias"))
     x = jnp.zeros((2, 48))
     with pytest.raises(ValueError, match="power-of-two width"):
         layer_norm(x, jnp.ones(48), jnp.zeros(48))
@@ -127,11 +130,16 @@ def test_fused_model_matches_reference(dtype, checkpoint):
                 <= 3e-2 * scale + 1e-6, n
 
 
-@pytest.mark.parametrize("dtype,fused,checkpoint", [(jnp.float32, ("attention",), False),
-                                                    (jnp.bfloat16, ("addnorm", "attention"), True)])
+@pytest.mark.parametrize("dtype,fused,checkpoint", [
+    (jnp.float32, ("attention",), False), (jnp.bfloat16, ("addnorm", "attention"), True),
+    (jnp.float32, ("attention", "attention_bias"), False),
+    (jnp.bfloat16, ("addnorm", "attention", "attention_bias"), True)])
 def test_fused_attention_model_matches_reference(dtype, fused, checkpoint):
     cfg = dataclasses.replace(SMOKE, num_heads=SMOKE.num_hiddens // SMALL_DH)
     X = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
     ref = GPT(cfg, rngs=nnx.Rngs(0), dtype=dtype, checkpoint=checkpoint)
     model = GPT(cfg, rngs=nnx.Rngs(0), dtype=dtype, checkpoint=checkpoint, fused=fused)
+    for m in (ref, model):     # QKV biases that are not zero (they start at zero): a bias left
+        for i, blk in enumerate(m.blks):        # out of the forward would show
+            blk.attn.W_qkv.bias[...] = jax.random.normal(jax.random.key(i), (3 * cfg.num_hiddens,))
     assert_matches_reference(ref, model, X, dtype)

@@ -1,8 +1,10 @@
 """perfladder.jax.fused.attention: the Pallas attention with RoPE on load against the model's own
 ops (float64 and bf16), forward, logsumexp and d(qkv), at sequences of one token, of a length
 that is no multiple of the blocks (padded), and of the model's length, under the default launch
-configuration and under blocks of unequal sizes; its bad inputs; and the kernels' lowering and
-compiling for the GPU (done on a CPU). Without a GPU the kernels run in Pallas's interpreter.
+configuration and under blocks of unequal sizes; the QKV bias added on load (``bias=``) against
+the same kernels given the projection with its bias; its bad inputs; and the kernels' lowering
+and compiling for the GPU (done on a CPU), with and without the bias. Without a GPU the kernels
+run in Pallas's interpreter.
 """
 import math
 import shutil
@@ -145,6 +147,54 @@ def test_backward_under_other_blocks_than_its_forward(launch):
     assert _rel(vjp(g)[0], rdqkv) < FP32_REL
 
 
+def _biased_case(dtype, T, H, Dh, B=2):
+    """The projection without its bias, a bias of the same size as its columns, a cotangent."""
+    u, g, tables = _attention_case(dtype, T, H, Dh, B=B)
+    bias = jax.random.normal(jax.random.key(5), (u.shape[-1],), jnp.float32).astype(dtype)
+    return u, bias, g.astype(dtype), tables
+
+
+@pytest.mark.parametrize("case", ["T=40 uneven other way", "T=128"])
+def test_bias_on_load_is_the_bias_added_first(case, launch):
+    """fp32: the kernels adding the bias where they load q, k and v give what they give on the
+    projection with its bias added (y and d(qkv) to rounding), and the bias gradient is d(qkv)
+    summed over the batch and the sequence -- two sequences and a padded length, so a row left
+    out of the partial sums, a padded row counted or a head's sums in another head's columns
+    shows."""
+    T, (fwd, bwd) = CASES[case]
+    launch(fwd, bwd)
+    H, Dh = 2, SMALL_DH
+    u, bias, g, (cos, sin) = _biased_case(jnp.float32, T, H, Dh)
+    y, vjp = jax.vjp(lambda x, b: fattn.rope_attention(x, cos, sin, H, bias=b), u, bias)
+    ry, rvjp = jax.vjp(lambda x, b: fattn.rope_attention(x + b, cos, sin, H), u, bias)
+    (du, db), (rdu, rdb) = vjp(g), rvjp(g)
+    assert db.shape == bias.shape and db.dtype == jnp.float32
+    assert _rel(y, ry) < 1e-6 and _rel(du, rdu) < 1e-6
+    assert _rel(db, rdb) < 1e-6 and _rel(db, np.asarray(du, np.float64).sum((0, 1))) < 1e-6
+    _, lse = fattn.forward_with_lse(u, cos, sin, H, bias=bias)
+    np.testing.assert_allclose(lse, fattn.forward_with_lse(u + bias, cos, sin, H)[1], rtol=1e-6)
+
+
+def test_bias_on_load_in_bf16_as_accurate_as_the_reference():
+    """bf16: y, d(qkv) and the bias gradient against float64 about as accurate as the model's
+    own bf16 ops (the bias added by XLA, then its attention) are."""
+    H, Dh, T = 2, 32, 128
+    u, bias, g, (cos, sin) = _biased_case(jnp.bfloat16, T, H, Dh)
+    got = jax.vjp(lambda x, b: fattn.rope_attention(x, cos, sin, H, bias=b), u, bias)
+    ref = jax.vjp(lambda x, b: _reference_attention(x + b, H), u, bias)
+    with jax.enable_x64(True):
+        ey, evjp = jax.vjp(lambda x, b: _reference_attention(x + b, H),
+                           *(jnp.asarray(np.asarray(a, np.float64)) for a in (u, bias)))
+        exact = (ey, *evjp(jnp.asarray(np.asarray(g, np.float64))))
+    for (y, vjp), name in ((got, "kernels"), (ref, "reference")):
+        assert y.dtype == jnp.bfloat16 and all(d.dtype == jnp.bfloat16 for d in vjp(g)), name
+    errs = {name: [_rel(a, e) for a, e in zip((y, *vjp(g)), exact)]
+            for (y, vjp), name in ((got, "kernels"), (ref, "reference"))}
+    print(errs)
+    for e, r, what in zip(errs["kernels"], errs["reference"], ("y", "d(qkv)", "d(bias)")):
+        assert e < 1.25 * r + 1e-3 and e < 2e-2, (what, e, r)
+
+
 def test_rejects_bad_shapes_and_launch_configurations(monkeypatch):
     cos, sin = rope_tables(16, 16)
     with pytest.raises(ValueError, match="num_heads"):
@@ -155,21 +205,28 @@ def test_rejects_bad_shapes_and_launch_configurations(monkeypatch):
         fattn.rope_attention(jnp.zeros((1, 0, 96)), cos[:0], sin[:0], 2)
     with pytest.raises(ValueError, match="head width >= 32"):
         fattn.rope_attention(jnp.zeros((1, 16, 96)), cos, sin, 2, interpret=False)
+    for bias in (jnp.zeros(32), jnp.zeros(96, jnp.bfloat16)):
+        with pytest.raises(ValueError, match=r"bias must be \(96,\) in qkv's dtype float32"):
+            fattn.rope_attention(jnp.zeros((1, 16, 96)), cos, sin, 2, bias=bias)
     monkeypatch.setitem(fattn.BWD, "inner", 24)
     with pytest.raises(ValueError, match=r"BWD\['inner'\] must be a power of two >= 16; got 24"):
         fattn.rope_attention(jnp.zeros((1, 16, 96)), cos, sin, 2)
 
 
-def _lowered_for_cuda(T: int, H: int = 8, Dh: int = 64) -> str:
+def _lowered_for_cuda(T: int, H: int = 8, Dh: int = 64, biased: bool = False) -> str:
     """The training step's attention (forward and backward) at batch 4, bf16, lowered on this
-    machine for the CUDA platform (Pallas's Triton lowering: no GPU needed)."""
+    machine for the CUDA platform (Pallas's Triton lowering: no GPU needed); ``biased``: with
+    the bias added on load, and its gradient."""
     cos, sin = rope_tables(T, Dh)
 
-    def loss(x):
-        return fattn.rope_attention(x, cos, sin, H, interpret=False).astype(jnp.float32).sum()
+    def loss(x, b):
+        y = fattn.rope_attention(x, cos, sin, H, interpret=False, bias=b if biased else None)
+        return y.astype(jnp.float32).sum()
 
     x = jax.ShapeDtypeStruct((4, T, 3 * H * Dh), jnp.bfloat16)
-    return jax.jit(jax.grad(loss)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    b = jax.ShapeDtypeStruct((3 * H * Dh,), jnp.bfloat16)
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, b).lower(
+        lowering_platforms=("cuda",)).as_text()
 
 
 def test_lowers_for_cuda_and_pads_only_a_sequence_off_the_blocks():
@@ -182,15 +239,17 @@ def test_lowers_for_cuda_and_pads_only_a_sequence_off_the_blocks():
     assert "stablehlo.pad" in _lowered_for_cuda(120)
 
 
-def test_compiles_for_sm90_without_spills(monkeypatch, tmp_path):
+@pytest.mark.parametrize("biased", [False, True], ids=["plain", "bias on load"])
+def test_compiles_for_sm90_without_spills(monkeypatch, tmp_path, biased):
     """Each kernel's TTIR, as Pallas lowers it at the model's shape, compiled by the triton
     package (its bundled ptxas; no GPU needed) to an sm_90a cubin under the module's launch
     configuration: Hopper's warp-group MMA for the dots, and no register spills (cuobjdump's
     STACK and LOCAL zero) -- a spilled accumulator or score tile would turn into memory
-    traffic on every tile."""
+    traffic on every tile. With the bias added on load too (its loads and the backward's sums
+    hold registers of their own)."""
     cuobjdump()
     modules = catch_triton_modules(monkeypatch)
-    _lowered_for_cuda(128)
+    _lowered_for_cuda(128, biased=biased)
     assert len(modules) == 2
     for name, text, cfg in zip(("fwd", "bwd"), modules, (fattn.FWD, fattn.BWD)):
         asm, fields = compile_for_sm90(text, tmp_path / f"rope_attention_{name}",
@@ -217,3 +276,9 @@ def test_full_shape_on_gpu_bf16(T):
     dqkv, rdqkv = vjp(gb)[0], rvjp(gb)[0]
     assert _rel(y, ey) < 1.5 * _rel(ry, ey) + 1e-3
     assert _rel(dqkv, edqkv) < 1.5 * _rel(rdqkv, edqkv) + 1e-3
+    # the bias on load: the same kernels' outputs, given the bias apart from the projection
+    bias = jax.random.normal(jax.random.key(5), (qkv.shape[-1],), jnp.bfloat16)
+    by, bvjp = jax.vjp(lambda x, b: fattn.rope_attention(x, cos, sin, H, bias=b), qkv, bias)
+    ay, avjp = jax.vjp(lambda x, b: fattn.rope_attention(x + b, cos, sin, H), qkv, bias)
+    (bdu, bdb), (adu, adb) = bvjp(gb), avjp(gb)
+    assert _rel(by, ay) < 1e-2 and _rel(bdu, adu) < 2e-2 and _rel(bdb, adb) < 2e-2

@@ -27,7 +27,7 @@ OPTIMIZER_FUNCTIONS = re.compile(r"(^|\.)(Optimizer\.(update|step)|apply_updates
 PARTS: tuple[tuple[str, re.Pattern], ...] = (
     ("LayerNorm", re.compile(r"^(LayerNorm\.__call__|fused_norm|add_layer_norm\w*)$")),
     ("RoPE", re.compile(r"^(rope|rope_tables)$")),
-    ("linear", re.compile(r"^(Linear\.__call__|Embed\.attend)$")),
+    ("linear", re.compile(r"^(Linear\.__call__|Embed\.attend|matmul_and_bias)$")),
     ("GELU", re.compile(r"^(FFN\.__call__|ffn|gelu_bias\w*|_gelu\w*)$")),
     ("attention", re.compile(r"^CausalAttention\.__call__$")),
     ("residual add", re.compile(r"^(Block\.__call__|Block\.forward_addnorm|_run_block\w*)$")),

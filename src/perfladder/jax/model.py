@@ -116,10 +116,11 @@ class CausalAttention(nnx.Module):
     """Fused QKV projection, RoPE on q and k, causal scaled-dot-product attention.
 
     ``fused_attention``: the split, RoPE, attention and the merge of the heads in one Pallas
-    kernel each way (``fused.attention``), from the (B, T, 3D) projection to ``W_o``'s input."""
+    kernel each way (``fused.attention``), from the (B, T, 3D) projection to ``W_o``'s input;
+    ``bias_on_load``: that kernel adds the projection's bias where it loads q, k and v."""
 
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, attn_impl=None,
-                 fused_attention: bool = False):
+                 fused_attention: bool = False, bias_on_load: bool = False):
         D = cfg.num_hiddens
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.use_rope, self.rope_base = cfg.pos == "rope", cfg.rope_base
@@ -129,17 +130,24 @@ class CausalAttention(nnx.Module):
         if fused_attention and attn_impl is not None:
             raise ValueError(f"fused 'attention' replaces jax.nn.dot_product_attention, so "
                              f"attn_impl must be None; got attn_impl={attn_impl!r}")
-        self.fused_attention = bool(fused_attention)
+        if bias_on_load and not fused_attention:
+            raise ValueError("fused 'attention_bias' adds the QKV bias inside the fused attention "
+                             "kernel: it needs fused 'attention' too")
+        self.fused_attention, self.bias_on_load = bool(fused_attention), bool(bias_on_load)
         self.W_qkv = _linear(D, 3 * D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.W_o = _linear(D, D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         B, T, D = x.shape
-        qkv = self.W_qkv(x)                                           # (B, T, 3D)
         if self.fused_attention:
+            from perfladder.jax.fused import matmul_and_bias
             from perfladder.jax.fused.attention import rope_attention
             cos, sin = rope_tables(T, self.head_dim, float(self.rope_base))   # (T, Dh) each
-            return self.W_o(rope_attention(qkv, cos, sin, self.num_heads))   # (B, T, D)
+            if self.bias_on_load:
+                u, bias = matmul_and_bias(self.W_qkv, x)              # (B, T, 3D), (3D,)
+                return self.W_o(rope_attention(u, cos, sin, self.num_heads, bias=bias))
+            return self.W_o(rope_attention(self.W_qkv(x), cos, sin, self.num_heads))  # (B, T, D)
+        qkv = self.W_qkv(x)                                           # (B, T, 3D)
         heads = (B, T, self.num_heads, self.head_dim)
         q, k, v = (part.reshape(heads)                                # 3 x (B, T, H, Dh)
                    for part in jnp.split(qkv, 3, axis=-1))            # 3 x (B, T, D)
@@ -175,7 +183,8 @@ class Block(nnx.Module):
                  fused: tuple = ()):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.norm1 = _layer_norm(cfg.num_hiddens, cfg.ln_eps, **kw)
-        self.attn = CausalAttention(cfg, attn_impl=attn_impl, fused_attention="attention" in fused, **kw)
+        self.attn = CausalAttention(cfg, attn_impl=attn_impl, fused_attention="attention" in fused,
+                                    bias_on_load="attention_bias" in fused, **kw)
         self.norm2 = _layer_norm(cfg.num_hiddens, cfg.ln_eps, **kw)
         self.ffn = FFN(cfg, fused_gelu="gelu_bias_grad" in fused, **kw)
 
@@ -266,7 +275,8 @@ class GPT(nnx.Module):
     ``fused``: Pallas kernels for memory-bound ops (``perfladder.jax.fused``): ``'addnorm'``
     fuses each residual add into the LayerNorm after it, forward and backward; ``'attention'``
     runs the QKV split, RoPE, causal attention and the head merge as one kernel each way (not
-    with a pinned ``attn_impl``); ``'gelu_bias_grad'`` runs GELU's backward and FC1's bias
+    with a pinned ``attn_impl``), and with ``'attention_bias'`` too adds the QKV projection's
+    bias where it loads q, k and v; ``'gelu_bias_grad'`` runs GELU's backward and FC1's bias
     gradient as one kernel. The default ``()`` runs the reference ops; the parameters and
     the math are the same either way.
     ``residual``: the dtype of the residual stream H between blocks. ``None`` (default): the

@@ -6,6 +6,12 @@ projection and ``y`` (B, T, D) ready for ``W_o``, under ``jax.custom_vjp`` (resi
 y, the base-2 row logsumexp (B, H, T), the tables). q and k are rotated in fp32 and rounded to
 the input dtype each time a tile of them is loaded; every dot accumulates in fp32.
 
+``bias=`` (the model's ``'attention_bias'``): ``qkv`` is the projection's matmul alone, the
+kernels add the (3D,) bias to each tile they load (in the input dtype, as flax's ``Linear``
+does), and the backward sums the rows of ``d(qkv)`` it writes into the bias gradient's partial
+sums. Otherwise the bias is a pass of its own over the (B, T, 3D) projection: XLA neither gives
+a broadcast bias to a cuBLAS GEMM nor fuses an add into a custom call.
+
 * forward, one program per (query block, batch, head), grid ``(T / block_m, B, H)``: the
   block's rotated q against the key blocks up to the diagonal only (a loop with a bound per
   program), online softmax over them, ``y = P v``; keys past the diagonal are never loaded.
@@ -80,10 +86,12 @@ def _interpret(interpret):
     return jax.default_backend() != "gpu" if interpret is None else bool(interpret)
 
 
-def _check(qkv, cos, num_heads: int, interpret: bool) -> tuple[int, int, int, int]:
+def _check(qkv, bias, cos, num_heads: int, interpret: bool) -> tuple[int, int, int, int]:
     if qkv.ndim != 3 or qkv.shape[-1] % 3:
         raise ValueError(f"qkv must be (B, T, 3D), got shape {qkv.shape}")
     B, T, D3 = qkv.shape
+    if bias is not None and (bias.shape != (D3,) or bias.dtype != qkv.dtype):
+        raise ValueError(f"bias must be ({D3},) in qkv's dtype {qkv.dtype}, got {bias.shape} {bias.dtype}")
     D = D3 // 3
     if D % num_heads:
         raise ValueError(f"width {D} does not split into num_heads={num_heads} heads")
@@ -137,10 +145,21 @@ def _dot(a, b, trans_a=False, trans_b=False):
                                precision=jax.lax.Precision.HIGHEST if exact else None)
 
 
-def _rotated(ref, part: int, rows, cos_ref, sin_ref):
+def _refs(refs, biased: bool):      # a kernel's (qkv_ref, bias_ref or None, the others)
+    return refs[0], (refs[1] if biased else None), refs[1 + biased:]
+
+
+def _load(ref, bias_ref, rows, part: int, half: int):
+    """Half ``half`` of q, k or v (``part`` 0, 1, 2) at ``rows`` of a (T, 3, 2, HALF) block, with
+    the bias of a (3, 2, HALF) block added when there is one."""
+    x = ref[rows, part, half, :]
+    return x if bias_ref is None else x + bias_ref[part, half, :][None, :]
+
+
+def _rotated(ref, part: int, rows, cos_ref, sin_ref, bias_ref=None):
     """q (part 0) or k (part 1) at ``rows`` of a (T, 3, 2, HALF) block, rotated in fp32 and
     rounded to the input dtype: its two halves (n, HALF)."""
-    x1, x2 = ref[rows, part, 0, :], ref[rows, part, 1, :]
+    x1, x2 = _load(ref, bias_ref, rows, part, 0), _load(ref, bias_ref, rows, part, 1)
     a, b = x1.astype(jnp.float32), x2.astype(jnp.float32)
     c, s = cos_ref[rows, :], sin_ref[rows, :]
     return (a * c - b * s).astype(x1.dtype), (b * c + a * s).astype(x1.dtype)
@@ -155,24 +174,24 @@ def _visible(q0, m: int, k0, n: int, keys_first: bool = False):
     return keys <= rows
 
 
-def _fwd_kernel(qkv_ref, cos_ref, sin_ref, y_ref, lse_ref, *, block_m: int, block_n: int,
-                qk_scale: float):
+def _fwd_kernel(*refs, block_m: int, block_n: int, qk_scale: float, biased: bool):
+    qkv_ref, bias_ref, (cos_ref, sin_ref, y_ref, lse_ref) = _refs(refs, biased)
     q0 = pl.program_id(0) * block_m
-    q1, q2 = _rotated(qkv_ref, 0, pl.ds(q0, block_m), cos_ref, sin_ref)   # (block_m, HALF)
+    q1, q2 = _rotated(qkv_ref, 0, pl.ds(q0, block_m), cos_ref, sin_ref, bias_ref)  # (block_m, HALF)
 
     def step(j, carry):
         acc1, acc2, m, l = carry
         k0 = j * block_n
         ks = pl.ds(k0, block_n)
-        k1, k2 = _rotated(qkv_ref, 1, ks, cos_ref, sin_ref)                # (block_n, HALF)
+        k1, k2 = _rotated(qkv_ref, 1, ks, cos_ref, sin_ref, bias_ref)      # (block_n, HALF)
         s = (_dot(q1, k1, trans_b=True) + _dot(q2, k2, trans_b=True)) * qk_scale
         s = jnp.where(_visible(q0, block_m, k0, block_n), s, -jnp.inf)    # (block_m, block_n)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))     # finite from key 0, seen by every row
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(s - m_new[:, None])
         pc = p.astype(q1.dtype)
-        acc1 = acc1 * alpha[:, None] + _dot(pc, qkv_ref[ks, 2, 0, :])
-        acc2 = acc2 * alpha[:, None] + _dot(pc, qkv_ref[ks, 2, 1, :])
+        acc1 = acc1 * alpha[:, None] + _dot(pc, _load(qkv_ref, bias_ref, ks, 2, 0))
+        acc2 = acc2 * alpha[:, None] + _dot(pc, _load(qkv_ref, bias_ref, ks, 2, 1))
         return acc1, acc2, m_new, l * alpha + jnp.sum(p, axis=1)
 
     f32 = jnp.float32
@@ -185,10 +204,10 @@ def _fwd_kernel(qkv_ref, cos_ref, sin_ref, y_ref, lse_ref, *, block_m: int, bloc
     lse_ref[...] = m + jnp.log2(l)
 
 
-def _query_tile(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, rows):
+def _query_tile(qkv_ref, bias_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, rows):
     """What a query tile brings to the backward: rotated q, dy (halves each), its logsumexp
     and ``delta = rowsum(dy * y)`` (fp32; rowsum(P dP), the softmax's backward term)."""
-    q1, q2 = _rotated(qkv_ref, 0, rows, cos_ref, sin_ref)
+    q1, q2 = _rotated(qkv_ref, 0, rows, cos_ref, sin_ref, bias_ref)
     dy1, dy2 = dy_ref[rows, 0, :], dy_ref[rows, 1, :]
     f32 = jnp.float32
     delta = jnp.sum(dy1.astype(f32) * y_ref[rows, 0, :].astype(f32)
@@ -196,8 +215,8 @@ def _query_tile(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, rows):
     return q1, q2, dy1, dy2, lse_ref[rows], delta
 
 
-def _bwd_kernel(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, dqkv_ref, *, block: int,
-                inner: int, qk_scale: float, sm_scale: float):
+def _bwd_kernel(*refs, block: int, inner: int, qk_scale: float, sm_scale: float, biased: bool):
+    qkv_ref, bias_ref, (y_ref, dy_ref, lse_ref, cos_ref, sin_ref, dqkv_ref, *db) = _refs(refs, biased)
     j = pl.program_id(0)
     b0 = j * block
     own = pl.ds(b0, block)
@@ -206,14 +225,14 @@ def _bwd_kernel(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, dqkv_ref, *, 
     zeros = jnp.zeros((block, qkv_ref.shape[-1]), f32)
 
     # phase 1: dK, dV of keys b0.. over the query tiles that see them
-    k1, k2 = _rotated(qkv_ref, 1, own, cos_ref, sin_ref)
-    v1, v2 = qkv_ref[own, 2, 0, :], qkv_ref[own, 2, 1, :]
+    k1, k2 = _rotated(qkv_ref, 1, own, cos_ref, sin_ref, bias_ref)
+    v1, v2 = _load(qkv_ref, bias_ref, own, 2, 0), _load(qkv_ref, bias_ref, own, 2, 1)
 
     def keys_step(i, carry):
         dk1, dk2, dv1, dv2 = carry
         r0 = i * inner
-        q1, q2, dy1, dy2, lse, delta = _query_tile(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref,
-                                                   sin_ref, pl.ds(r0, inner))
+        q1, q2, dy1, dy2, lse, delta = _query_tile(qkv_ref, bias_ref, y_ref, dy_ref, lse_ref,
+                                                   cos_ref, sin_ref, pl.ds(r0, inner))
         # keys on rows (S^T, dP^T: (block, inner)), so that P^T and dS^T enter their dots as
         # they are, the left operand straight from registers, with no transpose through memory
         s = (_dot(k1, q1, trans_b=True) + _dot(k2, q2, trans_b=True)) * qk_scale
@@ -228,32 +247,37 @@ def _bwd_kernel(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref, sin_ref, dqkv_ref, *, 
                                            (zeros, zeros, zeros, zeros))
     dk1, dk2 = dk1 * sm_scale, dk2 * sm_scale
     cb, sb = cos_ref[own, :], sin_ref[own, :]
+
+    def write(part: int, g1, g2):       # and, with a bias, its share of the bias gradient
+        for half, g in ((0, g1.astype(out)), (1, g2.astype(out))):
+            dqkv_ref[:, part, half, :] = g
+            if biased:
+                db[0][part, half, :] = jnp.sum(g.astype(f32), axis=0)
+
     # RoPE's transpose: y1 = x1 c - x2 s, y2 = x2 c + x1 s => dx1 = g1 c + g2 s, dx2 = g2 c - g1 s
-    dqkv_ref[:, 1, 0, :] = (dk1 * cb + dk2 * sb).astype(out)
-    dqkv_ref[:, 1, 1, :] = (dk2 * cb - dk1 * sb).astype(out)
-    dqkv_ref[:, 2, 0, :] = dv1.astype(out)
-    dqkv_ref[:, 2, 1, :] = dv2.astype(out)
+    write(1, dk1 * cb + dk2 * sb, dk2 * cb - dk1 * sb)
+    write(2, dv1, dv2)
 
     # phase 2: dQ of queries b0.. over the key tiles they see
-    q1, q2, dy1, dy2, lse, delta = _query_tile(qkv_ref, y_ref, dy_ref, lse_ref, cos_ref,
-                                               sin_ref, own)
+    q1, q2, dy1, dy2, lse, delta = _query_tile(qkv_ref, bias_ref, y_ref, dy_ref, lse_ref,
+                                               cos_ref, sin_ref, own)
 
     def queries_step(i, carry):
         dq1, dq2 = carry
         k0 = i * inner
         ks = pl.ds(k0, inner)
-        k1, k2 = _rotated(qkv_ref, 1, ks, cos_ref, sin_ref)                 # (inner, HALF)
+        k1, k2 = _rotated(qkv_ref, 1, ks, cos_ref, sin_ref, bias_ref)       # (inner, HALF)
         s = (_dot(q1, k1, trans_b=True) + _dot(q2, k2, trans_b=True)) * qk_scale
         p = jnp.where(_visible(b0, block, k0, inner), jnp.exp2(s - lse[:, None]), 0.0)
-        dp = _dot(dy1, qkv_ref[ks, 2, 0, :], trans_b=True) + _dot(dy2, qkv_ref[ks, 2, 1, :], trans_b=True)
+        dp = (_dot(dy1, _load(qkv_ref, bias_ref, ks, 2, 0), trans_b=True)
+              + _dot(dy2, _load(qkv_ref, bias_ref, ks, 2, 1), trans_b=True))
         ds = (p * (dp - delta[:, None])).astype(q1.dtype)                # (block, inner)
         return dq1 + _dot(ds, k1), dq2 + _dot(ds, k2)
 
     last = jax.lax.div(b0 + block + inner - 1, inner)            # key tiles to the diagonal
     dq1, dq2 = jax.lax.fori_loop(0, last, queries_step, (zeros, zeros))
     dq1, dq2 = dq1 * sm_scale, dq2 * sm_scale
-    dqkv_ref[:, 0, 0, :] = (dq1 * cb + dq2 * sb).astype(out)
-    dqkv_ref[:, 0, 1, :] = (dq2 * cb - dq1 * sb).astype(out)
+    write(0, dq1 * cb + dq2 * sb, dq2 * cb - dq1 * sb)
 
 
 # -- pallas calls -------------------------------------------------------------------------------
@@ -273,86 +297,104 @@ def _tables(cos, sin, Tp: int):
     return _pad_rows(cos[:, :half], Tp, 0), _pad_rows(sin[:, :half], Tp, 0)
 
 
-def _forward(qkv, cos, sin, H: int, interpret: bool):
+def _bias_spec(half: int):
+    """The BlockSpec of a (3, H, 2, HALF) view of the bias: a program's head, all three parts."""
+    return pl.BlockSpec((3, None, 2, half), lambda i, b, h: (0, h, 0, 0))
+
+
+def _forward(qkv, bias, cos, sin, H: int, interpret: bool):
     """``(y, lse)``: y (B, T, D); lse (B, H, Tp), Tp the padded length."""
     B, T, D3 = qkv.shape
     half = D3 // 3 // H // 2
     Tp, fwd, _ = _blocks(T)
     heads, _, _, table = _sequence_specs(Tp, half)
+    biased = bias is not None
     bm = fwd["block_m"]
     y, lse = pl.pallas_call(
         functools.partial(_fwd_kernel, block_m=bm, block_n=fwd["block_n"],
-                          qk_scale=LOG2E / math.sqrt(2 * half)),
+                          qk_scale=LOG2E / math.sqrt(2 * half), biased=biased),
         out_shape=[jax.ShapeDtypeStruct((B, Tp, H, 2, half), qkv.dtype),
                    jax.ShapeDtypeStruct((B, H, Tp), jnp.float32)],
-        grid=(Tp // bm, B, H), in_specs=[heads, table, table],
+        grid=(Tp // bm, B, H), in_specs=[heads, *[_bias_spec(half)] * biased, table, table],
         out_specs=[pl.BlockSpec((None, bm, None, 2, half), lambda i, b, h: (b, i, h, 0, 0)),
                    pl.BlockSpec((None, None, bm), lambda i, b, h: (b, h, i))],
         compiler_params=plgpu.CompilerParams(num_warps=FWD["num_warps"],
                                              num_stages=FWD["num_stages"]),
         interpret=interpret, name="rope_attention_fwd",
-    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *_tables(cos, sin, Tp))
+    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half),
+      *([] if bias is None else [bias.reshape(3, H, 2, half)]), *_tables(cos, sin, Tp))
     return y[:, :T].reshape(B, T, D3 // 3), lse
 
 
-def _backward(qkv, y, dy, lse, cos, sin, H: int, interpret: bool):
+def _backward(qkv, bias, y, dy, lse, cos, sin, H: int, interpret: bool):
+    """``(d(qkv), the bias gradient in fp32 or None)``."""
     B, T, D3 = qkv.shape
     half = D3 // 3 // H // 2
     Tp, _, bwd = _blocks(T)
     heads, head, row, table = _sequence_specs(Tp, half)
+    biased = bias is not None
     block = bwd["block"]
     view = (B, Tp, H, 2, half)
     # the forward's own, unless the launch parameters changed since (a sweep) and with them Tp
     lse = _pad_rows(lse[..., :T], Tp, axis=2)
-    dqkv = pl.pallas_call(
-        functools.partial(_bwd_kernel, block=block, inner=bwd["inner"],
+    # with a bias: per-program sums of d(qkv)'s rows, (row block, B, 3, H, 2, HALF) in fp32
+    sums = ([jax.ShapeDtypeStruct((Tp // block, B, 3, H, 2, half), jnp.float32)],
+            [pl.BlockSpec((None, None, 3, None, 2, half), lambda i, b, h: (i, b, 0, h, 0, 0))])
+    out = pl.pallas_call(
+        functools.partial(_bwd_kernel, block=block, inner=bwd["inner"], biased=biased,
                           qk_scale=LOG2E / math.sqrt(2 * half), sm_scale=1.0 / math.sqrt(2 * half)),
-        out_shape=jax.ShapeDtypeStruct((B, Tp, 3, H, 2, half), qkv.dtype),
-        grid=(Tp // block, B, H), in_specs=[heads, head, head, row, table, table],
-        out_specs=pl.BlockSpec((None, block, 3, None, 2, half),
-                               lambda i, b, h: (b, i, 0, h, 0, 0)),
+        out_shape=[jax.ShapeDtypeStruct((B, Tp, 3, H, 2, half), qkv.dtype), *sums[0] * biased],
+        grid=(Tp // block, B, H),
+        in_specs=[heads, *[_bias_spec(half)] * biased, head, head, row, table, table],
+        out_specs=[pl.BlockSpec((None, block, 3, None, 2, half),
+                                lambda i, b, h: (b, i, 0, h, 0, 0)), *sums[1] * biased],
         compiler_params=plgpu.CompilerParams(num_warps=BWD["num_warps"],
                                              num_stages=BWD["num_stages"]),
         interpret=interpret, name="rope_attention_bwd",
-    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), _pad_rows(y, Tp).reshape(view),
-      _pad_rows(dy.astype(qkv.dtype), Tp).reshape(view), lse, *_tables(cos, sin, Tp))
-    return dqkv[:, :T].reshape(B, T, D3)
+    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *([] if bias is None else [bias.reshape(3, H, 2, half)]),
+      _pad_rows(y, Tp).reshape(view), _pad_rows(dy.astype(qkv.dtype), Tp).reshape(view), lse,
+      *_tables(cos, sin, Tp))
+    dqkv = out[0][:, :T].reshape(B, T, D3)
+    return dqkv, (out[1].sum((0, 1)).reshape(D3) if biased else None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _rope_attention(qkv, cos, sin, num_heads, interpret):
-    return _forward(qkv, cos, sin, num_heads, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _rope_attention(qkv, bias, cos, sin, num_heads, interpret):
+    return _forward(qkv, bias, cos, sin, num_heads, interpret)[0]
 
 
-def _rope_attention_fwd(qkv, cos, sin, num_heads, interpret):
-    y, lse = _forward(qkv, cos, sin, num_heads, interpret)
-    return y, (qkv, y, lse, cos, sin)
+def _rope_attention_fwd(qkv, bias, cos, sin, num_heads, interpret):
+    y, lse = _forward(qkv, bias, cos, sin, num_heads, interpret)
+    return y, (qkv, bias, y, lse, cos, sin)
 
 
 def _rope_attention_bwd(num_heads, interpret, res, dy):
-    qkv, y, lse, cos, sin = res
-    dqkv = _backward(qkv, y, dy, lse, cos, sin, num_heads, interpret)
-    return dqkv, jnp.zeros_like(cos), jnp.zeros_like(sin)     # the tables are constants
+    qkv, bias, y, lse, cos, sin = res
+    dqkv, dbias = _backward(qkv, bias, y, dy, lse, cos, sin, num_heads, interpret)
+    dbias = None if bias is None else dbias.astype(bias.dtype)
+    return dqkv, dbias, jnp.zeros_like(cos), jnp.zeros_like(sin)     # the tables are constants
 
 
 _rope_attention.defvjp(_rope_attention_fwd, _rope_attention_bwd)
 
 
-def rope_attention(qkv: jax.Array, cos, sin, num_heads: int,
-                   interpret: bool | None = None) -> jax.Array:
+def rope_attention(qkv: jax.Array, cos, sin, num_heads: int, interpret: bool | None = None,
+                   bias: jax.Array | None = None) -> jax.Array:
     """Causal softmax attention, scale 1/sqrt(Dh), of the heads of the QKV projection ``qkv``
     (B, T, 3D) with RoPE on q and k from the (T, Dh) fp32 tables: (B, T, D) in ``qkv``'s dtype.
+    ``bias``: ``qkv`` is the projection without its (3D,) bias, which the kernels add on load.
     ``interpret=None``: Pallas's interpreter unless the default backend is a GPU."""
     interpret = _interpret(interpret)
     cos, sin = jnp.asarray(cos), jnp.asarray(sin)
-    _check(qkv, cos, num_heads, interpret)
-    return _rope_attention(qkv, cos, sin, int(num_heads), interpret)
+    _check(qkv, bias, cos, num_heads, interpret)
+    return _rope_attention(qkv, bias, cos, sin, int(num_heads), interpret)
 
 
-def forward_with_lse(qkv: jax.Array, cos, sin, num_heads: int, interpret: bool | None = None):
+def forward_with_lse(qkv: jax.Array, cos, sin, num_heads: int, interpret: bool | None = None,
+                     bias: jax.Array | None = None):
     """``(y, lse)``: the forward kernel's outputs, the base-2 logsumexp (B, H, T) included (tests)."""
     interpret = _interpret(interpret)
     cos, sin = jnp.asarray(cos), jnp.asarray(sin)
-    B, T, _, _ = _check(qkv, cos, num_heads, interpret)
-    y, lse = _forward(qkv, cos, sin, int(num_heads), interpret)
+    B, T, _, _ = _check(qkv, bias, cos, num_heads, interpret)
+    y, lse = _forward(qkv, bias, cos, sin, int(num_heads), interpret)
     return y, lse[..., :T]

@@ -32,6 +32,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from perfladder.jax.fused import matmul_and_bias
+
 # rows per iteration x columns per program: an 8 x 256 tile over 4 warps compiles for sm_90 to
 # 72 registers a thread (8 x 1024: 250), so several programs share an SM to hide the loads
 ROWS = 8                # rows per iteration of a backward program
@@ -129,9 +131,5 @@ def gelu_bias(u: jax.Array, bias: jax.Array, interpret: bool | None = None) -> j
 def ffn(module, x: jax.Array) -> jax.Array:
     """``module.dense2(gelu_tanh(module.dense1(x)))`` with FC1's bias and GELU through
     ``gelu_bias``: FC1's kernel and bias cast to its compute dtype, as flax's ``Linear`` does."""
-    d1 = module.dense1
-    dtype = d1.dtype or x.dtype
-    kernel, bias = d1.kernel[...].astype(dtype), d1.bias[...].astype(dtype)
-    u = jax.lax.dot_general(x.astype(dtype), kernel, (((x.ndim - 1,), (0,)), ((), ())),
-                            precision=d1.precision)                     # (..., F)
+    u, bias = matmul_and_bias(module.dense1, x)                         # (..., F), (F,)
     return module.dense2(gelu_bias(u, bias))
