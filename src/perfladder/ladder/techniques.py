@@ -127,6 +127,11 @@ TECHNIQUES: dict[str, Technique] = {
                               "gives FC1's bias add and GELU", (MEMORY,), S_FUSION,
                               "GELU and bias passes over the 4D-wide hidden activation (forward)",
                               ("elementwise: GELU", E_REST)),
+    "attention_bias": Technique("adds the QKV projection's bias where the attention kernels load "
+                                "q, k and v, and sums its gradient where they write d(qkv), so the "
+                                "bias is no longer a pass of its own over the projection",
+                                (MEMORY,), S_KERNEL, "the QKV bias's pass over the 3D-wide "
+                                "projection and its gradient's read of d(qkv)", (E_REST,)),
     "fused_gelu_bias_grad": Technique("computes GELU's derivative and FC1's bias gradient in one "
                                       "hand-written pass, so the hidden gradient is written once "
                                       "and not read back for the bias sum", (MEMORY,), S_KERNEL,

@@ -11,6 +11,8 @@
     B9  XLA's GEMMs through cuBLASLt (bias and GELU in their epilogues), this step's compile only
     B10 GELU's backward with FC1's bias gradient in one Pallas kernel (GPU only)
     B11 XLA's command buffers (CUDA graphs) for every command type, this step's compile only
+    B12 the QKV bias added on load in B8's kernels, its gradient summed where d(qkv) is written
+        (GPU only; on a configuration without B8's kernels there is nothing to change)
 
 B9 and B11 set XLA debug options per program (``Recipe.xla_options``,
 ``perfladder.jax.compile_options``), in either jitted step form: ``XLA_FLAGS`` is read once per
@@ -23,9 +25,9 @@ init on the same batches (``trial.loss_gate``), plus its own gate where it has o
 
 B2 is declared an ``alternative``: it replaces B1's lookup (a gather from the fp32 table)
 with another implementation of the same lookup (the lookup gate proves the same rows) and
-goes after the same cost, the embedding gradient's scatter. B9, B10 and B11 are alternatives
+goes after the same cost, the embedding gradient's scatter. B9 to B12 are alternatives
 too: another implementation of what the step already does (the GEMMs' library and epilogues,
-GELU's backward, how the kernels are launched), none of which a multi-GPU rank that no ladder
+GELU's backward, how the kernels are launched, where the QKV bias is added), none of which a multi-GPU rank that no ladder
 handed a configuration should assume (``perfladder.ladder.declared``). The others add something
 no earlier rung chose.
 """
@@ -43,7 +45,7 @@ from perfladder.jax.program import embedding_scatters
 from perfladder.jax.rungs import changes as ch
 from perfladder.jax.step import scatter_add_dtypes
 from perfladder.jax.trial import trial
-from perfladder.ladder.rung import Evidence, Given, Rung
+from perfladder.ladder.rung import Evidence, Given, NotMeasured, Rung
 from perfladder.measure.evidence import Gate
 from perfladder.measure.gates import LOOKUP_TOL as _LOOKUP
 from perfladder.measure.gates import PARITY_TOL
@@ -252,4 +254,17 @@ B11 = Rung("B11", "command_buffers", "+command buffers", xla_options_rung, **STA
            alternative=True, change=ch.command_buffers, gate="compiled with its options; " + LOSS_GATE,
            needs_gpu=XLA_GPU)
 
-BEYOND = [B1, B2, B3, B4, B5, B6, B7, B8, B9, B10, B11]
+def bias_on_load_rung(lab: JaxLab, given: Given) -> Evidence:
+    """B8's kernels adding the QKV bias themselves: measured on a configuration that runs them."""
+    if "attention" not in given.base_recipe.fused:
+        raise NotMeasured(f"{given.rung.name} adds the QKV bias inside B8's attention kernels, and "
+                          f"{given.base_name}, which it builds on, does not run them")
+    return kernel_rung(lab, given)
+
+
+B12 = Rung("B12", "attention_bias", "+QKV bias in attention", bias_on_load_rung, **STAGE,
+           alternative=True, change=ch.attention_bias, gate=LOSS_GATE,
+           needs_gpu="Pallas kernels compile for a GPU; on CPU they run only through Pallas's "
+                     "interpreter, in tests/jax/test_fused_attention.py")
+
+BEYOND = [B1, B2, B3, B4, B5, B6, B7, B8, B9, B10, B11, B12]

@@ -62,6 +62,13 @@ def command_buffers(recipe, config):
         "xla_gpu_graph_min_graph_size": 1})
 
 
+def attention_bias(recipe, config):
+    """B12: GPT(fused=(..., "attention_bias")): the QKV bias added where
+    B8's attention kernels load q, k and v (the option needs them)."""
+    return recipe.replace(fused=(*recipe.fused, "attention", "attention_bias"), attn_impl=None)
+
+
 CHANGES = {f.__name__: f for f in (
     big_batch, fp32_embedding_lookup, onehot_embedding, split_jit, cudnn_attention, batch_x2,
-    batch_x4, fused_addnorm, fused_attention, xla_cublaslt, fused_gelu_bias_grad, command_buffers)}
+    batch_x4, fused_addnorm, fused_attention, xla_cublaslt, fused_gelu_bias_grad, command_buffers,
+    attention_bias)}
