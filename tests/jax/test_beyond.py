@@ -20,6 +20,7 @@ from flax import nnx  # noqa: E402
 from perfladder.config import get_config  # noqa: E402
 from perfladder.jax import GPT, RUNGS, JaxLab, Ladder, Recipe, has_gpu, run_ladder  # noqa: E402
 from perfladder.jax.compile_options import COMMAND_BUFFER_TYPES  # noqa: E402
+from perfladder.jax.fused import FUSED  # noqa: E402
 from perfladder.jax.model import EMBEDS  # noqa: E402
 from perfladder.jax.profile import step_stats  # noqa: E402
 from perfladder.jax.step import loss_fn  # noqa: E402
@@ -31,7 +32,7 @@ CFG = get_config("smoke")
 # the smoke sizes with head width 32: a GPU's Triton dots need K >= 16 for the fused attention
 # kernel's rotate-half halves (the smoke config's 16 runs only in the interpreter)
 GPU_KERNEL_CFG = CFG.replace(num_hiddens=64)
-B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11"]
+B_NAMES = ["B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11", "B12"]
 # what each B rung changes in the recipe it builds on
 CHANGES = {"B1": {"embed_fp32": True}, "B2": {"embed": "onehot"}, "B3": {"jit": "split"},
            "B4": {"attn_impl": "cudnn"}, "B5": {"batch_size": 2 * CFG.big_batch},
@@ -40,9 +41,11 @@ CHANGES = {"B1": {"embed_fp32": True}, "B2": {"embed": "onehot"}, "B3": {"jit": 
            "B9": lambda base: {"xla_options": {**base["xla_options"], "xla_gpu_enable_cublaslt": True}},
            "B10": lambda base: {"fused": [*base["fused"], "gelu_bias_grad"]},
            "B11": lambda base: {"xla_options": {**base["xla_options"], "xla_gpu_graph_min_graph_size": 1,
-                                                "xla_gpu_enable_command_buffer": COMMAND_BUFFER_TYPES}}}
+                                                "xla_gpu_enable_command_buffer": COMMAND_BUFFER_TYPES}},
+           "B12": lambda base: {"fused": sorted({*base["fused"], "attention", "attention_bias"},
+                                                key=FUSED.index), "attn_impl": None}}
 GPU_ONLY = {"B4": "cuDNN", "B7": "interpreter", "B8": "interpreter", "B9": "XLA's GPU compiler options",
-            "B10": "interpreter", "B11": "XLA's GPU compiler options"}
+            "B10": "interpreter", "B11": "XLA's GPU compiler options", "B12": "interpreter"}
 
 
 @pytest.fixture(scope="module")
@@ -189,10 +192,24 @@ def test_bad_embed_and_recipe_inputs_are_clear_errors():
     assert Ladder(CFG).chain.recipe_of("R3") == Recipe(batch_size=CFG.big_batch, dtype="bfloat16")
     with pytest.raises(TypeError, match="recipe must be a perfladder.jax.Recipe"):
         lab.build_step({"batch_size": 8})
-    with pytest.raises(ValueError, match=r"'B99'.*valid choices: .*B7, B8, B9, B10, B11, R5"):
+    with pytest.raises(ValueError, match=r"'B99'.*valid choices: .*B7, B8, B9, B10, B11, B12, R5"):
         run_ladder(CFG, rungs=["B1", "B99"])
     with pytest.raises(ValueError, match="at least one"):
         step_stats([])
+
+
+def test_b12_is_not_measured_on_a_configuration_without_b8s_kernels():
+    """B12 changes where B8's kernels add the QKV bias: built on cuDNN's attention (B8 not
+    kept) it measures nothing and says why; its change alone names the kernels it needs."""
+    from perfladder.jax.rungs.beyond import bias_on_load_rung
+    from perfladder.ladder.rung import Given, NotMeasured
+    base = Recipe(batch_size=8, jit="split", dtype="bfloat16", attn_impl="cudnn")
+    recipe = RUNGS["B12"].change(base, CFG)
+    assert recipe.fused == ("attention", "attention_bias") and recipe.attn_impl is None
+    given = Given(rung=RUNGS["B12"], recipe=recipe, base_name="B6", base_recipe=base)
+    with pytest.raises(NotMeasured, match="B12 adds the QKV bias inside B8's attention kernels, "
+                                          "and B6, which it builds on, does not run them"):
+        bias_on_load_rung(JaxLab(CFG), given)
 
 
 def test_rope_tables_are_constants_of_the_compiled_program():
@@ -271,9 +288,10 @@ def test_kernel_rungs_on_gpu():
     """The Pallas rungs build, pass every gate and are timed on a GPU; the fused attention
     kernel replaces the attention implementation (none is chosen)."""
     run = Ladder(GPU_KERNEL_CFG)
-    for name in ("B7", "B8"):
+    for name in ("B7", "B8", "B12"):
         r = run.run(name)
         assert r.kind == "rung", (name, r.error)
         assert r.gates and all(g.passed for g in r.gates) and r.receipt.ok, name
         assert r.tokens_per_s > 0 and r.precision == "bf16", name
     assert run.result.rung("B8").recipe["attn_impl"] is None
+    assert run.result.rung("B12").recipe["fused"] == ["addnorm", "attention", "attention_bias"]

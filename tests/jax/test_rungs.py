@@ -30,7 +30,7 @@ KEYS = {"R0": "eager", "R1": "compile", "R2a": "bf16_naive_cast", "R2": "bf16", 
         "R3": "batch_up", "R4": "checkpoint", "B1": "embed_fp32_lookup", "B2": "onehot_embedding",
         "B3": "split_jit", "B4": "attention_kernel", "B5": "batch_x2", "B6": "batch_x4",
         "B7": "fused_addnorm", "B8": "fused_attention", "B9": "xla_cublaslt",
-        "B10": "fused_gelu_bias_grad", "B11": "command_buffers",
+        "B10": "fused_gelu_bias_grad", "B11": "command_buffers", "B12": "attention_bias",
         "R5": "data_parallel", "R5x": "data_parallel_fast", "R5f": "fsdp"}
 
 
@@ -55,8 +55,8 @@ def test_registry_names_keys_and_declarations():
     assert list(RUNGS) == list(KEYS)                                  # ladder order
     for r in RUNGS.values():
         assert r.label and r.section and r.gate and r.attacks, r.name
-    assert [n for n, r in RUNGS.items() if r.alternative] == ["B2", "B9", "B10", "B11"]
-    assert [n for n, r in RUNGS.items() if r.needs_gpu] == ["B4", "B7", "B8", "B9", "B10", "B11"]
+    assert [n for n, r in RUNGS.items() if r.alternative] == ["B2", "B9", "B10", "B11", "B12"]
+    assert [n for n, r in RUNGS.items() if r.needs_gpu] == ["B4", "B7", "B8", "B9", "B10", "B11", "B12"]
     assert {n: r.builds_on for n, r in RUNGS.items() if r.stage == "seed"} == {
         "R0": None, "R1": "R0", "R2a": "R1", "R2": "R1", "R3c": "R1", "R3": "R2", "R4": "R3"}
     assert RUNGS["R5"].builds_on == "R1" and RUNGS["R5x"].builds_on is None
