@@ -44,8 +44,9 @@ from perfladder.pages.story import (
 )
 
 NOT_FASTER = ("slower", "within noise", "unsettled")
-MISSING_WHY = ("B9 to B11 need a GPU (XLA's GPU options, a Pallas kernel compiled for it), and runs "
-               "committed before they existed lack them")
+MISSING_WHY = ("B9 to B12 need a GPU (XLA's GPU options, Pallas kernels compiled for it), runs "
+               "committed before they existed lack them, and B12 changes B8's kernels, which a run "
+               "that did not keep B8 does not run")
 
 
 SMALL = DEFAULT_TARGET_SPREAD   # "little": within the spread a settled window may have
@@ -148,7 +149,8 @@ BASE_NUMBERS = {
     "B3_keep": keep_words("B3"), "B7_keep": keep_words("B7"),
     "B9_ratio": rung_value("B9", "ratio"), "B10_ratio": rung_value("B10", "ratio"),
     "B11_ratio": rung_value("B11", "ratio"), "B9_lt_calls": detail_of("B9", "cublaslt_calls"),
-    "s_B9_B11_missing": unmeasured_sentence(("B9", "B10", "B11"), MISSING_WHY),
+    "B12_ratio": rung_value("B12", "ratio"),
+    "s_B9_B12_missing": unmeasured_sentence(("B9", "B10", "B11", "B12"), MISSING_WHY),
 }
 
 
@@ -183,7 +185,7 @@ STORIES = [
          "Its windows settled on this run ({R3_ratio} R2), which they do not on every run."),
     ), "R3 runs at {R3_rate} tokens/s.", _values),
 
-    # B9-B11 need a GPU: where a run lacks one, its story says nothing and s_B9_B11_missing
+    # B9-B12 need a GPU: where a run lacks one, its story says nothing and s_B9_B12_missing
     # names it
     Story("s_B9", (
         (all_of(verdict("B9", *NOT_FASTER), plain_epilogues("B9")),
@@ -202,6 +204,12 @@ STORIES = [
         (verdict("B11", "faster"), "Recording the step's kernels into CUDA graphs pays ({B11_ratio})."),
         (verdict("B11", *NOT_FASTER), "Recording the step's kernels into CUDA graphs buys nothing "
          "measurable ({B11_ratio})."),
+    ), "", _values),
+    Story("s_B12", (
+        (verdict("B12", "faster"), "Adding the QKV bias inside the attention kernels pays "
+         "({B12_ratio})."),
+        (verdict("B12", *NOT_FASTER), "Adding the QKV bias inside the attention kernels buys "
+         "nothing measurable ({B12_ratio})."),
     ), "", _values),
     roofline_story(_values, "ours recomputes each live tile of the backward twice, once for dK and dV "
                             "and once for dQ"),
