@@ -6,11 +6,11 @@ projection and ``y`` (B, T, D) ready for ``W_o``, under ``jax.custom_vjp`` (resi
 y, the base-2 row logsumexp (B, H, T), the tables). q and k are rotated in fp32 and rounded to
 the input dtype each time a tile of them is loaded; every dot accumulates in fp32.
 
-``bias=`` (the model's ``'attention_bias'``): ``qkv`` is the projection's matmul alone, the
-kernels add the (3D,) bias to each tile they load (in the input dtype, as flax's ``Linear``
-does), and the backward sums the rows of ``d(qkv)`` it writes into the bias gradient's partial
-sums. Otherwise the bias is a pass of its own over the (B, T, 3D) projection: XLA neither gives
-a broadcast bias to a cuBLAS GEMM nor fuses an add into a custom call.
+``bias=`` (the model's ``'attention_bias'``): ``qkv`` is the projection's matmul alone; the
+kernels add the (3D,) bias to each q and k tile they load (in the input dtype, as flax's
+``Linear`` does) and to y (a row of P sums to one: ``P (v + b) = P v + b``), the backward to
+every tile it loads and sums the rows of ``d(qkv)`` it writes into the bias gradient's partial
+sums. Otherwise the bias is a pass of its own: XLA fuses no add into a custom call.
 
 * forward, one program per (query block, batch, head), grid ``(T / block_m, B, H)``: the
   block's rotated q against the key blocks up to the diagonal only (a loop with a bound per
@@ -52,10 +52,8 @@ refs, not values): the arrays are viewed, for free, as (B, T, 3, H, 2, Dh/2) and
 Dh/2); a program sees its head's whole sequence, (T, 3, 2, Dh/2), and loads tiles of it.
 
 Why Pallas and not jax-triton calling the PyTorch module's Triton kernels: jax-triton needs a
-CUDA device even to trace, so those kernels could not be tested from JAX on a CPU at all;
-Pallas runs the same program in its interpreter on CPU (``interpret=True``, what the tests use)
-and compiles it through its Triton backend on a GPU (``interpret=None`` picks), as
-``fused.add_layer_norm`` does. One algorithm, two sources, each testable where it is written.
+CUDA device even to trace; Pallas runs the same program in its interpreter on CPU (what the
+tests use) and compiles it through its Triton backend on a GPU (``interpret=None`` picks).
 
 Constraints of the Triton lowering: every array a kernel loads or computes has a power-of-two
 size, so a sequence whose length is not a multiple of the blocks is padded with zeros to one
@@ -190,8 +188,8 @@ def _fwd_kernel(*refs, block_m: int, block_n: int, qk_scale: float, biased: bool
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(s - m_new[:, None])
         pc = p.astype(q1.dtype)
-        acc1 = acc1 * alpha[:, None] + _dot(pc, _load(qkv_ref, bias_ref, ks, 2, 0))
-        acc2 = acc2 * alpha[:, None] + _dot(pc, _load(qkv_ref, bias_ref, ks, 2, 1))
+        acc1 = acc1 * alpha[:, None] + _dot(pc, qkv_ref[ks, 2, 0, :])
+        acc2 = acc2 * alpha[:, None] + _dot(pc, qkv_ref[ks, 2, 1, :])
         return acc1, acc2, m_new, l * alpha + jnp.sum(p, axis=1)
 
     f32 = jnp.float32
@@ -199,8 +197,10 @@ def _fwd_kernel(*refs, block_m: int, block_n: int, qk_scale: float, biased: bool
     init = (acc, acc, jnp.full((block_m,), -jnp.inf, f32), jnp.zeros((block_m,), f32))
     last = jax.lax.div(q0 + block_m + block_n - 1, block_n)      # key blocks to the diagonal
     acc1, acc2, m, l = jax.lax.fori_loop(0, last, step, init)
-    y_ref[:, 0, :] = (acc1 / l[:, None]).astype(y_ref.dtype)
-    y_ref[:, 1, :] = (acc2 / l[:, None]).astype(y_ref.dtype)
+    for half, acc in ((0, acc1), (1, acc2)):      # v's bias after P (see the module doc)
+        y = acc / l[:, None]
+        y = y if bias_ref is None else y + bias_ref[2, half, :][None, :].astype(jnp.float32)
+        y_ref[:, half, :] = y.astype(y_ref.dtype)
     lse_ref[...] = m + jnp.log2(l)
 
 
