@@ -48,7 +48,7 @@ def test_the_walkthrough_adds_a_rung_to_both_frameworks_touching_only_what_it_na
             f.write("\n\n" + code)
     change = blocks[1][1].split("CHANGES[")[0].rstrip()           # the function of step 2
     add_cell(tree / NAMED[5], change + '\n\n\npage.run("B19", change=batch_x8)', before='page.run("R5"')
-    add_cell(tree / NAMED[6], change + '\n\n\npage.run("B12", change=batch_x8)', before='page.run("R5"')
+    add_cell(tree / NAMED[6], change + '\n\n\npage.run("B13", change=batch_x8)', before='page.run("R5"')
     touched = {str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file() and p.read_bytes() != before.get(p)}
     assert touched == set(NAMED)
 
@@ -69,7 +69,7 @@ from perfladder.ladder.techniques import S_ROOF
 
 
 def test_the_toy_rung_is_declared_in_both_frameworks():
-    t, j = pt.RUNGS["B19"], pj.RUNGS["B12"]
+    t, j = pt.RUNGS["B19"], pj.RUNGS["B13"]
     assert t.key == j.key == "batch_x8" and t.section == j.section == S_ROOF, (t, j)
     assert t.stage == j.stage == "beyond" and list(pt.RUNGS).index("B19") < list(pt.RUNGS).index("R5")
 """
