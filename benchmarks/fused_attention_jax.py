@@ -6,7 +6,9 @@ configurations (``--attention-configs``).
 ``W_o``'s input (split, RoPE on q and k, ``jax.nn.dot_product_attention(implementation='xla')``,
 heads merged), jitted, against the fused kernel under the module's launch configuration
 (``launch``), forward alone and forward + backward; on a GPU also the model's path under cuDNN's
-attention (rung B4's), ``kernels["attention_ref_cudnn"]``.
+attention (rung B4's), ``kernels["attention_ref_cudnn"]``. ``kernels["attention_bias"]``: the
+same kernels given the projection with its bias added by XLA (B8) against the kernels adding it
+on load (B12), the backward with the bias gradient.
 
 ``--attention-configs``: each configuration's kernel (forward or backward) timed alone, its
 output checked against the default configuration's, into ``attention_configs``, and the fastest
@@ -116,6 +118,20 @@ def jax_attention(args, res, ladder, kernel_row, median_ms) -> None:
         res.put("kernels", "attention", {**out, "launch": {"FWD": dict(fattn.FWD), "BWD": dict(fattn.BWD)}})
     except Exception as e:
         res.error("kernel attention", e)
+    bias = jax.random.normal(jax.random.key(2), (3 * D,), jnp.bfloat16)
+
+    def biased_calls(f):
+        """``f(x, bias)`` jitted, forward and forward + backward (both gradients), as calls."""
+        fwd, fwd_bwd = jax.jit(f), jax.jit(lambda x, b, d: jax.vjp(f, x, b)[1](d))
+        return ((lambda: jax.block_until_ready(fwd(qkv, bias))),
+                (lambda: jax.block_until_ready(fwd_bwd(qkv, bias, dy))))
+    try:
+        res.put("kernels", "attention_bias", kernel_row(
+            *biased_calls(lambda x, b: fattn.rope_attention(x + b, cos, sin, H)),
+            *biased_calls(lambda x, b: fattn.rope_attention(x, cos, sin, H, bias=b)),
+            sync, args.reps, nbytes))
+    except Exception as e:
+        res.error("kernel attention_bias", e)
     if ladder.on_gpu:
         try:
             fwd, fwd_bwd = calls(_model_path("cudnn", H, cos, sin))
