@@ -116,8 +116,8 @@ class CausalAttention(nnx.Module):
     """Fused QKV projection, RoPE on q and k, causal scaled-dot-product attention.
 
     ``fused_attention``: the split, RoPE, attention and the merge of the heads in one Pallas
-    kernel each way (``fused.attention``), from the (B, T, 3D) projection to ``W_o``'s input;
-    ``bias_on_load``: that kernel adds the projection's bias where it loads q, k and v."""
+    kernel each way (``fused.attention``), from the (B, T, 3D) projection to ``W_o``'s input,
+    which with ``bias_on_load`` adds the projection's bias where it loads q, k and v."""
 
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, attn_impl=None,
                  fused_attention: bool = False, bias_on_load: bool = False):
@@ -131,8 +131,7 @@ class CausalAttention(nnx.Module):
             raise ValueError(f"fused 'attention' replaces jax.nn.dot_product_attention, so "
                              f"attn_impl must be None; got attn_impl={attn_impl!r}")
         if bias_on_load and not fused_attention:
-            raise ValueError("fused 'attention_bias' adds the QKV bias inside the fused attention "
-                             "kernel: it needs fused 'attention' too")
+            raise ValueError("fused 'attention_bias' adds the QKV bias inside fused 'attention': it needs it")
         self.fused_attention, self.bias_on_load = bool(fused_attention), bool(bias_on_load)
         self.W_qkv = _linear(D, 3 * D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.W_o = _linear(D, D, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -143,10 +142,8 @@ class CausalAttention(nnx.Module):
             from perfladder.jax.fused import matmul_and_bias
             from perfladder.jax.fused.attention import rope_attention
             cos, sin = rope_tables(T, self.head_dim, float(self.rope_base))   # (T, Dh) each
-            if self.bias_on_load:
-                u, bias = matmul_and_bias(self.W_qkv, x)              # (B, T, 3D), (3D,)
-                return self.W_o(rope_attention(u, cos, sin, self.num_heads, bias=bias))
-            return self.W_o(rope_attention(self.W_qkv(x), cos, sin, self.num_heads))  # (B, T, D)
+            u, bias = matmul_and_bias(self.W_qkv, x) if self.bias_on_load else (self.W_qkv(x), None)
+            return self.W_o(rope_attention(u, cos, sin, self.num_heads, bias=bias))  # (B, T, D)
         qkv = self.W_qkv(x)                                           # (B, T, 3D)
         heads = (B, T, self.num_heads, self.head_dim)
         q, k, v = (part.reshape(heads)                                # 3 x (B, T, H, Dh)
@@ -161,8 +158,7 @@ class CausalAttention(nnx.Module):
 
 # -- 3. feed-forward -------------------------------------------------------------------------
 class FFN(nnx.Module):
-    """dense2(gelu_tanh(dense1(x))), hidden width ffn_mult * D; ``fused_gelu``: FC1's bias and
-    GELU with a one-kernel backward (``fused.gelu_bias_grad``)."""
+    """dense2(gelu_tanh(dense1(x))), width ffn_mult * D; ``fused_gelu``: ``fused.gelu_bias_grad``."""
 
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, dtype, param_dtype, fused_gelu: bool = False):
         D, F = cfg.num_hiddens, cfg.ffn_mult * cfg.num_hiddens
@@ -237,9 +233,8 @@ def _wrapped(wrap, run_block):
     return run_block if wrap is None else wrap(run_block)
 
 
-# What the forward computes in, written while it runs (under jit: once, while it is traced):
-# a ``TrainStep`` opens ``observing(its dict)`` around its calls, so its receipt comes from
-# the very program that is timed, whatever function it was handed to run the model.
+# What the forward computes in, written while it runs (under jit: once, while traced): a ``TrainStep``
+# opens ``observing(its dict)`` around its calls, so its receipt comes from the program timed.
 _OBSERVE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("observe", default=None)
 
 
@@ -275,9 +270,8 @@ class GPT(nnx.Module):
     ``fused``: Pallas kernels for memory-bound ops (``perfladder.jax.fused``): ``'addnorm'``
     fuses each residual add into the LayerNorm after it, forward and backward; ``'attention'``
     runs the QKV split, RoPE, causal attention and the head merge as one kernel each way (not
-    with a pinned ``attn_impl``), and with ``'attention_bias'`` too adds the QKV projection's
-    bias where it loads q, k and v; ``'gelu_bias_grad'`` runs GELU's backward and FC1's bias
-    gradient as one kernel. The default ``()`` runs the reference ops; the parameters and
+    with a pinned ``attn_impl``), with ``'attention_bias'`` adding the QKV bias on load;
+    ``'gelu_bias_grad'`` runs GELU's backward and FC1's bias gradient as one kernel. The default ``()`` runs the reference ops; the parameters and
     the math are the same either way.
     ``residual``: the dtype of the residual stream H between blocks. ``None`` (default): the
     compute dtype -- under ``dtype=bfloat16`` the stream is already bf16 here (every add of two
