@@ -271,8 +271,8 @@ class GPT(nnx.Module):
     fuses each residual add into the LayerNorm after it, forward and backward; ``'attention'``
     runs the QKV split, RoPE, causal attention and the head merge as one kernel each way (not
     with a pinned ``attn_impl``), with ``'attention_bias'`` adding the QKV bias on load;
-    ``'gelu_bias_grad'`` runs GELU's backward and FC1's bias gradient as one kernel. The default ``()`` runs the reference ops; the parameters and
-    the math are the same either way.
+    ``'gelu_bias_grad'`` runs GELU's backward and FC1's bias gradient as one kernel. The
+    default ``()`` runs the reference ops; the parameters and the math are the same either way.
     ``residual``: the dtype of the residual stream H between blocks. ``None`` (default): the
     compute dtype -- under ``dtype=bfloat16`` the stream is already bf16 here (every add of two
     bf16 arrays is bf16; flax's LayerNorm computes its statistics in fp32 and returns

@@ -51,9 +51,8 @@ rotation is elementwise and no value is ever sliced in the kernel (the Triton lo
 refs, not values): the arrays are viewed, for free, as (B, T, 3, H, 2, Dh/2) and (B, T, H, 2,
 Dh/2); a program sees its head's whole sequence, (T, 3, 2, Dh/2), and loads tiles of it.
 
-Why Pallas and not jax-triton calling the PyTorch module's Triton kernels: jax-triton needs a
-CUDA device even to trace; Pallas runs the same program in its interpreter on CPU (what the
-tests use) and compiles it through its Triton backend on a GPU (``interpret=None`` picks).
+Pallas, not jax-triton calling the PyTorch module's kernels: jax-triton needs a GPU even to
+trace; Pallas runs in its interpreter on CPU (the tests) and through Triton on a GPU.
 
 Constraints of the Triton lowering: every array a kernel loads or computes has a power-of-two
 size, so a sequence whose length is not a multiple of the blocks is padded with zeros to one
@@ -297,9 +296,12 @@ def _tables(cos, sin, Tp: int):
     return _pad_rows(cos[:, :half], Tp, 0), _pad_rows(sin[:, :half], Tp, 0)
 
 
-def _bias_spec(half: int):
-    """The BlockSpec of a (3, H, 2, HALF) view of the bias: a program's head, all three parts."""
-    return pl.BlockSpec((3, None, 2, half), lambda i, b, h: (0, h, 0, 0))
+def _bias_inputs(bias, H: int, half: int) -> tuple[list, list]:
+    """``([BlockSpec], [array])`` of the bias to splice into a call's inputs (both empty without
+    one): its (3, H, 2, HALF) view, of which a program gets its head's three parts."""
+    if bias is None:
+        return [], []
+    return [pl.BlockSpec((3, None, 2, half), lambda i, b, h: (0, h, 0, 0))], [bias.reshape(3, H, 2, half)]
 
 
 def _forward(qkv, bias, cos, sin, H: int, interpret: bool):
@@ -308,21 +310,19 @@ def _forward(qkv, bias, cos, sin, H: int, interpret: bool):
     half = D3 // 3 // H // 2
     Tp, fwd, _ = _blocks(T)
     heads, _, _, table = _sequence_specs(Tp, half)
-    biased = bias is not None
-    bm = fwd["block_m"]
+    (bias_spec, bias_arg), bm = _bias_inputs(bias, H, half), fwd["block_m"]
     y, lse = pl.pallas_call(
         functools.partial(_fwd_kernel, block_m=bm, block_n=fwd["block_n"],
-                          qk_scale=LOG2E / math.sqrt(2 * half), biased=biased),
+                          qk_scale=LOG2E / math.sqrt(2 * half), biased=bool(bias_arg)),
         out_shape=[jax.ShapeDtypeStruct((B, Tp, H, 2, half), qkv.dtype),
                    jax.ShapeDtypeStruct((B, H, Tp), jnp.float32)],
-        grid=(Tp // bm, B, H), in_specs=[heads, *[_bias_spec(half)] * biased, table, table],
+        grid=(Tp // bm, B, H), in_specs=[heads, *bias_spec, table, table],
         out_specs=[pl.BlockSpec((None, bm, None, 2, half), lambda i, b, h: (b, i, h, 0, 0)),
                    pl.BlockSpec((None, None, bm), lambda i, b, h: (b, h, i))],
         compiler_params=plgpu.CompilerParams(num_warps=FWD["num_warps"],
                                              num_stages=FWD["num_stages"]),
         interpret=interpret, name="rope_attention_fwd",
-    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half),
-      *([] if bias is None else [bias.reshape(3, H, 2, half)]), *_tables(cos, sin, Tp))
+    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *bias_arg, *_tables(cos, sin, Tp))
     return y[:, :T].reshape(B, T, D3 // 3), lse
 
 
@@ -332,8 +332,8 @@ def _backward(qkv, bias, y, dy, lse, cos, sin, H: int, interpret: bool):
     half = D3 // 3 // H // 2
     Tp, _, bwd = _blocks(T)
     heads, head, row, table = _sequence_specs(Tp, half)
-    biased = bias is not None
-    block = bwd["block"]
+    bias_spec, bias_arg = _bias_inputs(bias, H, half)
+    biased, block = bool(bias_arg), bwd["block"]
     view = (B, Tp, H, 2, half)
     # the forward's own, unless the launch parameters changed since (a sweep) and with them Tp
     lse = _pad_rows(lse[..., :T], Tp, axis=2)
@@ -345,13 +345,13 @@ def _backward(qkv, bias, y, dy, lse, cos, sin, H: int, interpret: bool):
                           qk_scale=LOG2E / math.sqrt(2 * half), sm_scale=1.0 / math.sqrt(2 * half)),
         out_shape=[jax.ShapeDtypeStruct((B, Tp, 3, H, 2, half), qkv.dtype), *sums[0] * biased],
         grid=(Tp // block, B, H),
-        in_specs=[heads, *[_bias_spec(half)] * biased, head, head, row, table, table],
+        in_specs=[heads, *bias_spec, head, head, row, table, table],
         out_specs=[pl.BlockSpec((None, block, 3, None, 2, half),
                                 lambda i, b, h: (b, i, 0, h, 0, 0)), *sums[1] * biased],
         compiler_params=plgpu.CompilerParams(num_warps=BWD["num_warps"],
                                              num_stages=BWD["num_stages"]),
         interpret=interpret, name="rope_attention_bwd",
-    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *([] if bias is None else [bias.reshape(3, H, 2, half)]),
+    )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *bias_arg,
       _pad_rows(y, Tp).reshape(view), _pad_rows(dy.astype(qkv.dtype), Tp).reshape(view), lse,
       *_tables(cos, sin, Tp))
     dqkv = out[0][:, :T].reshape(B, T, D3)

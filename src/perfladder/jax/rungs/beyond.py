@@ -27,9 +27,9 @@ B2 is declared an ``alternative``: it replaces B1's lookup (a gather from the fp
 with another implementation of the same lookup (the lookup gate proves the same rows) and
 goes after the same cost, the embedding gradient's scatter. B9 to B12 are alternatives
 too: another implementation of what the step already does (the GEMMs' library and epilogues,
-GELU's backward, how the kernels are launched, where the QKV bias is added), none of which a multi-GPU rank that no ladder
-handed a configuration should assume (``perfladder.ladder.declared``). The others add something
-no earlier rung chose.
+GELU's backward, how the kernels are launched, where the QKV bias is added), none of which a
+multi-GPU rank that no ladder handed a configuration should assume
+(``perfladder.ladder.declared``). The others add something no earlier rung chose.
 """
 from __future__ import annotations
 
