@@ -1,7 +1,9 @@
 """perfladder.book.execute: the ladder notebooks side by side, each on its own GPU and cores."""
 from __future__ import annotations
 
+import json
 import os
+import sys
 
 import pytest
 
@@ -99,6 +101,9 @@ def test_side_by_side_pins_each_notebook_and_fills_the_cache(tmp_path):
         assert plan[nb.name]["ran"] and plan[nb.name]["seconds"] > 0
         assert f"gpu {plan[nb.name]['gpu']}" in text
         assert f"cpus {plan[nb.name]['cpus']}" in text
+        progress = [json.loads(line) for line in bookexec.progress_file(tmp_path / "work" / nb.name)
+                    .read_text().splitlines()]
+        assert progress == [{"phase": "start"}, {"phase": "cell", "index": 1, "of": 1}, {"phase": "finish"}]
     assert [plan[nb.name]["gpu"] for nb in nbs] == ["7", "5"]
     assert not set(plan[nbs[0].name]["cpus"]) & set(plan[nbs[1].name]["cpus"])
     rows = bookexec.status_rows(tmp_path / "work")
@@ -160,3 +165,114 @@ def test_status_rows_are_this_builds_only(tmp_path, monkeypatch):
     assert bookexec.status_rows(tmp_path) is None
     (tmp_path / "side_by_side.json").write_text(json.dumps(plan))       # written before build ids
     assert bookexec.status_rows(tmp_path) is None
+
+
+# A stand-in executor: it reports the phases it is given (0.3 s apart), registers for the
+# watchdog's stack request as the real one does, starts a child in its session, then sleeps.
+FAKE_EXECUTOR = """
+import faulthandler, json, signal, subprocess, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+nb, out, phases, then = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                          "signal.signal(signal.SIGUSR1, signal.SIG_IGN); time.sleep(600)"])
+open(out + ".child", "w").write(str(child.pid))
+for phase in phases:
+    with open(out + ".progress", "a") as f:
+        f.write(json.dumps(phase) + "\\n")
+    time.sleep(0.3)
+if then == "hang":
+    time.sleep(600)
+open(out, "w").write(open(nb).read())
+open(out + ".json", "w").write(json.dumps({"seconds": 1.0}))
+child.kill()
+"""
+
+
+def _fake_executors(monkeypatch, phases, then):
+    monkeypatch.setattr(bookexec, "_worker_cmd", lambda nb, out, timeout: [
+        sys.executable, "-c", FAKE_EXECUTOR, str(nb), str(out), json.dumps(phases), then])
+
+
+def _alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"    # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_a_stalled_executor_is_stopped_with_its_stacks_and_caches_nothing(tmp_path, monkeypatch):
+    """An executor that outlives its phase's bound (nbclient's own plus the grace) is stopped,
+    everything it started with it; the error names the notebook and the phase, and its log
+    holds its Python stacks."""
+    pytest.importorskip("jupyter_cache")
+    monkeypatch.setattr(bookexec, "STARTUP_TIMEOUT", 1)
+    _fake_executors(monkeypatch, [{"phase": "start"}, {"phase": "cell", "index": 2, "of": 5}], "hang")
+    nb = _notebook(tmp_path / "stuck.ipynb", "x = 1")
+    with pytest.raises(RuntimeError, match=r"stuck\.ipynb \(stalled in cell 2 of 5 for over 4 s") as e:
+        bookexec.side_by_side([nb], tmp_path / "cache", tmp_path / "work", timeout=3, grace=1,
+                              log=lambda *a: None)
+    assert "File " in str(e.value) and "in <module>" in str(e.value)    # faulthandler's stack
+    child = int((tmp_path / "work" / "stuck.ipynb.child").read_text())
+    assert not _alive(child)
+    assert not (tmp_path / "work" / "side_by_side.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_the_watchdog_bounds_each_phase_not_the_whole_run(tmp_path, monkeypatch):
+    """Twelve phases 0.3 s apart take longer than one phase's bound (2 s) and still finish."""
+    pytest.importorskip("jupyter_cache")
+    phases = [{"phase": "start"}] + [{"phase": "cell", "index": i, "of": 10} for i in range(1, 11)] \
+        + [{"phase": "finish"}]
+    _fake_executors(monkeypatch, phases, "exit")
+    nb = _notebook(tmp_path / "long.ipynb", "x = 1")
+    monkeypatch.setattr(bookexec, "STARTUP_TIMEOUT", 1)
+    plan = bookexec.side_by_side([nb], tmp_path / "cache", tmp_path / "work", timeout=1, grace=1,
+                                 log=lambda *a: None)
+    assert plan["long.ipynb"]["ran"]
+
+
+def test_each_phase_gets_nbclients_own_bound_plus_the_grace():
+    assert bookexec.phase_bound({"phase": "launch"}, 1800, 60) == bookexec.STARTUP_TIMEOUT + 60
+    assert bookexec.phase_bound({"phase": "start"}, 1800, 60) == bookexec.STARTUP_TIMEOUT + 60
+    assert bookexec.phase_bound({"phase": "cell", "index": 3, "of": 9}, 1800, 60) == 1860
+    assert bookexec.phase_bound({"phase": "finish"}, 1800, 60) == 60
+
+
+@pytest.mark.parametrize("timeout", [0, -5, 1.5, True])
+def test_a_cell_timeout_must_be_a_positive_int(tmp_path, timeout):
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        bookexec.side_by_side([], tmp_path / "c", tmp_path / "w", timeout=timeout)
+
+
+def test_cli_names_a_bad_timeout_in_one_line(tmp_path, capsys):
+    nb = _notebook(tmp_path / "a.ipynb", "x = 1")
+    rc = bookexec.main(["run", str(tmp_path / "c"), str(tmp_path / "w"), str(nb), "--no-gpu", "--timeout", "0"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "timeout must be a positive number" in err and "got 0" in err
+
+
+@pytest.mark.timeout(180)
+def test_stopping_a_real_executor_takes_its_kernel_down(tmp_path):
+    """The kernel runs in a session of its own (jupyter_client starts it so); it leaves when
+    its executor is stopped, not ten minutes later."""
+    pytest.importorskip("jupyter_cache")
+    import subprocess
+    import time
+    marker = tmp_path / "kernel.pid"
+    nb = _notebook(tmp_path / "sleeps.ipynb",
+                   f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)")
+    out = tmp_path / "sleeps.out.ipynb"
+    p = subprocess.Popen(bookexec._worker_cmd(nb, out, 600), start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not marker.exists() or not marker.read_text():
+        assert p.poll() is None, "the executor ended before its cell ran"
+        time.sleep(0.2)
+    kernel = int(marker.read_text())
+    assert bookexec._last_phase(out) == {"phase": "cell", "index": 1, "of": 1}
+    bookexec._stop(p, stacks=False)
+    for _ in range(300):
+        if not _alive(kernel):
+            break
+        time.sleep(0.2)
+    assert not _alive(kernel)

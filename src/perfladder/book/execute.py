@@ -15,12 +15,21 @@ two ladders' hosts apart.
 
 On a machine without GPUs the same path runs with the CPUs split the same way (the test suite
 uses it); the multi-GPU rungs of a ladder notebook see one device and are skipped.
+
+Why a watchdog: nbclient bounds each of its own waits (the kernel's start-up, each cell, the
+output after a cell), yet an executor has been seen waiting on an idle kernel past all of them.
+Each executor writes its progress (start-up, cell i of n, finished) to a file beside its log;
+``side_by_side`` gives each phase nbclient's own bound plus a grace period, and an executor that
+outlives it is stopped, with its Python stacks in its log and one line naming the notebook, the
+phase and the bound. A long cell is never cut short by it: a cell's bound is nbclient's.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,19 +133,111 @@ def cached(cache_dir: Path, notebook: Path) -> bool:
         return False
 
 
+STARTUP_TIMEOUT = 60      # s: nbclient's bound on the kernel's start-up (its own default)
+STALL_GRACE = 60          # s: beyond nbclient's bound on a phase, before the watchdog stops it
+
+
+def progress_file(out: Path) -> Path:
+    """Where the executor writing ``out`` records its progress, one JSON line per phase."""
+    return Path(str(out) + ".progress")
+
+
+def _progress(out: Path, phase: str, **where) -> None:
+    with open(progress_file(out), "a") as f:
+        f.write(json.dumps({"phase": phase, **where}) + "\n")
+
+
 def execute_one(notebook: Path, out: Path, timeout: int) -> int:
     """Run one notebook top to bottom in a fresh kernel (cwd: its folder), write the executed
-    copy to ``out`` and its run time to ``out`` + ``.json``. Exit status 1 on a cell error."""
+    copy to ``out`` and its run time to ``out`` + ``.json``. Exit status 1 on a cell error.
+    Its progress goes to ``progress_file(out)`` for ``side_by_side``'s watchdog."""
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
     nb = nbformat.read(notebook, as_version=4)
-    res = single_nb_execution(nb, cwd=str(notebook.parent.resolve()), timeout=timeout, allow_errors=False)
+    cells = len(nb.cells)
+    progress_file(out).unlink(missing_ok=True)
+    _progress(out, "start")
+    res = single_nb_execution(
+        nb, cwd=str(notebook.parent.resolve()), timeout=timeout, allow_errors=False,
+        startup_timeout=STARTUP_TIMEOUT,
+        on_cell_start=lambda cell, cell_index: _progress(out, "cell", index=cell_index + 1, of=cells))
+    _progress(out, "finish")
     if res.err is not None:
         print(res.exc_string, file=sys.stderr)
         return 1
     nbformat.write(res.nb, out)
     Path(str(out) + ".json").write_text(json.dumps({"seconds": res.time}))
     return 0
+
+
+def phase_bound(phase: dict, timeout: int, grace: float = STALL_GRACE) -> float:
+    """Seconds an executor may stay in ``phase`` (a progress line) before it counts as stalled:
+    nbclient's own bound on that phase plus ``grace``."""
+    own = {"launch": STARTUP_TIMEOUT, "start": STARTUP_TIMEOUT, "cell": timeout}.get(phase["phase"], 0)
+    return own + grace
+
+
+def phase_text(phase: dict) -> str:
+    if phase["phase"] == "cell":
+        return f"cell {phase['index']} of {phase['of']}"
+    return {"start": "the kernel's start-up", "finish": "shutting the kernel down",
+            "launch": "starting the executor"}[phase["phase"]]
+
+
+def _last_phase(out: Path) -> dict:
+    try:
+        lines = progress_file(out).read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    return json.loads(lines[-1]) if lines else {"phase": "launch"}
+
+
+def _stop(p: subprocess.Popen, stacks: bool = True) -> None:
+    """Stop an executor and everything in its session: its Python stacks into its log first
+    (faulthandler on SIGUSR1), then SIGKILL; its kernel follows its parent out. Not SIGTERM:
+    nbclient takes that as a request to shut the kernel down and carries on waiting."""
+    try:
+        if stacks:
+            os.kill(p.pid, signal.SIGUSR1)
+            time.sleep(1)
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def watch(procs: list, timeout: int, grace: float = STALL_GRACE, poll: float = 1.0) -> list:
+    """Wait for every executor in ``procs`` (``(notebook, out, process)``); return their exit
+    statuses in order, ``None`` for one stopped as stalled, with the reason beside it."""
+    seen = {id(p): (None, time.monotonic()) for _, _, p in procs}
+    results: dict[int, tuple[int | None, str]] = {}
+    while len(results) < len(procs):
+        for nb, out, p in procs:
+            if id(p) in results:
+                continue
+            rc = p.poll()
+            if rc is not None:
+                results[id(p)] = (rc, "")
+                continue
+            phase = _last_phase(out)
+            last, since = seen[id(p)]
+            if phase != last:
+                seen[id(p)] = (phase, time.monotonic())
+                continue
+            bound = phase_bound(phase, timeout, grace)
+            if time.monotonic() - since > bound:
+                _stop(p)
+                results[id(p)] = (None, f"stalled in {phase_text(phase)} for over {bound:.0f} s "
+                                        f"(nbclient's own bound plus {grace:.0f} s); stopped, its "
+                                        f"Python stacks are at the end of its log")
+        if len(results) < len(procs):
+            time.sleep(poll)
+    return [results[id(p)] for _, _, p in procs]
+
+
+def _worker_cmd(notebook: Path, out: Path, timeout: int) -> list[str]:
+    return [sys.executable, "-m", "perfladder.book.execute", "one", str(notebook), str(out),
+            "--timeout", str(timeout)]
 
 
 def _worker_env(gpu: str | None) -> dict:
@@ -147,14 +248,17 @@ def _worker_env(gpu: str | None) -> dict:
 
 
 def side_by_side(notebooks: list[Path], cache_dir: Path, work: Path, *, timeout: int = 1800,
-                 gpus: list[str] | None = None, log=print) -> dict:
+                 gpus: list[str] | None = None, log=print, grace: float = STALL_GRACE) -> dict:
     """Execute ``notebooks`` at once, notebook ``i`` on GPU ``gpus[i]`` (``None``: no GPU
     pinning) and on its own share of physical cores, then put each executed notebook into
     the jupyter-cache at ``cache_dir``. Notebooks already cached are not run again.
 
     Returns ``{notebook name: {"gpu", "cpus", "seconds", "ran"}}`` (also written to
     ``work/side_by_side.json``). Raises ``RuntimeError`` naming each notebook that failed,
-    with the tail of its log; nothing is cached from a failed run."""
+    with the tail of its log (one that stalled past its phase's bound is stopped: ``watch``);
+    nothing is cached from a failed run."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ValueError(f"timeout must be a positive number of seconds per cell, got {timeout!r}")
     if gpus is not None and len(gpus) < len(notebooks):
         raise ValueError(f"{len(notebooks)} notebooks need {len(notebooks)} GPUs; got {gpus}")
     work.mkdir(parents=True, exist_ok=True)
@@ -167,23 +271,26 @@ def side_by_side(notebooks: list[Path], cache_dir: Path, work: Path, *, timeout:
             log(f"[book] {nb.name}: already cached")
             continue
         out, logf = work / nb.name, work / f"{nb.stem}.log"
-        cmd = [sys.executable, "-m", "perfladder.book.execute", "one", str(nb), str(out), "--timeout", str(timeout)]
+        cmd = _worker_cmd(nb, out, timeout)
         log(f"[book] {nb.name}: executing on GPU {gpu if gpu is not None else '-'} and CPUs {cpu_ranges(shares[i])}")
         fh = open(logf, "w")
+        progress_file(out).unlink(missing_ok=True)
+        # its own session: the watchdog stops the executor and whatever it started at once
         p = subprocess.Popen(cmd, env=_worker_env(gpu), stdout=fh, stderr=subprocess.STDOUT,
+                             start_new_session=True,
                              preexec_fn=lambda s=tuple(shares[i]): os.sched_setaffinity(0, s))
-        procs.append((nb, out, logf, fh, p, time.monotonic()))
+        procs.append((nb, out, logf, fh, p))
     failed = []
     try:
-        waited = [(nb, out, logf, fh, p.wait()) for nb, out, logf, fh, p, _ in procs]
+        waited = watch([(nb, out, p) for nb, out, _, _, p in procs], timeout, grace)
     except BaseException:           # an interrupt: the notebooks stop with it
-        for *_, p, _ in procs:
-            p.terminate()
+        for *_, p in procs:
+            _stop(p, stacks=False)
         raise
-    for nb, out, logf, fh, rc in waited:
+    for (nb, out, logf, fh, _), (rc, why) in zip(procs, waited):
         fh.close()
         if rc != 0:
-            failed.append(f"{nb.name} (exit {rc}):\n{logf.read_text()[-4000:]}")
+            failed.append(f"{nb.name} ({why or f'exit {rc}'}):\n{logf.read_text()[-4000:]}")
             continue
         seconds = json.loads(Path(str(out) + ".json").read_text())["seconds"]
         plan[nb.name].update(seconds=seconds, ran=True)
@@ -220,6 +327,7 @@ def main(argv=None) -> int:
                      help="do not pin GPUs (a machine without GPUs; the cores are still split)")
     a = ap.parse_args(argv)
     if a.cmd == "one":
+        faulthandler.register(signal.SIGUSR1, all_threads=True)   # the watchdog asks for stacks
         return execute_one(a.notebook, a.out, a.timeout)
     for nb in a.notebooks:
         if not nb.is_file():
