@@ -247,7 +247,8 @@ def test_a_cell_timeout_must_be_a_positive_int(tmp_path, timeout):
 
 def test_cli_names_a_bad_timeout_in_one_line(tmp_path, capsys):
     nb = _notebook(tmp_path / "a.ipynb", "x = 1")
-    rc = bookexec.main(["run", str(tmp_path / "c"), str(tmp_path / "w"), str(nb), "--no-gpu", "--timeout", "0"])
+    rc = bookexec.main(["run", str(tmp_path / "c"), str(tmp_path / "w"), str(nb), "--no-gpu",
+                        "--timeout", "0"])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "timeout must be a positive number" in err and "got 0" in err
 
