@@ -103,7 +103,8 @@ def test_side_by_side_pins_each_notebook_and_fills_the_cache(tmp_path):
         assert f"cpus {plan[nb.name]['cpus']}" in text
         progress = [json.loads(line) for line in bookexec.progress_file(tmp_path / "work" / nb.name)
                     .read_text().splitlines()]
-        assert progress == [{"phase": "start"}, {"phase": "cell", "index": 1, "of": 1}, {"phase": "finish"}]
+        assert progress == [{"phase": "start"}, {"phase": "cell", "index": 1, "of": 1, "timeout": 120},
+                            {"phase": "finish"}]
     assert [plan[nb.name]["gpu"] for nb in nbs] == ["7", "5"]
     assert not set(plan[nbs[0].name]["cpus"]) & set(plan[nbs[1].name]["cpus"])
     rows = bookexec.status_rows(tmp_path / "work")
@@ -237,6 +238,10 @@ def test_each_phase_gets_nbclients_own_bound_plus_the_grace():
     assert bookexec.phase_bound({"phase": "start"}, 1800, 60) == bookexec.STARTUP_TIMEOUT + 60
     assert bookexec.phase_bound({"phase": "cell", "index": 3, "of": 9}, 1800, 60) == 1860
     assert bookexec.phase_bound({"phase": "finish"}, 1800, 60) == 60
+    # a notebook that sets its own cell timeout in its metadata (jupyter-cache honours it)
+    assert bookexec.phase_bound({"phase": "cell", "index": 1, "of": 2, "timeout": 30}, 1800, 60) == 90
+    no_limit = {"phase": "cell", "index": 1, "of": 2, "timeout": None}
+    assert bookexec.phase_bound(no_limit, 1800, 60) == float("inf")
 
 
 @pytest.mark.parametrize("timeout", [0, -5, 1.5, True])
@@ -270,10 +275,24 @@ def test_stopping_a_real_executor_takes_its_kernel_down(tmp_path):
         assert p.poll() is None, "the executor ended before its cell ran"
         time.sleep(0.2)
     kernel = int(marker.read_text())
-    assert bookexec._last_phase(out) == {"phase": "cell", "index": 1, "of": 1}
+    assert bookexec._last_phase(out) == {"phase": "cell", "index": 1, "of": 1, "timeout": 600}
     bookexec._stop(p, stacks=False)
     for _ in range(300):
         if not _alive(kernel):
             break
         time.sleep(0.2)
     assert not _alive(kernel)
+
+
+@pytest.mark.parametrize("own, reported", [(45, 45), (-1, None)])
+def test_a_notebooks_own_cell_timeout_is_the_one_reported(tmp_path, own, reported):
+    pytest.importorskip("jupyter_cache")
+    import nbformat
+    nb = _notebook(tmp_path / "own.ipynb", "x = 1")
+    doc = nbformat.read(nb, as_version=4)
+    doc.metadata["execution"] = {"timeout": own}
+    nbformat.write(doc, nb)
+    assert bookexec.execute_one(nb, tmp_path / "own.out.ipynb", 120) == 0
+    assert bookexec._last_phase(tmp_path / "own.out.ipynb") == {"phase": "finish"}
+    lines = bookexec.progress_file(tmp_path / "own.out.ipynb").read_text().splitlines()
+    assert json.loads(lines[1])["timeout"] == reported

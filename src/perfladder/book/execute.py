@@ -155,12 +155,16 @@ def execute_one(notebook: Path, out: Path, timeout: int) -> int:
     from jupyter_cache.executors.utils import single_nb_execution
     nb = nbformat.read(notebook, as_version=4)
     cells = len(nb.cells)
+    # jupyter-cache lets a notebook's own metadata set its cell timeout (none: no bound)
+    own = nb.metadata.get("execution", {}).get("timeout", timeout)
+    limit = own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else None
     progress_file(out).unlink(missing_ok=True)
     _progress(out, "start")
     res = single_nb_execution(
         nb, cwd=str(notebook.parent.resolve()), timeout=timeout, allow_errors=False,
         startup_timeout=STARTUP_TIMEOUT,
-        on_cell_start=lambda cell, cell_index: _progress(out, "cell", index=cell_index + 1, of=cells))
+        on_cell_start=lambda cell, cell_index: _progress(out, "cell", index=cell_index + 1, of=cells,
+                                                         timeout=limit))
     _progress(out, "finish")
     if res.err is not None:
         print(res.exc_string, file=sys.stderr)
@@ -172,9 +176,12 @@ def execute_one(notebook: Path, out: Path, timeout: int) -> int:
 
 def phase_bound(phase: dict, timeout: int, grace: float = STALL_GRACE) -> float:
     """Seconds an executor may stay in ``phase`` (a progress line) before it counts as stalled:
-    nbclient's own bound on that phase plus ``grace``."""
-    own = {"launch": STARTUP_TIMEOUT, "start": STARTUP_TIMEOUT, "cell": timeout}.get(phase["phase"], 0)
-    return own + grace
+    nbclient's own bound on that phase plus ``grace``. A cell's bound is the one its executor
+    reports (``timeout`` unless its notebook sets its own; ``None``: the notebook asks for none)."""
+    if phase["phase"] == "cell":
+        limit = phase.get("timeout", timeout)
+        return float("inf") if limit is None else limit + grace
+    return {"launch": STARTUP_TIMEOUT, "start": STARTUP_TIMEOUT}.get(phase["phase"], 0) + grace
 
 
 def phase_text(phase: dict) -> str:
