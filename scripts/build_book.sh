@@ -19,7 +19,10 @@
 #   PERFLADDER_BOOK_PARALLEL  true: execute the two ladder notebooks at the same time first, each
 #                         on its own GPU and its own physical CPU cores (needs two GPUs; on a
 #                         machine without GPUs the cores alone are split), then build
-#                         (perfladder.book.execute); false or unset: one notebook after another
+#                         (perfladder.book.execute: an executor that stalls past nbclient's own
+#                         bound on its phase plus 60 s is stopped and named, its Python stacks
+#                         in <out>/_build/side_by_side/<notebook>.log); false or unset: one
+#                         notebook after another
 #
 # * Runs `jupyter-book build . -W -n --keep-going`: any Sphinx warning, any failing
 #   notebook, any broken reference fails the build (non-zero exit).
