@@ -304,3 +304,27 @@ def test_a_notebooks_own_cell_timeout_is_the_one_reported(tmp_path, own, reporte
     assert bookexec._last_phase(tmp_path / "own.out.ipynb") == {"phase": "finish"}
     lines = bookexec.progress_file(tmp_path / "own.out.ipynb").read_text().splitlines()
     assert json.loads(lines[1])["timeout"] == reported
+
+
+@pytest.mark.timeout(120)
+def test_when_one_notebook_fails_its_partner_is_stopped_not_waited_for(tmp_path, monkeypatch):
+    """Nothing of a failed side-by-side run is cached, so a partner still running (here in a
+    cell of ten minutes) is stopped and named, with the one that failed."""
+    pytest.importorskip("jupyter_cache")
+    if len(bookexec.physical_cores()) < 2:
+        pytest.skip("two notebooks side by side need two cores")
+    monkeypatch.setattr(bookexec, "STARTUP_TIMEOUT", 30)
+    real = bookexec._worker_cmd
+    long_cell = [{"phase": "start"}, {"phase": "cell", "index": 1, "of": 1}]
+    fake = [sys.executable, "-c", FAKE_EXECUTOR]
+    monkeypatch.setattr(bookexec, "_worker_cmd", lambda nb, out, timeout: real(nb, out, timeout)
+                        if nb.name == "bad.ipynb" else
+                        [*fake, str(nb), str(out), json.dumps(long_cell), "hang"])
+    slow = _notebook(tmp_path / "slow.ipynb", "x = 1")
+    bad = _notebook(tmp_path / "bad.ipynb", "raise RuntimeError('planted failure')")
+    with pytest.raises(RuntimeError) as e:
+        bookexec.side_by_side([slow, bad], tmp_path / "cache", tmp_path / "work", gpus=None,
+                              timeout=600, log=lambda *a: None)
+    assert "slow.ipynb (stopped when bad.ipynb failed)" in str(e.value)
+    assert "bad.ipynb (exit 1)" in str(e.value) and "planted failure" in str(e.value)
+    assert _ends(int((tmp_path / "work" / "slow.ipynb.child").read_text()))

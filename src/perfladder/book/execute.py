@@ -215,16 +215,23 @@ def _stop(p: subprocess.Popen, stacks: bool = True) -> None:
 
 def watch(procs: list, timeout: int, grace: float = STALL_GRACE, poll: float = 1.0) -> list:
     """Wait for every executor in ``procs`` (``(notebook, out, process)``); return their exit
-    statuses in order, ``None`` for one stopped as stalled, with the reason beside it."""
+    statuses in order, ``None`` for one stopped, with the reason beside it: stalled, or still
+    running when another failed (nothing of a failed run is kept, so its partner's work
+    would be thrown away)."""
     seen = {id(p): (None, time.monotonic()) for _, _, p in procs}
     results: dict[int, tuple[int | None, str]] = {}
     while len(results) < len(procs):
+        failed = [nb.name for nb, _, p in procs if id(p) in results and results[id(p)][0] != 0]
         for nb, out, p in procs:
             if id(p) in results:
                 continue
             rc = p.poll()
             if rc is not None:
                 results[id(p)] = (rc, "")
+                continue
+            if failed:
+                _stop(p, stacks=False)
+                results[id(p)] = (None, f"stopped when {', '.join(failed)} failed")
                 continue
             phase = _last_phase(out)
             last, since = seen[id(p)]
