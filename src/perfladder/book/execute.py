@@ -269,8 +269,8 @@ def side_by_side(notebooks: list[Path], cache_dir: Path, work: Path, *, timeout:
 
     Returns ``{notebook name: {"gpu", "cpus", "seconds", "ran"}}`` (also written to
     ``work/side_by_side.json``). Raises ``RuntimeError`` naming each notebook that failed,
-    with the tail of its log (one that stalled past its phase's bound is stopped: ``watch``);
-    nothing is cached from a failed run."""
+    with the tail of its log (one that stalled past its phase's bound is stopped, and so is one
+    still running when another has failed: ``watch``); nothing is cached from a failed run."""
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ValueError(f"timeout must be a positive number of seconds per cell, got {timeout!r}")
     if gpus is not None and len(gpus) < len(notebooks):
