@@ -328,3 +328,12 @@ def test_when_one_notebook_fails_its_partner_is_stopped_not_waited_for(tmp_path,
     assert "slow.ipynb (stopped when bad.ipynb failed)" in str(e.value)
     assert "bad.ipynb (exit 1)" in str(e.value) and "planted failure" in str(e.value)
     assert _ends(int((tmp_path / "work" / "slow.ipynb.child").read_text()))
+
+
+def test_a_progress_line_being_written_is_not_read(tmp_path):
+    out = tmp_path / "nb.ipynb"
+    assert bookexec._last_phase(out) == {"phase": "launch"}
+    bookexec.progress_file(out).write_text('{"phase": "start"}\n{"phase": "ce')
+    assert bookexec._last_phase(out) == {"phase": "start"}
+    bookexec.progress_file(out).write_text('{"pha')
+    assert bookexec._last_phase(out) == {"phase": "launch"}

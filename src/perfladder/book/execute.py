@@ -192,10 +192,12 @@ def phase_text(phase: dict) -> str:
 
 
 def _last_phase(out: Path) -> dict:
+    """The executor's last complete progress line (one it is writing now is not read)."""
     try:
-        lines = progress_file(out).read_text().splitlines()
+        text = progress_file(out).read_text()
     except FileNotFoundError:
-        lines = []
+        text = ""
+    lines = text[:text.rfind("\n") + 1].splitlines()
     return json.loads(lines[-1]) if lines else {"phase": "launch"}
 
 
