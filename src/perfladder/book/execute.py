@@ -187,7 +187,7 @@ def phase_bound(phase: dict, timeout: int, grace: float = STALL_GRACE) -> float:
 def phase_text(phase: dict) -> str:
     if phase["phase"] == "cell":
         return f"cell {phase['index']} of {phase['of']}"
-    return {"start": "the kernel's start-up", "finish": "shutting the kernel down",
+    return {"start": "the kernel's start-up", "finish": "writing its notebook and exiting",
             "launch": "starting the executor"}[phase["phase"]]
 
 
