@@ -46,6 +46,7 @@ JAX_ATTENTION_SWEEP = (
 )
 FIELDS = {"fwd": ("block_m", "block_n", "num_warps", "num_stages"),
           "bwd": ("block", "inner", "num_warps", "num_stages")}
+BIAS_SUFFIX = "+bias"  # a row of B12's kernels (the bias on load) under the same launch configuration
 MATCH_REL = 1e-2     # a configuration's bf16 output against the default's: summation order only
 
 
@@ -140,12 +141,14 @@ def jax_attention(args, res, ladder, kernel_row, median_ms) -> None:
         except Exception as e:
             res.error("kernel attention_ref_cudnn", e)
     if args.attention_configs:
-        attention_sweep(args, res, fattn, qkv, dy, cos, sin, H, sync, median_ms)
+        attention_sweep(args, res, fattn, qkv, bias, dy, cos, sin, H, sync, median_ms)
 
 
-def attention_sweep(args, res, fattn, qkv, dy, cos, sin, H: int, sync, median_ms) -> None:
-    """Each launch configuration of ``args.attention_configs``: its kernel's ms alone and whether
-    its output matches the default configuration's; then the fastest matching one per part."""
+def attention_sweep(args, res, fattn, qkv, bias, dy, cos, sin, H: int, sync, median_ms) -> None:
+    """Each launch configuration of ``args.attention_configs``, for B8's kernels (no bias) and for
+    B12's (the QKV bias added on load, its gradient summed in the backward; rows ``SPEC+bias``):
+    its kernel's ms alone and whether its output matches the default configuration's; then the
+    fastest matching one per part and variant."""
     import jax
     import jax.numpy as jnp
 
@@ -153,44 +156,55 @@ def attention_sweep(args, res, fattn, qkv, dy, cos, sin, H: int, sync, median_ms
         res.data.setdefault(section, {})
     interpret = fattn._interpret(None)
     cos, sin = jnp.asarray(cos), jnp.asarray(sin)
-    y, lse = fattn._forward(qkv, None, cos, sin, H, interpret)     # lse as the backward takes it
 
-    def run(part):
+    def run(part, b):
         """The part's kernel, traced now under the current launch parameters, as a call."""
         if part == "fwd":
-            f = jax.jit(lambda x: fattn._forward(x, None, cos, sin, H, interpret)[0])
-            return lambda: jax.block_until_ready(f(qkv))
-        f = jax.jit(lambda x, o, d, m: fattn._backward(x, None, o, d, m, cos, sin, H, interpret)[0])
-        return lambda: jax.block_until_ready(f(qkv, y, dy, lse))
+            f = jax.jit(lambda x, c: fattn._forward(x, c, cos, sin, H, interpret)[:1])
+            return lambda: jax.block_until_ready(f(qkv, b))
+        y, lse = fattn._forward(qkv, b, cos, sin, H, interpret)   # lse as the backward takes it
+        # d(qkv), and with a bias its gradient too (the sums a launch's row blocks change)
+        f = jax.jit(lambda x, c, o, d, m: tuple(
+            g for g in fattn._backward(x, c, o, d, m, cos, sin, H, interpret) if g is not None))
+        return lambda: jax.block_until_ready(f(qkv, b, y, dy, lse))
 
-    want = {part: run(part)().astype(jnp.float32) for part in FIELDS}     # the defaults' outputs
-    for spec, part, cfg in args.attention_configs:
-        config = fattn.FWD if part == "fwd" else fattn.BWD
-        default = dict(config)
-        config.update(cfg)
-        try:
-            call = run(part)
-            got = call().astype(jnp.float32)
-            rel = float(jnp.linalg.norm(got - want[part]) / jnp.linalg.norm(want[part]))
-            res.put("attention_configs", spec, {
-                "part": part, **cfg, "rel_vs_default": rel,
-                "matches_default": bool(rel < MATCH_REL),     # NaN fails
-                "ms": median_ms(call, sync, args.reps)})
-        except Exception as e:
-            res.error(f"attention config {spec}", e)
-        finally:
-            config.clear()
-            config.update(default)
+    def rel_error(got, want) -> float:
+        """The largest relative (Frobenius) difference of the outputs."""
+        return max(float(jnp.linalg.norm(g.astype(jnp.float32) - w) / jnp.linalg.norm(w))
+                   for g, w in zip(got, want))
+
+    for suffix, b in (("", None), (BIAS_SUFFIX, bias)):
+        want = {part: [w.astype(jnp.float32) for w in run(part, b)()] for part in FIELDS}  # the defaults'
+        for spec, part, cfg in args.attention_configs:
+            config = fattn.FWD if part == "fwd" else fattn.BWD
+            default = dict(config)
+            config.update(cfg)
+            try:
+                call = run(part, b)
+                rel = rel_error(call(), want[part])
+                res.put("attention_configs", spec + suffix, {
+                    "part": part, "bias": b is not None, **cfg, "rel_vs_default": rel,
+                    "matches_default": bool(rel < MATCH_REL),     # NaN fails
+                    "ms": median_ms(call, sync, args.reps)})
+            except Exception as e:
+                res.error(f"attention config {spec + suffix}", e)
+            finally:
+                config.clear()
+                config.update(default)
     res.put("attention_best", "by_part", best_attention_configs(res.data["attention_configs"]))
 
 
 def best_attention_configs(rows: dict) -> dict:
-    """The fastest configuration of each part whose output matched the default's:
-    ``{part: {config, ms, launch parameters}}``, a part with none left out."""
+    """The fastest configuration of each part whose output matched the default's, B8's kernels
+    and B12's (bias on load) apart: ``{part: {config, ms, launch parameters}}`` under ``fwd``,
+    ``bwd``, ``fwd+bias``, ``bwd+bias``; a part with none left out."""
     best = {}
-    for part, fields in FIELDS.items():
-        ok = {k: r for k, r in rows.items() if r["part"] == part and r["matches_default"]}
-        if ok:
-            spec = min(ok, key=lambda k: ok[k]["ms"])
-            best[part] = {"config": spec, "ms": ok[spec]["ms"], **{f: ok[spec][f] for f in fields}}
+    for suffix, biased in (("", False), (BIAS_SUFFIX, True)):
+        for part, fields in FIELDS.items():
+            ok = {k: r for k, r in rows.items() if r["part"] == part and r["matches_default"]
+                  and r.get("bias", False) == biased}
+            if ok:
+                spec = min(ok, key=lambda k: ok[k]["ms"])
+                best[part + suffix] = {"config": spec, "ms": ok[spec]["ms"],
+                                       **{f: ok[spec][f] for f in fields}}
     return best

@@ -45,12 +45,14 @@ def test_jax_smoke_and_an_unknown_xla_flag(tmp_path):
     for row in ("attention", "attention_bias"):     # B8's kernels, then B12's bias on load
         attention = out["kernels"][row]
         assert attention["fused_fwd_bwd_ms"] > 0 and attention["ref_fwd_bwd_ms"] > 0, row
-    swept = out["attention_configs"]
-    assert list(swept) == ["fwd:32/16/4/1", "bwd:16/32/4/1"]
-    assert swept["fwd:32/16/4/1"]["block_n"] == 16 and swept["bwd:16/32/4/1"]["inner"] == 32
+    swept = out["attention_configs"]     # B8's kernels, then B12's with the bias on load
+    assert list(swept) == ["fwd:32/16/4/1", "bwd:16/32/4/1", "fwd:32/16/4/1+bias", "bwd:16/32/4/1+bias"]
+    assert swept["fwd:32/16/4/1"]["block_n"] == 16 and swept["bwd:16/32/4/1+bias"]["inner"] == 32
+    assert [r["bias"] for r in swept.values()] == [False, False, True, True]
     assert all(r["matches_default"] and r["ms"] > 0 for r in swept.values())
     assert {p: b["config"] for p, b in out["attention_best"]["by_part"].items()} == {
-        "fwd": "fwd:32/16/4/1", "bwd": "bwd:16/32/4/1"}
+        "fwd": "fwd:32/16/4/1", "bwd": "bwd:16/32/4/1",
+        "fwd+bias": "fwd:32/16/4/1+bias", "bwd+bias": "bwd:16/32/4/1+bias"}
     assert out["steps"]["addnorm"]["gate"]["passed"] and out["steps"]["none"]["tokens_per_s"] > 0
     flag = out["steps"]["none --xla_perfladder_no_such_flag=1"]
     assert flag["exists"] is False and "Unknown flag" in flag["error"][0]

@@ -32,6 +32,14 @@ def test_best_is_the_fastest_of_each_part_that_matches_the_default():
     assert best == {"fwd": dict(config="fwd:64/32/4/2", ms=1.5, block_m=64, block_n=32, num_warps=4, num_stages=2),
                     "bwd": dict(config="bwd:64/32/4/2", ms=3.0, block=64, inner=32, num_warps=4, num_stages=2)}
     assert _module().best_attention_configs({"fwd:128/64/8/2": rows["fwd:128/64/8/2"]}) == {}
+    # B12's kernels (the bias on load) are picked among their own rows only
+    biased = {"bwd:64/64/8/1+bias": dict(part="bwd", bias=True, block=64, inner=64, num_warps=8,
+                                         num_stages=1, matches_default=True, ms=2.5)}
+    best = _module().best_attention_configs({**rows, **biased})
+    assert best["bwd"]["config"] == "bwd:64/32/4/2"          # not the faster biased one
+    assert best["bwd+bias"] == dict(config="bwd:64/64/8/1+bias", ms=2.5, block=64, inner=64,
+                                    num_warps=8, num_stages=1)
+    assert "fwd+bias" not in best
 
 
 def test_parse_and_its_refusals():
