@@ -16,9 +16,10 @@ projection to (B, T, D); on a GPU also that reference under cuDNN (``attention_r
 also flash's and cuDNN's SDPA alone on rotated q, k, v): ``fused_attention_torch.py``,
 ``fused_attention_jax.py``. ``--attention-configs`` (jax) times the fused forward and backward
 kernels alone, B8's and B12's (the bias on load), under each launch configuration (bare:
-``JAX_ATTENTION_SWEEP``; or ``fwd:BLOCK_M/BLOCK_N/WARPS/STAGES`` and ``bwd:BLOCK/INNER/WARPS/STAGES``),
-each checked against the default configuration's output, into ``attention_configs``, and the fastest matching one of
-each part into ``attention_best`` (what the kernel module's ``FWD`` / ``BWD`` should become).
+``JAX_ATTENTION_SWEEP``; or ``fwd:BLOCK_M/BLOCK_N/WARPS/STAGES`` and
+``bwd:BLOCK/INNER/WARPS/STAGES``), each checked against the default configuration's output, into
+``attention_configs``, and the fastest matching one of each part into ``attention_best`` (what
+the kernel module's ``FWD`` / ``BWD`` should become).
 
 Full step (``steps``): tokens/s of each ladder's fastest configuration with and without each
 fused option, from the same initial weights, gated (its first ``GATE_STEPS`` losses on fixed
