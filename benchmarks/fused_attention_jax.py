@@ -34,6 +34,7 @@ JAX_ATTENTION_SWEEP = (
     "fwd:128/64/8/2",    # 127: one program per head at T=128, its diagonal tile half masked
     "fwd:128/32/8/1",    # 123
     "fwd:128/128/8/1",   # 172
+    "bwd:64/64/4/1",     # 255 and an 8-byte spill
     "bwd:64/32/4/2",     # 255
     "bwd:64/32/4/1",     # 237
     "bwd:64/32/4/3",     # 255
@@ -41,7 +42,6 @@ JAX_ATTENTION_SWEEP = (
     "bwd:64/32/8/2",     # 176
     "bwd:64/64/8/1",     # 255
     "bwd:64/64/8/2",     # 255
-    "bwd:64/64/4/1",     # 255 and an 8-byte spill
     "bwd:128/32/8/1",    # 240: one program per head at T=128
 )
 FIELDS = {"fwd": ("block_m", "block_n", "num_warps", "num_stages"),

@@ -239,14 +239,21 @@ def test_lowers_for_cuda_and_pads_only_a_sequence_off_the_blocks():
     assert "stablehlo.pad" in _lowered_for_cuda(120)
 
 
+# Below one tile's share of a thread: a 64x64 fp32 score or accumulator tile over the 128
+# threads of 4 warps is 128 bytes each. The backward's default (64/64/4/1) keeps 8 bytes on its
+# stack, 56 with the bias, and was still the fastest configuration of the sweep both ways,
+# every one without a spill included (benchmarks/results/h100-attention-sweep-2026-12-07).
+SPILL_BYTES = 64
+
+
 @pytest.mark.parametrize("biased", [False, True], ids=["plain", "bias on load"])
 def test_compiles_for_sm90_without_spills(monkeypatch, tmp_path, biased):
     """Each kernel's TTIR, as Pallas lowers it at the model's shape, compiled by the triton
     package (its bundled ptxas; no GPU needed) to an sm_90a cubin under the module's launch
-    configuration: Hopper's warp-group MMA for the dots, and no register spills (cuobjdump's
-    STACK and LOCAL zero) -- a spilled accumulator or score tile would turn into memory
-    traffic on every tile. With the bias added on load too (its loads and the backward's sums
-    hold registers of their own)."""
+    configuration: Hopper's warp-group MMA for the dots, and no tile spilled to memory
+    (cuobjdump's LOCAL zero, STACK at most ``SPILL_BYTES``) -- a spilled accumulator or score
+    tile would turn into memory traffic on every tile. With the bias added on load too (its
+    loads and the backward's sums hold registers of their own)."""
     cuobjdump()
     modules = catch_triton_modules(monkeypatch)
     _lowered_for_cuda(128, biased=biased)
@@ -254,7 +261,7 @@ def test_compiles_for_sm90_without_spills(monkeypatch, tmp_path, biased):
     for name, text, cfg in zip(("fwd", "bwd"), modules, (fattn.FWD, fattn.BWD)):
         asm, fields = compile_for_sm90(text, tmp_path / f"rope_attention_{name}",
                                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-        assert int(fields["STACK"]) == 0 and int(fields["LOCAL"]) == 0, (name, fields)
+        assert int(fields["STACK"]) <= SPILL_BYTES and int(fields["LOCAL"]) == 0, (name, fields)
         assert "warp_group_dot" in asm["ttgir"], name
 
 

@@ -73,8 +73,10 @@ from jax.experimental.pallas import triton as plgpu
 # Launch parameters, read at each trace (benchmarks/fused_kernels.py --attention-configs times
 # others). forward: query rows per program, keys per inner step; backward: rows per program (its
 # key block in phase 1, its query block in phase 2), rows of the other side per inner step.
+# The backward's: the fastest of the sweep at the model's shape on an H100, with and without the
+# bias (benchmarks/results/h100-attention-sweep-2026-12-07: 1.91 ms against 2.24 for 64/32/4/2).
 FWD = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
-BWD = dict(block=64, inner=32, num_warps=4, num_stages=2)
+BWD = dict(block=64, inner=64, num_warps=4, num_stages=1)
 MIN_BLOCK = 16                        # Triton's dots on a GPU need M, N, K >= 16
 LOG2E = 1.4426950408889634
 
