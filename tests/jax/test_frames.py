@@ -21,6 +21,8 @@ from perfladder.kernels.accounting import of_run  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "jax_h100_b10"
 RUN = ROOT / "benchmarks" / "results" / "h100-jax-again-2026-12-07" / "jax.json"
+FIXTURE_B12 = ROOT / "tests" / "fixtures" / "jax_h100_b12"
+RUN_B12 = ROOT / "benchmarks" / "results" / "h100-jax-b12-2026-12-07" / "jax.json"
 
 FILES = ["/src/perfladder/jax/model.py", "/venv/flax/nnx/nn/normalization.py",
          "/venv/flax/nnx/nn/linear.py", "/venv/flax/nnx/training/optimizer.py"]
@@ -136,13 +138,29 @@ def test_kernels_of_a_matched_fusion_are_named_with_their_part():
     assert [t[0] for t in by_name] == [e[0][0] for e in events] and none == 0.0
 
 
-@pytest.fixture(scope="module")
-def h100_b10():
-    text = gzip.open(FIXTURE / "hlo.txt.gz", "rt").read()
-    rows = json.load(gzip.open(FIXTURE / "events.json.gz", "rt"))
+def _sorted_profile(fixture: Path):
+    """The fixture's events sorted by its module: (rows, (name, µs, category) triples, µs matched)."""
+    text = gzip.open(fixture / "hlo.txt.gz", "rt").read()
+    rows = json.load(gzip.open(fixture / "events.json.gz", "rt"))
     events = [((name, us), (op, mod)) for name, us, op, mod in rows]
     triples, matched = sort_events(events, hlo_ops(text), hlo_module_name(text))
     return rows, triples, matched
+
+
+def _roofline(triples, run_path: Path, rung: str) -> dict:
+    """The kernel report's roofline rows of a 3-step profile, for ``rung`` of the committed run."""
+    kb = breakdown(triples, 3, REPORT_TOP, device="gpu", framework="jax")
+    run = json.loads(run_path.read_text())
+    r = next(r for r in run["rungs"] if r["name"] == rung)
+    full = get_config("full")
+    rl = of_run(kb, run["roofs"], full.gpt(), batch=r["batch_size"], seq=full.num_steps,
+                precision="bf16", framework="jax", recipe=r["recipe"])
+    return rl
+
+
+@pytest.fixture(scope="module")
+def h100_b10():
+    return _sorted_profile(FIXTURE)
 
 
 def test_on_a_real_h100_profile_every_xla_fusion_is_found_by_its_kernels_name(h100_b10):
@@ -162,17 +180,10 @@ def test_on_a_real_h100_profile_gelu_and_layernorm_land_in_their_groups(h100_b10
     beside the Pallas backward; a LayerNorm's loop fusions and the residual adds are reductions;
     what is left as 'elementwise: rest' is less than either named sub-row."""
     rows, triples, _ = h100_b10
-    steps = 3
-    kb = breakdown(triples, steps, REPORT_TOP, device="gpu", framework="jax")
     for t, _, cat in triples:
         if t.endswith(("[LayerNorm]", "[residual add]")):
             assert cat in ("reduction/norm", "memcpy/memset"), t
-    run = json.loads(RUN.read_text())
-    b10 = next(r for r in run["rungs"] if r["name"] == "B10")
-    full = get_config("full")
-    rl = of_run(kb, run["roofs"], full.gpt(), batch=b10["batch_size"], seq=full.num_steps,
-                precision="bf16", framework="jax", recipe=b10["recipe"])
-    rows_by = {r["group"]: r for r in rl["rows"]}
+    rows_by = {r["group"]: r for r in _roofline(triples, RUN, "B10")["rows"]}
     gelu = rows_by["elementwise: GELU"]
     assert any(k.startswith("loop_") and k.endswith("[GELU]") for k in gelu["kernels"])
     assert "gelu_bias_grad_bwd" in gelu["kernels"]
@@ -194,3 +205,34 @@ def test_the_smoke_gpts_compiled_step_names_every_part():
     X, Y = next(lab.stream(recipe.batch_size))
     found = {part for _, part in hlo_ops(step.lower(X, Y).compile().as_text()).values()}
     assert set(PART_NAMES) <= found
+
+
+def test_on_a_real_h100_profile_xlas_gelu_backward_with_the_bias_sums_is_gelu():
+    """B12 leaves GELU's backward to XLA, which fuses it into the reduce summing FC1's bias
+    gradient (its root the Linear's reduce, most of its arithmetic GELU's derivative). Sorted
+    as GELU's elementwise pass, the GELU row holds forward and backward against a floor that
+    charges both, and is no accounting error; the LayerNorm row keeps only its own kernels."""
+    _, triples, _ = _sorted_profile(FIXTURE_B12)
+    # the six blocks' fusions share one kernel name; input_add_reduce_fusion_6 is another one
+    backward = [(t, cat) for t, _, cat in triples if t.split(" ")[0] == "input_add_reduce_fusion"]
+    assert backward and all(t.endswith("[GELU]") and cat == "elementwise" for t, cat in backward)
+    rl = _roofline(triples, RUN_B12, "B12")
+    rows_by = {r["group"]: r for r in rl["rows"]}
+    gelu, norm = rows_by["elementwise: GELU"], rows_by["layernorm/reductions"]
+    assert {k.split(" ")[0] for k in gelu["kernels"]} >= {"input_add_reduce_fusion",
+                                                          "loop_convert_multiply_fusion_5"}
+    assert not gelu["accounting_error"] and not rl["accounting_errors"]
+    assert gelu["time_ms"] > gelu["floor_ms"] > norm["floor_ms"] / 2
+    # before, the backward sat in the reductions: that row now stands near its floor
+    assert norm["time_ms"] < 1.1 * norm["floor_ms"]
+
+
+def test_a_bias_reduce_of_linear_arithmetic_stays_a_reduction():
+    """Only a reduce whose body is mostly an elementwise part's is moved: FC2's bias-gradient
+    sum (a reduce of the Linear's own ops) stays with the reductions."""
+    text = gzip.open(FIXTURE_B12 / "hlo.txt.gz", "rt").read()
+    ops = hlo_ops(text)
+    assert ops["input_reduce_fusion"] == ("reduction/norm", "linear")
+    assert ops["input_add_reduce_fusion.6"] == ("reduction/norm", "linear")   # no GELU in it
+    moved = {k for k, (cat, part) in ops.items() if "reduce_fusion" in k and cat == "elementwise"}
+    assert moved == {f"input_add_reduce_fusion{s}" for s in ("", ".1", ".2", ".3", ".4", ".5")}

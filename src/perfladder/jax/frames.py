@@ -38,6 +38,10 @@ PART_NAMES = tuple(p for p, _ in PARTS)
 # the parts whose elementwise fusions belong with the reductions: a LayerNorm's normalising
 # passes and the residual add fused into it (as inductor's add+LayerNorm kernels are)
 NORM_PARTS = ("LayerNorm", "residual add")
+# the parts whose passes are the roofline's elementwise rows: XLA fuses GELU's backward into the
+# reduce that sums FC1's bias gradient (one kernel reads h and dg, writes dh and the sums), so
+# the fusion's root is the Linear's reduce while its work is GELU's
+ELEMENTWISE_PARTS = ("GELU", "RoPE")
 
 
 class Frames:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from perfladder.jax.frames import NORM_PARTS, OPTIMIZER_FILES, Frames
+from perfladder.jax.frames import ELEMENTWISE_PARTS, NORM_PARTS, OPTIMIZER_FILES, Frames
 from perfladder.kernels import CATEGORIES, categorize
 
 _MATMUL_OPS = {"dot", "convolution", "ragged-dot", "scaled-dot"}
@@ -96,7 +96,10 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
     data movement: copies, transposes, broadcasts, casts); elementwise (anything else
     arithmetic); an unknown custom call is 'other'. Its part is the part of the GPT its stack
     names (``perfladder.jax.frames.PART_NAMES``, or ``None``); an elementwise op of a LayerNorm
-    or of the residual add beside it counts with the reductions (``frames.NORM_PARTS``).
+    or of the residual add beside it counts with the reductions (``frames.NORM_PARTS``), and a
+    Linear's bias-gradient reduce whose body's arithmetic is mostly GELU's (or RoPE's) backward
+    counts as that part's elementwise pass (``frames.ELEMENTWISE_PARTS``), as the Pallas kernel
+    doing the same (B10's ``gelu_bias_grad_bwd``) does.
     """
     if not isinstance(hlo_text, str) or "HloModule" not in hlo_text:
         raise ValueError("hlo_text must be the text of a compiled XLA module (it starts with "
@@ -155,6 +158,22 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
         contents[comp] = (ops, targets)
         return ops, targets
 
+    body_parts: dict[str, collections.Counter] = {}
+
+    def parts_of(comp: str, stack=()) -> collections.Counter:
+        # the parts of the GPT the arithmetic of a computation (and what it calls) came from
+        if comp not in body_parts:
+            count = collections.Counter()
+            if comp not in stack:
+                for _, op, rest in comps.get(comp, ()):
+                    fm = _FRAME.search(rest)
+                    if fm and op not in _DATA_OPS | _CONTROL_OPS:
+                        count[frames.part(int(fm.group(1)))] += 1
+                    for c in called(rest):
+                        count += parts_of(c.lstrip("%"), stack + (comp,))
+            body_parts[comp] = count
+        return body_parts[comp]
+
     out: dict[str, tuple[str, str | None]] = {}
     for comp, instrs in comps.items():
         for name, op, rest in instrs:
@@ -176,6 +195,11 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
             cat = _op_category(ops, targets, optimizer)
             if cat == "elementwise" and part in NORM_PARTS:
                 cat = "reduction/norm"
+            elif cat == "reduction/norm" and part == "linear":
+                body = sum((parts_of(c.lstrip("%")) for c in called(rest)), collections.Counter())
+                most = body.most_common(1)
+                if most and most[0][0] in ELEMENTWISE_PARTS:
+                    cat, part = "elementwise", most[0][0]
             out[name] = (cat, part)
     return out
 
