@@ -218,12 +218,11 @@ def test_on_a_real_h100_profile_xlas_gelu_backward_with_the_bias_sums_is_gelu():
     assert backward and all(t.endswith("[GELU]") and cat == "elementwise" for t, cat in backward)
     rl = _roofline(triples, RUN_B12, "B12")
     rows_by = {r["group"]: r for r in rl["rows"]}
-    gelu, norm = rows_by["elementwise: GELU"], rows_by["layernorm/reductions"]
+    gelu = rows_by["elementwise: GELU"]
     assert {k.split(" ")[0] for k in gelu["kernels"]} >= {"input_add_reduce_fusion",
                                                           "loop_convert_multiply_fusion_5"}
     assert not gelu["accounting_error"] and not rl["accounting_errors"]
     assert gelu["time_ms"] > gelu["floor_ms"]       # both directions' kernels, above the floor
-    assert not norm["accounting_error"] and not norm["kernels"]
 
 
 def test_a_bias_reduce_of_linear_arithmetic_stays_a_reduction():
