@@ -31,7 +31,7 @@ Costs, at the model's shape (T=128, Dh=64, 8 heads, batch 2048, bf16; per layer)
   about 52 GFLOP; it reads qkv and writes y and the logsumexp, about 1.1 GB (k and v are
   read by both of a head's programs, the second time from L2: the grid's first axis is the
   query block, so they run side by side). Bound by memory: about 0.23 ms at 4.8 TB/s.
-* backward, blocks of 64 and inner tiles of 32: each live tile is computed twice (phase 1:
+* backward, blocks and inner tiles of 64: each live tile is computed twice (phase 1:
   S, dP, dV, dK; phase 2: S, dP, dQ -- 7 dots, against the 5 of a single pass per head,
   which must hold dQ for the whole sequence in registers: 8 warps, spilled registers and one
   program per SM), about 180 GFLOP, in exchange for B*H*T/block programs with the same work
@@ -41,10 +41,9 @@ Costs, at the model's shape (T=128, Dh=64, 8 heads, batch 2048, bf16; per layer)
 
 Fully masked tiles are never computed; the mask is applied on every visited tile (two
 compares and a select per score, cheap beside the exponentials). Compiled for sm_90a by the
-triton package from the kernels' TTIR (tests/jax/test_fused_attention.py), the default launch
-parameters keep everything in registers: the forward 127 per thread (four programs of 4 warps
-per SM), the backward 255 (two per SM); the backward with inner tiles of 64 under 4 warps, or
-with blocks of 32 rows (too few for Hopper's 64-row warp-group MMA), spills.
+triton package from the kernels' TTIR (tests/jax/test_fused_attention.py), the forward keeps
+127 registers a thread (four programs of 4 warps per SM); the backward 255 and a few values on
+its stack (8 bytes, 56 with the bias), measured faster than every setting that spills nothing.
 
 Every head-wide tile is held as its two rotate-half halves (columns i and i + Dh/2), so a
 rotation is elementwise and no value is ever sliced in the kernel (the Triton lowering slices
@@ -72,9 +71,8 @@ from jax.experimental.pallas import triton as plgpu
 
 # Launch parameters, read at each trace (benchmarks/fused_kernels.py --attention-configs times
 # others). forward: query rows per program, keys per inner step; backward: rows per program (its
-# key block in phase 1, its query block in phase 2), rows of the other side per inner step.
-# The backward's: the fastest of the sweep at the model's shape on an H100, with and without the
-# bias (benchmarks/results/h100-attention-sweep-2026-12-07: 1.91 ms against 2.24 for 64/32/4/2).
+# key block in phase 1, its query block in phase 2), rows of the other side per inner step; the
+# backward's the sweep's fastest on an H100, both ways (results/h100-attention-sweep-2026-12-07).
 FWD = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
 BWD = dict(block=64, inner=64, num_warps=4, num_stages=1)
 MIN_BLOCK = 16                        # Triton's dots on a GPU need M, N, K >= 16
