@@ -42,6 +42,7 @@ _DATA_OPS = {"parameter", "constant", "copy", "copy-start", "copy-done", "transp
              "get-tuple-element", "iota", "convert"}
 _CONTROL_OPS = {"fusion", "call", "while", "conditional", "async-start", "async-done",
                 "async-update"}
+_NO_ARITHMETIC = _DATA_OPS | _CONTROL_OPS
 _ATTN_TARGET = re.compile(r"fmha|flash|attention|sdpa|splash", re.IGNORECASE)
 _MATMUL_TARGET = re.compile(r"gemm|matmul|cublas|\$dot|dot_general", re.IGNORECASE)
 _COLLECTIVE_TARGET = re.compile(r"nccl|all[-_]?reduce|all[-_]?gather", re.IGNORECASE)
@@ -121,7 +122,7 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
             cur.append((m.group("name"), op, m.group("rest")))
     frames = Frames(hlo_text)
     comp_names = set(comps)
-    contents: dict[str, tuple[set, set]] = {}
+    contents: dict[str, tuple[set, set, collections.Counter]] = {}
 
     def called(rest: str) -> list[str]:
         # computations referenced by the instruction (calls=, to_apply=, body=, ...): every
@@ -141,50 +142,41 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
                     return fid
         return None
 
-    def content(comp: str, stack=()) -> tuple[set, set]:
+    def content(comp: str, stack=()) -> tuple[set, set, collections.Counter]:
+        # the opcodes and custom-call targets of a computation and of what it calls, and the
+        # parts of the GPT its arithmetic was traced from (one count per op)
         if comp in contents:
             return contents[comp]
-        ops, targets = set(), set()
+        ops, targets, parts = set(), set(), collections.Counter()
         if comp not in stack:
             for _, op, rest in comps.get(comp, ()):
                 ops.add(op)
                 t = _TARGET.search(rest)
                 if t:
                     targets.add(t.group("t"))
+                fm = _FRAME.search(rest)
+                if fm and op not in _NO_ARITHMETIC:
+                    parts[frames.part(int(fm.group(1)))] += 1
                 for c in called(rest):
-                    o2, t2 = content(c.lstrip("%"), stack + (comp,))
+                    o2, t2, p2 = content(c.lstrip("%"), stack + (comp,))
                     ops |= o2
                     targets |= t2
-        contents[comp] = (ops, targets)
-        return ops, targets
-
-    body_parts: dict[str, collections.Counter] = {}
-
-    def parts_of(comp: str, stack=()) -> collections.Counter:
-        # the parts of the GPT the arithmetic of a computation (and what it calls) came from
-        if comp not in body_parts:
-            count = collections.Counter()
-            if comp not in stack:
-                for _, op, rest in comps.get(comp, ()):
-                    fm = _FRAME.search(rest)
-                    if fm and op not in _DATA_OPS | _CONTROL_OPS:
-                        count[frames.part(int(fm.group(1)))] += 1
-                    for c in called(rest):
-                        count += parts_of(c.lstrip("%"), stack + (comp,))
-            body_parts[comp] = count
-        return body_parts[comp]
+                    parts += p2
+        contents[comp] = (ops, targets, parts)
+        return contents[comp]
 
     out: dict[str, tuple[str, str | None]] = {}
     for comp, instrs in comps.items():
         for name, op, rest in instrs:
-            ops, targets = {op}, set()
+            ops, targets, body = {op}, set(), collections.Counter()
             t = _TARGET.search(rest)
             if t:
                 targets.add(t.group("t"))
             for c in called(rest):
-                o2, t2 = content(c.lstrip("%"))
+                o2, t2, p2 = content(c.lstrip("%"))
                 ops |= o2
                 targets |= t2
+                body += p2
             optimizer, part = False, None
             fid = frame_of(rest)
             if fid is not None:
@@ -196,7 +188,6 @@ def hlo_ops(hlo_text: str) -> dict[str, tuple[str, str | None]]:
             if cat == "elementwise" and part in NORM_PARTS:
                 cat = "reduction/norm"
             elif cat == "reduction/norm" and part == "linear":
-                body = sum((parts_of(c.lstrip("%")) for c in called(rest)), collections.Counter())
                 most = body.most_common(1)
                 if most and most[0][0] in ELEMENTWISE_PARTS:
                     cat, part = "elementwise", most[0][0]
@@ -217,7 +208,7 @@ def _op_category(ops: set, targets: set, optimizer: bool) -> str:
         return "reduction/norm"
     if "custom-call" in ops:
         return "other"
-    if ops <= (_DATA_OPS | _CONTROL_OPS):
+    if ops <= _NO_ARITHMETIC:
         return "memcpy/memset"
     return "elementwise"
 
