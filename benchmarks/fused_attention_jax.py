@@ -157,12 +157,12 @@ def attention_sweep(args, res, fattn, qkv, bias, dy, cos, sin, H: int, sync, med
     interpret = fattn._interpret(None)
     cos, sin = jnp.asarray(cos), jnp.asarray(sin)
 
-    def run(part, b):
-        """The part's kernel, traced now under the current launch parameters, as a call."""
+    def run(part, b, y, lse):
+        """The part's kernel, traced now under the current launch parameters, as a call (the
+        backward's on the default forward's ``y`` and ``lse``)."""
         if part == "fwd":
             f = jax.jit(lambda x, c: fattn._forward(x, c, cos, sin, H, interpret)[:1])
             return lambda: jax.block_until_ready(f(qkv, b))
-        y, lse = fattn._forward(qkv, b, cos, sin, H, interpret)   # lse as the backward takes it
         # d(qkv), and with a bias its gradient too (the sums a launch's row blocks change)
         f = jax.jit(lambda x, c, o, d, m: tuple(
             g for g in fattn._backward(x, c, o, d, m, cos, sin, H, interpret) if g is not None))
@@ -174,13 +174,15 @@ def attention_sweep(args, res, fattn, qkv, bias, dy, cos, sin, H: int, sync, med
                    for g, w in zip(got, want))
 
     for suffix, b in (("", None), (BIAS_SUFFIX, bias)):
-        want = {part: [w.astype(jnp.float32) for w in run(part, b)()] for part in FIELDS}  # the defaults'
+        y, lse = fattn._forward(qkv, b, cos, sin, H, interpret)   # lse as the backward takes it
+        want = {part: [w.astype(jnp.float32) for w in run(part, b, y, lse)()]     # the defaults'
+                for part in FIELDS}
         for spec, part, cfg in args.attention_configs:
             config = fattn.FWD if part == "fwd" else fattn.BWD
             default = dict(config)
             config.update(cfg)
             try:
-                call = run(part, b)
+                call = run(part, b, y, lse)
                 rel = rel_error(call(), want[part])
                 res.put("attention_configs", spec + suffix, {
                     "part": part, "bias": b is not None, **cfg, "rel_vs_default": rel,
