@@ -116,7 +116,8 @@ def jax_attention(args, res, ladder, kernel_row, median_ms) -> None:
     try:
         out = kernel_row(*calls(_model_path("xla", H, cos, sin)),
                          *calls(lambda x: fattn.rope_attention(x, cos, sin, H)), sync, args.reps, nbytes)
-        res.put("kernels", "attention", {**out, "launch": {"FWD": dict(fattn.FWD), "BWD": dict(fattn.BWD)}})
+        launch = {name: dict(getattr(fattn, name)) for name in ("FWD", "FWD_BIAS", "BWD")}
+        res.put("kernels", "attention", {**out, "launch": launch})
     except Exception as e:
         res.error("kernel attention", e)
     bias = jax.random.normal(jax.random.key(2), (3 * D,), jnp.bfloat16)
@@ -178,7 +179,7 @@ def attention_sweep(args, res, fattn, qkv, bias, dy, cos, sin, H: int, sync, med
         want = {part: [w.astype(jnp.float32) for w in run(part, b, y, lse)()]     # the defaults'
                 for part in FIELDS}
         for spec, part, cfg in args.attention_configs:
-            config = fattn.FWD if part == "fwd" else fattn.BWD
+            config = fattn.forward_launch(b is not None) if part == "fwd" else fattn.BWD
             default = dict(config)
             config.update(cfg)
             try:

@@ -44,10 +44,12 @@ CASES = {"T=1": (1, ({}, {})), "T=40 uneven": (40, UNEVEN),
 
 @pytest.fixture
 def launch(monkeypatch):
-    """Sets the kernels' launch configuration for one test."""
+    """Sets the kernels' launch configuration for one test; both forwards (B8's, and B12's with
+    the bias on load) get the same, so that comparing them compares the bias alone."""
     def use(fwd: dict, bwd: dict):
-        for key, value in fwd.items():
+        for key, value in {**fattn.FWD, **fwd}.items():
             monkeypatch.setitem(fattn.FWD, key, value)
+            monkeypatch.setitem(fattn.FWD_BIAS, key, value)
         for key, value in bwd.items():
             monkeypatch.setitem(fattn.BWD, key, value)
     return use
@@ -239,6 +241,26 @@ def test_lowers_for_cuda_and_pads_only_a_sequence_off_the_blocks():
     assert "stablehlo.pad" in _lowered_for_cuda(120)
 
 
+def test_the_biased_forward_launches_with_its_own_parameters(monkeypatch):
+    """B12's forward (the bias on load) takes ``FWD_BIAS``'s blocks and B8's ``FWD``'s: each
+    kernel's score tile, (block_m, block_n) in fp32, is its own setting's; a bad block in
+    either setting is named."""
+    monkeypatch.setitem(fattn.FWD, "block_n", 16)
+    monkeypatch.setitem(fattn.FWD_BIAS, "block_n", 128)
+    modules = catch_triton_modules(monkeypatch)
+    if not _lowered_for_cuda(128) or not modules:
+        pytest.skip("this JAX has no hook for Pallas's Triton modules")
+    plain_fwd = modules[0]
+    _lowered_for_cuda(128, biased=True)
+    biased_fwd = modules[2]
+    assert "tensor<64x16xf32>" in plain_fwd and "tensor<64x128xf32>" not in plain_fwd
+    assert "tensor<64x128xf32>" in biased_fwd and "tensor<64x16xf32>" not in biased_fwd
+    monkeypatch.setitem(fattn.FWD_BIAS, "block_m", 24)
+    cos, sin = rope_tables(16, 16)
+    with pytest.raises(ValueError, match=r"FWD_BIAS\['block_m'\] must be a power of two"):
+        fattn.rope_attention(jnp.zeros((1, 16, 96)), cos, sin, 2)
+
+
 # Below one tile's share of a thread: a 64x64 fp32 score or accumulator tile over the 128
 # threads of 4 warps is 128 bytes each. The backward's default (64/64/4/1) keeps 8 bytes on its
 # stack, 56 with the bias, and was still the fastest configuration of the sweep both ways,
@@ -258,7 +280,7 @@ def test_compiles_for_sm90_without_spills(monkeypatch, tmp_path, biased):
     modules = catch_triton_modules(monkeypatch)
     _lowered_for_cuda(128, biased=biased)
     assert len(modules) == 2
-    for name, text, cfg in zip(("fwd", "bwd"), modules, (fattn.FWD, fattn.BWD)):
+    for name, text, cfg in zip(("fwd", "bwd"), modules, (fattn.forward_launch(biased), fattn.BWD)):
         asm, fields = compile_for_sm90(text, tmp_path / f"rope_attention_{name}",
                                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         assert int(fields["STACK"]) <= SPILL_BYTES and int(fields["LOCAL"]) == 0, (name, fields)

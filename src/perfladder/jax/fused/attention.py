@@ -39,19 +39,15 @@ Costs, at the model's shape (T=128, Dh=64, 8 heads, batch 2048, bf16; per layer)
   from the start to its block) and no state across programs. It reads qkv, y and dy and
   writes d(qkv), about 2.2 GB: about 0.45 ms at 4.8 TB/s.
 
-Fully masked tiles are never computed; the mask is applied on every visited tile (two
-compares and a select per score, cheap beside the exponentials). Compiled for sm_90a by the
-triton package from the kernels' TTIR (tests/jax/test_fused_attention.py), the forward keeps
-127 registers a thread (four programs of 4 warps per SM); the backward 255 and a few values on
-its stack (8 bytes, 56 with the bias), measured faster than every setting that spills nothing.
-
+Fully masked tiles are never computed; the mask is applied on every visited tile (cheap beside
+the exponentials). Compiled for sm_90a (tests/jax/test_fused_attention.py), the forward keeps
+127 registers a thread; the backward 255 and a few values on its stack (8 bytes, 56 with the
+bias), measured faster than every setting that spills nothing.
 Every head-wide tile is held as its two rotate-half halves (columns i and i + Dh/2), so a
 rotation is elementwise and no value is ever sliced in the kernel (the Triton lowering slices
 refs, not values): the arrays are viewed, for free, as (B, T, 3, H, 2, Dh/2) and (B, T, H, 2,
 Dh/2); a program sees its head's whole sequence, (T, 3, 2, Dh/2), and loads tiles of it.
-
-Pallas, not jax-triton calling the PyTorch module's kernels: jax-triton needs a GPU even to
-trace; Pallas runs in its interpreter on CPU (the tests) and through Triton on a GPU.
+Pallas, not jax-triton (which needs a GPU even to trace): it runs in its interpreter on CPU.
 
 Constraints of the Triton lowering: every array a kernel loads or computes has a power-of-two
 size, so a sequence whose length is not a multiple of the blocks is padded with zeros to one
@@ -70,10 +66,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 # Launch parameters, read at each trace (benchmarks/fused_kernels.py --attention-configs times
-# others). forward: query rows per program, keys per inner step; backward: rows per program (its
-# key block in phase 1, its query block in phase 2), rows of the other side per inner step; the
-# backward's the sweep's fastest on an H100, both ways (results/h100-attention-sweep-2026-12-07).
+# others). forward: query rows per program, keys per inner step (FWD_BIAS: with the bias on
+# load); backward: rows per program (its key block in phase 1, its query block in phase 2), rows
+# of the other side per inner step. Each its kernel's fastest on an H100 (h100-attention-sweep).
 FWD = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+FWD_BIAS = dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
 BWD = dict(block=64, inner=64, num_warps=4, num_stages=1)
 MIN_BLOCK = 16                        # Triton's dots on a GPU need M, N, K >= 16
 LOG2E = 1.4426950408889634
@@ -103,7 +100,7 @@ def _check(qkv, bias, cos, num_heads: int, interpret: bool) -> tuple[int, int, i
     if cos.shape != (T, Dh) or cos.dtype != jnp.float32:
         raise ValueError(f"cos/sin must be fp32 tables of shape (T, Dh) = {(T, Dh)}, got "
                          f"{cos.shape} {cos.dtype}")
-    for name, cfg in (("FWD", FWD), ("BWD", BWD)):
+    for name, cfg in (("FWD", FWD), ("FWD_BIAS", FWD_BIAS), ("BWD", BWD)):
         for key in ("block_m", "block_n", "block", "inner"):
             b = cfg.get(key)
             if b is not None and (b < MIN_BLOCK or b & (b - 1)):
@@ -112,12 +109,16 @@ def _check(qkv, bias, cos, num_heads: int, interpret: bool) -> tuple[int, int, i
     return B, T, D, Dh
 
 
-def _blocks(T: int) -> tuple[int, dict, dict]:
+def forward_launch(biased: bool) -> dict:
+    return FWD_BIAS if biased else FWD            # the forward's launch parameters
+
+
+def _blocks(T: int, biased: bool) -> tuple[int, dict, dict]:
     """The padded length and each kernel's blocks: a block is no longer than the sequence
     rounded up to a power of two (>= MIN_BLOCK), and the padded length a multiple of every
     block, so that the forward's logsumexp serves the backward as it is."""
     cap = max(MIN_BLOCK, 1 << (T - 1).bit_length())
-    fwd = {k: min(FWD[k], cap) for k in ("block_m", "block_n")}
+    fwd = {k: min(forward_launch(biased)[k], cap) for k in ("block_m", "block_n")}
     bwd = {k: min(BWD[k], cap) for k in ("block", "inner")}
     step = max(*fwd.values(), *bwd.values())
     return -(-T // step) * step, fwd, bwd
@@ -134,8 +135,7 @@ def _pad_rows(x, Tp: int, axis: int = 1):
 
 # -- kernels ------------------------------------------------------------------------------------
 def _dot(a, b, trans_a=False, trans_b=False):
-    """``a @ b`` (either transposed) with an fp32 result; fp32 inputs in true fp32 (a GPU would
-    otherwise round them to TF32)."""
+    """``a @ b`` (either transposed) in fp32; fp32 inputs in true fp32 (not a GPU's TF32)."""
     exact = a.dtype == jnp.float32
     dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
     return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32,
@@ -147,8 +147,8 @@ def _refs(refs, biased: bool):      # a kernel's (qkv_ref, bias_ref or None, the
 
 
 def _load(ref, bias_ref, rows, part: int, half: int):
-    """Half ``half`` of q, k or v (``part`` 0, 1, 2) at ``rows`` of a (T, 3, 2, HALF) block, with
-    the bias of a (3, 2, HALF) block added when there is one."""
+    """Half ``half`` of q, k or v (``part`` 0-2) at ``rows`` of a (T, 3, 2, HALF) block, plus
+    the (3, 2, HALF) bias block's when there is one."""
     x = ref[rows, part, half, :]
     return x if bias_ref is None else x + bias_ref[part, half, :][None, :]
 
@@ -308,7 +308,7 @@ def _forward(qkv, bias, cos, sin, H: int, interpret: bool):
     """``(y, lse)``: y (B, T, D); lse (B, H, Tp), Tp the padded length."""
     B, T, D3 = qkv.shape
     half = D3 // 3 // H // 2
-    Tp, fwd, _ = _blocks(T)
+    Tp, fwd, _ = _blocks(T, bias is not None)
     heads, _, _, table = _sequence_specs(Tp, half)
     (bias_spec, bias_arg), bm = _bias_inputs(bias, H, half), fwd["block_m"]
     y, lse = pl.pallas_call(
@@ -319,8 +319,8 @@ def _forward(qkv, bias, cos, sin, H: int, interpret: bool):
         grid=(Tp // bm, B, H), in_specs=[heads, *bias_spec, table, table],
         out_specs=[pl.BlockSpec((None, bm, None, 2, half), lambda i, b, h: (b, i, h, 0, 0)),
                    pl.BlockSpec((None, None, bm), lambda i, b, h: (b, h, i))],
-        compiler_params=plgpu.CompilerParams(num_warps=FWD["num_warps"],
-                                             num_stages=FWD["num_stages"]),
+        compiler_params=plgpu.CompilerParams(**{k: forward_launch(bool(bias_arg))[k]
+                                                for k in ("num_warps", "num_stages")}),
         interpret=interpret, name="rope_attention_fwd",
     )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *bias_arg, *_tables(cos, sin, Tp))
     return y[:, :T].reshape(B, T, D3 // 3), lse
@@ -330,7 +330,7 @@ def _backward(qkv, bias, y, dy, lse, cos, sin, H: int, interpret: bool):
     """``(d(qkv), the bias gradient in fp32 or None)``."""
     B, T, D3 = qkv.shape
     half = D3 // 3 // H // 2
-    Tp, _, bwd = _blocks(T)
+    Tp, _, bwd = _blocks(T, bias is not None)
     heads, head, row, table = _sequence_specs(Tp, half)
     bias_spec, bias_arg = _bias_inputs(bias, H, half)
     biased, block = bool(bias_arg), bwd["block"]
