@@ -65,10 +65,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-# Launch parameters, read at each trace (benchmarks/fused_kernels.py --attention-configs times
-# others). forward: query rows per program, keys per inner step (FWD_BIAS: with the bias on
-# load); backward: rows per program (its key block in phase 1, its query block in phase 2), rows
-# of the other side per inner step. Each its kernel's fastest on an H100 (h100-attention-sweep).
+# Launch parameters, read at each trace: for each kernel the fastest setting of an H100 sweep
+# (benchmarks/fused_kernels.py --attention-configs). forward: query rows per program, keys per
+# inner step (FWD_BIAS: the forward with the bias on load, B12's); backward: rows per program
+# (its key block in phase 1, its query block in phase 2), rows of the other side per step.
 FWD = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
 FWD_BIAS = dict(block_m=64, block_n=32, num_warps=4, num_stages=2)
 BWD = dict(block=64, inner=64, num_warps=4, num_stages=1)
