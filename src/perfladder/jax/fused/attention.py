@@ -114,13 +114,14 @@ def forward_launch(biased: bool) -> dict:
 
 
 def _blocks(T: int, biased: bool) -> tuple[int, dict, dict]:
-    """The padded length and each kernel's blocks: a block is no longer than the sequence
-    rounded up to a power of two (>= MIN_BLOCK), and the padded length a multiple of every
-    block, so that the forward's logsumexp serves the backward as it is."""
+    """The padded length and each kernel's launch parameters, its blocks capped: a block is no
+    longer than the sequence rounded up to a power of two (>= MIN_BLOCK), and the padded length
+    a multiple of every block, so that the forward's logsumexp serves the backward as it is."""
     cap = max(MIN_BLOCK, 1 << (T - 1).bit_length())
-    fwd = {k: min(forward_launch(biased)[k], cap) for k in ("block_m", "block_n")}
-    bwd = {k: min(BWD[k], cap) for k in ("block", "inner")}
-    step = max(*fwd.values(), *bwd.values())
+    launch = forward_launch(biased)
+    fwd = {**launch, "block_m": min(launch["block_m"], cap), "block_n": min(launch["block_n"], cap)}
+    bwd = {**BWD, "block": min(BWD["block"], cap), "inner": min(BWD["inner"], cap)}
+    step = max(fwd["block_m"], fwd["block_n"], bwd["block"], bwd["inner"])
     return -(-T // step) * step, fwd, bwd
 
 
@@ -319,8 +320,7 @@ def _forward(qkv, bias, cos, sin, H: int, interpret: bool):
         grid=(Tp // bm, B, H), in_specs=[heads, *bias_spec, table, table],
         out_specs=[pl.BlockSpec((None, bm, None, 2, half), lambda i, b, h: (b, i, h, 0, 0)),
                    pl.BlockSpec((None, None, bm), lambda i, b, h: (b, h, i))],
-        compiler_params=plgpu.CompilerParams(**{k: forward_launch(bool(bias_arg))[k]
-                                                for k in ("num_warps", "num_stages")}),
+        compiler_params=plgpu.CompilerParams(num_warps=fwd["num_warps"], num_stages=fwd["num_stages"]),
         interpret=interpret, name="rope_attention_fwd",
     )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *bias_arg, *_tables(cos, sin, Tp))
     return y[:, :T].reshape(B, T, D3 // 3), lse
@@ -348,8 +348,7 @@ def _backward(qkv, bias, y, dy, lse, cos, sin, H: int, interpret: bool):
         in_specs=[heads, *bias_spec, head, head, row, table, table],
         out_specs=[pl.BlockSpec((None, block, 3, None, 2, half),
                                 lambda i, b, h: (b, i, 0, h, 0, 0)), *sums[1] * biased],
-        compiler_params=plgpu.CompilerParams(num_warps=BWD["num_warps"],
-                                             num_stages=BWD["num_stages"]),
+        compiler_params=plgpu.CompilerParams(num_warps=bwd["num_warps"], num_stages=bwd["num_stages"]),
         interpret=interpret, name="rope_attention_bwd",
     )(_pad_rows(qkv, Tp).reshape(B, Tp, 3, H, 2, half), *bias_arg,
       _pad_rows(y, Tp).reshape(view), _pad_rows(dy.astype(qkv.dtype), Tp).reshape(view), lse,
