@@ -41,6 +41,7 @@ from perfladder.jax.step import (
     train_step,
 )
 from perfladder.measure.gates import (
+    METRIC,
     OPTIMIZER_TOL,
     REPRO_FACTOR,
     GateResult,
@@ -53,8 +54,6 @@ from perfladder.measure.gates import (
     tolerances,
 )
 from perfladder.measure.gates import check_receipt as _check_receipt_dict
-
-METRIC = "||candidate - reference|| / ||reference|| per tensor (Frobenius norms)"
 
 
 # -- what a model computes -------------------------------------------------------------------

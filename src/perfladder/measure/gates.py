@@ -26,12 +26,9 @@ Which gate guards what:
                     ladder's start, distinct data per rank / device, global multi-process rates
     learning check  ``perfladder.measure.learning``: held-out loss by the reference implementation
 
-The metric. Every quantity a gate compares -- the logits, the gradient of one parameter, the
-update of one parameter -- is reduced to the relative error of the tensor as a whole,
-
-    rel = ||candidate - reference|| / ||reference||        (Frobenius norms)
-
-It is scale-free (a parameter whose gradients are 1e-5 is judged like one whose gradients
+The metric (``METRIC``). Every quantity a gate compares -- the logits, the gradient of one
+parameter, the update of one parameter -- is reduced to the relative error of the tensor as a
+whole, ``rel = ||candidate - reference|| / ||reference||`` in Frobenius norms. It is scale-free (a parameter whose gradients are 1e-5 is judged like one whose gradients
 are 1). It was chosen over ``max|c - r| / max|r|`` after measuring both: the gradient of a
 bias or a LayerNorm parameter is a sum over all B*T positions of cotangents of both signs,
 smaller than its terms, so the rounding error of the terms shows up enlarged in its largest
@@ -221,9 +218,11 @@ def scale_error(dot_cr: float, dot_rr: float) -> float:
     return abs(dot_cr / dot_rr - 1.0)
 
 
+METRIC = "||candidate - reference|| / ||reference|| per tensor (Frobenius norms)"
+
+
 def rel_diff(norm_diff: float, norm_ref: float) -> float:
-    """``||c - r|| / ||r||``; 0 when both are exactly zero, inf when only the reference is,
-    NaN-safe (NaN becomes inf, so it can never pass a ``<=`` check by accident)."""
+    """``METRIC``: 0 when both are zero; inf when only the reference is, or on NaN (never passes)."""
     if math.isnan(norm_diff) or math.isnan(norm_ref):
         return math.inf
     if norm_ref == 0.0:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from perfladder.measure.gates import (
+    METRIC,
     OPTIMIZER_TOL,
     GateError,
     GateResult,
@@ -40,7 +41,6 @@ from perfladder.measure.gates import (
 )
 from perfladder.measure.gates import check_receipt as _check_receipt_dict
 
-METRIC = "||candidate - reference|| / ||reference|| per tensor (Frobenius norms)"
 __all__ = ["model_gate", "optimizer_gate", "check_receipt", "check_bf16", "true_fp32",
            "PrecisionError"]     # tolerances: measure.gates
 
