@@ -38,7 +38,7 @@ from perfladder.jax.recipe import Recipe
 from perfladder.jax.step import CODE, TrainStep, make_optimizer, traced_flops
 from perfladder.jax.stream import Batches, batches
 from perfladder.jax.timer import compile_count, throughput
-from perfladder.kernels.accounting import of_run
+from perfladder.kernels.accounting import recorded_report
 from perfladder.ladder.fit import GIB, admit, check_plan, memory_cap_gib
 from perfladder.ladder.lab import Measured
 from perfladder.ladder.support import Kernels
@@ -160,12 +160,8 @@ class JaxLab:
                               warmup=REPORT_WARMUP, top=REPORT_TOP,
                               hlo_text=step.lower(X, Y).compile().as_text())
         step.commit()
-        d = kb.to_dict()
-        d["recipe"] = recipe.to_dict()
-        d["roofline"] = of_run(kb, self.result.roofs, self.gpt_config, batch=recipe.batch_size,
-                               seq=self.config.num_steps, precision=recipe.precision,
-                               framework="jax", recipe=recipe.to_dict())
-        return d
+        return recorded_report(kb, self.result.roofs, self.gpt_config, recipe,
+                               seq=self.config.num_steps, framework="jax")
 
     def learning_check(self, name: str, recipe: Recipe, watch: Stopwatch | None = None) -> LearningCheck:
         """Train ``recipe`` from a fresh init on the learning split, judged on held-out text by

@@ -20,7 +20,7 @@ from perfladder import compile_cache
 from perfladder.config import LadderConfig, expected_num_params, flops_per_token
 from perfladder.data import TimeMachine
 from perfladder.hardware import peak_for, supports_bf16
-from perfladder.kernels.accounting import of_run
+from perfladder.kernels.accounting import recorded_report
 from perfladder.ladder.fit import admit, memory_cap_gib
 from perfladder.ladder.lab import Measured
 from perfladder.ladder.support import Kernels
@@ -306,12 +306,8 @@ class TorchLab:
         steps = 2 if self.config.is_smoke else 5
         with quiet_kineto():
             kb = kernel_breakdown(step, self.stream(recipe.batch_size), steps=steps, warmup=3, top=12)
-        d = kb.to_dict()
-        d["recipe"] = recipe.to_dict()
-        d["roofline"] = of_run(kb, self.result.roofs, self.gpt_config, batch=recipe.batch_size,
-                               seq=self.config.num_steps, precision=recipe.precision,
-                               framework="torch", recipe=recipe.to_dict())
-        return d
+        return recorded_report(kb, self.result.roofs, self.gpt_config, recipe,
+                               seq=self.config.num_steps, framework="torch")
 
     def learning_check(self, name: str, recipe: Recipe, watch: Stopwatch | None = None):
         """Train ``recipe`` from a fresh init on the learning split; judged on held-out text by
