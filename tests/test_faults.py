@@ -223,7 +223,7 @@ def test_table_into_a_closed_pipe_and_a_full_disk(tmp_path):
                                   "(No space left on device)")
 
 
-# -- errors the CLI used to let through ---------------------------------------------------------
+# -- inputs that look valid until read: another ladder's file, a missing user, a damaged corpus
 @pytest.mark.parametrize("framework, config, says", [
     ("jax", "smoke", "is a jax 'smoke' ladder; this run is torch 'smoke'"),
     ("torch", "full", "is a torch 'full' ladder; this run is torch 'smoke'"),

@@ -28,7 +28,7 @@ def test_a_rung_card_shows_its_result_line_and_folds_the_evidence():
         html = cards.rung_html(res, r.name, "Reference run: somewhere")
         shown = visible_text(f"<article>{html}</article>")
         assert shown == cards.result_line(res, r) + " its evidence"
-    # every fact still one click away: the folded record holds what the card used to show
+    # every fact still one click away: the folded record holds each of the card's rows
     html = cards.rung_html(res, "R1")
     for slot, _ in cards.card_rows(res, res.rung("R1")):
         assert f">{slot}<" in html

@@ -48,7 +48,7 @@ def test_a_bf16_loss_is_caught_by_the_receipt_of_the_traced_step(monkeypatch):
     with pytest.raises(ReceiptError, match="'loss': 'bfloat16'") as e:
         check_trial_receipt(recipe, lab.receipt(recipe, st), {"bfloat16": 13}, st.observed["loss"])
     assert e.value.gate == "receipt"
-    # the make_train_step receipt reads it too (it used to write "float32" whatever ran)
+    # the make_train_step receipt reads it too (one that wrote "float32" whatever ran would pass)
     monkeypatch.setattr(steps, "train_step", P.bf16_loss_train_step)
     jitted = steps.make_train_step()
     m = model(BF16)

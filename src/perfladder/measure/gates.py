@@ -28,8 +28,9 @@ Which gate guards what:
 
 The metric (``METRIC``). Every quantity a gate compares -- the logits, the gradient of one
 parameter, the update of one parameter -- is reduced to the relative error of the tensor as a
-whole, ``rel = ||candidate - reference|| / ||reference||`` in Frobenius norms. It is scale-free (a parameter whose gradients are 1e-5 is judged like one whose gradients
-are 1). It was chosen over ``max|c - r| / max|r|`` after measuring both: the gradient of a
+whole, ``rel = ||candidate - reference|| / ||reference||`` in Frobenius norms. It is
+scale-free (a parameter whose gradients are 1e-5 is judged like one whose gradients are 1).
+It was chosen over ``max|c - r| / max|r|`` after measuring both: the gradient of a
 bias or a LayerNorm parameter is a sum over all B*T positions of cotangents of both signs,
 smaller than its terms, so the rounding error of the terms shows up enlarged in its largest
 entry (bf16, honest: 0.05 by the max, 0.035 by the norm), while the bugs a gate must catch
@@ -124,7 +125,7 @@ COMPILE_ATOL, COMPILE_RTOL = 1e-2, 1e-3
 #   autocast) through the step's own autocast code: recomputation runs the same ops on the
 #   same inputs in the same order, so the result is bitwise equal (measured 0.0, H200 and
 #   CPU). Planted: a checkpoint wrapper that runs its block with autocast off is exact in
-#   fp32 (where this check used to run) and off by 1e-2 in bf16.
+#   fp32 and off by 1e-2 in bf16: so the check runs in bf16.
 MIRROR_ATOL = 1e-6
 # JAX, max |a - b| / max |b| of the logits at probe weights. R1 (jit vs op by op, fp32): XLA
 #   re-associates fused sums, and on a GPU fp32 matmuls run as TF32 (measured 7e-4 on the
