@@ -8,7 +8,7 @@ the raw measurements (no framework imports).
   apply it (PyTorch's ``fused=("mlp", ...)`` or ``("epilogue", ...)``);
 * ``of_run(kb, roofs, ...)``: the roofline of a kernel report at a run's own probed ceilings,
   every row judged by ``accounting_error`` (a group far above its roof is flagged, never read
-  as a kernel "at its roof"); ``recorded_report`` is the report a rung records, with it;
+  as a kernel "at its roof"); ``recorded_report``: the report a rung records, its roofline in it;
 * ``rederive(result)``: the derived fields of a ``LadderResult`` read back from a file
   recomputed from its raw data by today's rules -- each profile's category shares and each
   kernel report's categories by the one taxonomy (``perfladder.kernels.categorize``), each
@@ -113,7 +113,6 @@ def of_run(kb, roofs: dict | None, gpt, *, batch: int, seq: int, precision: str,
     return judged(roofline(kb, w, r).to_dict())
 
 
-
 def recorded_report(kb, roofs: dict | None, gpt, recipe, *, seq: int, framework: str) -> dict:
     """A kernel report as a rung records it, either framework: the breakdown
     (``KernelBreakdown.to_dict()``), the ``recipe`` profiled and its judged ``roofline``."""
@@ -122,6 +121,7 @@ def recorded_report(kb, roofs: dict | None, gpt, recipe, *, seq: int, framework:
     d["roofline"] = of_run(kb, roofs, gpt, batch=recipe.batch_size, seq=seq, precision=recipe.precision,
                            framework=framework, recipe=d["recipe"])
     return d
+
 
 # -- a file read back ----------------------------------------------------------------------------
 def reread_report(kb: dict, framework: str) -> dict:
