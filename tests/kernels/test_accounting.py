@@ -14,6 +14,7 @@ from perfladder.kernels.accounting import (
     ROOF_ERROR,
     accounting_error,
     judged,
+    recorded_report,
     rederive,
     reread_report,
     workload_of,
@@ -174,3 +175,19 @@ def test_reread_report_recomputes_from_its_own_recipe():
     assert new["roofline"]["workload"]["stream_fp32"] is False
     assert new["roofline"]["workload"]["rope_in_attention"] is True
     assert new["roofline"]["rows"][0]["roof_fraction"] is not None
+
+
+def test_a_recorded_report_is_profiled_at_its_recipes_batch_and_reads_back_the_same():
+    class Recipe:          # what a lab's recipe gives the report (either framework's)
+        batch_size, precision = 8, "bf16"
+
+        def to_dict(self):
+            return {"batch_size": 8, "residual": "bf16", "fused": ["attention"]}
+
+    kb = breakdown([("gemm", 10.0), ("triton_poi_fused_add_0", 2.0)], steps=1)
+    roofs = {"copy_gbps": 4000.0, "matmul_bf16_tflops": 700.0, "matmul_tf32_tflops": 350.0}
+    d = recorded_report(kb, roofs, GPT, Recipe(), seq=128, framework="torch")
+    assert d["recipe"] == Recipe().to_dict() and d["total_us"] == kb.to_dict()["total_us"]
+    assert d["roofline"]["workload"]["batch"] == 8 and d["roofline"]["workload"]["rope_in_attention"]
+    assert reread_report(d, "torch")["roofline"] == d["roofline"]
+    assert recorded_report(kb, None, GPT, Recipe(), seq=128, framework="torch")["roofline"] is None
